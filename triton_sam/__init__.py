@@ -1,0 +1,46 @@
+"""triton-sam: Segment Anything (SAM1, SAM2.1, SAM3 tracker) on NVIDIA Triton.
+
+Public API: the clients and the error hierarchy. Heavy dependencies (torch, sam2,
+onnxruntime) are imported only by the export and serving modules that need them.
+"""
+
+from triton_sam.errors import (
+    CheckpointError,
+    ConfigError,
+    DownloadError,
+    ExportError,
+    ExportValidationError,
+    ImageNotSetError,
+    InferenceTimeoutError,
+    InputValidationError,
+    IntegrityError,
+    RepositoryError,
+    RequestCancelledError,
+    ServerError,
+    ServerStartError,
+    ServerUnavailableError,
+    TritonSamError,
+    UnsupportedModelError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DownloadError",
+    "ExportError",
+    "ExportValidationError",
+    "ImageNotSetError",
+    "InferenceTimeoutError",
+    "InputValidationError",
+    "IntegrityError",
+    "RepositoryError",
+    "RequestCancelledError",
+    "ServerError",
+    "ServerStartError",
+    "ServerUnavailableError",
+    "TritonSamError",
+    "UnsupportedModelError",
+    "__version__",
+]

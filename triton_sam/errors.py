@@ -1,0 +1,92 @@
+"""One error hierarchy for the whole package.
+
+Every error a user can act on has its own subclass; messages name the field, what was given
+and what was expected, and say what to do next. Library errors (tritonclient, grpc, onnx,
+requests) are translated at one place per layer and chained with ``from e``.
+"""
+
+from __future__ import annotations
+
+
+class TritonSamError(Exception):
+    """Base class of every error raised by triton_sam."""
+
+
+class InputValidationError(TritonSamError, ValueError):
+    """A user-supplied argument has the wrong type, shape or range.
+
+    Attributes:
+        field: name of the offending argument (e.g. ``"point_coords"``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class UnsupportedModelError(TritonSamError, KeyError):
+    """An unknown model family, variant or model_type was requested."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(TritonSamError):
+    """A configuration file or override is malformed."""
+
+
+class CheckpointError(TritonSamError):
+    """A checkpoint is missing, corrupt or fails its integrity check."""
+
+
+class DownloadError(CheckpointError):
+    """A checkpoint could not be downloaded (offline, HTTP error, interrupted)."""
+
+
+class IntegrityError(CheckpointError):
+    """A file's sha256 does not match the recorded or published value."""
+
+
+class ExportError(TritonSamError):
+    """Building or exporting a model to ONNX failed."""
+
+
+class ExportValidationError(ExportError):
+    """The exported ONNX graph disagrees with the torch model beyond tolerance.
+
+    Attributes:
+        mismatches: one line per output that failed, with its max abs/rel error.
+    """
+
+    def __init__(self, model: str, mismatches: list[str]) -> None:
+        self.mismatches = mismatches
+        lines = "\n  ".join(mismatches)
+        super().__init__(f"ONNX export of {model} does not match torch:\n  {lines}")
+
+
+class RepositoryError(TritonSamError):
+    """The Triton model repository is missing a model or holds an invalid config."""
+
+
+class ServerError(TritonSamError):
+    """The server answered with an error (bad request, model failure)."""
+
+
+class ServerUnavailableError(ServerError):
+    """The server cannot be reached, is not live, or a model is not ready."""
+
+
+class ServerStartError(ServerUnavailableError):
+    """The embedded tritonserver failed to start or to become ready."""
+
+
+class InferenceTimeoutError(ServerError, TimeoutError):
+    """A request did not complete within its timeout."""
+
+
+class RequestCancelledError(TritonSamError):
+    """A request was cancelled before it completed (never raised for asyncio cancellation)."""
+
+
+class ImageNotSetError(TritonSamError):
+    """``predict`` was called before ``set_image``."""

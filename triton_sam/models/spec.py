@@ -1,0 +1,124 @@
+"""Model specs: the single source of truth for sizes, tensor names, shapes and checkpoints.
+
+A *family* (SAM1, SAM2.1, SAM3 tracker) fixes preprocessing and the encoder/decoder tensor
+contract; a *variant* (e.g. ``sam2.1_hiera_tiny``) adds the checkpoint and the upstream
+config. The exporter, the repository writer and the clients all read from here.
+
+Shapes are per request item, without Triton's batch dimension; ``-1`` is a variable dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ResizeRule = Literal["square", "longest_side"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of an ONNX graph / Triton model.
+
+    Attributes:
+        name: tensor name, identical in the ONNX graph, config.pbtxt and client requests.
+        dtype: numpy dtype name (``"float32"``, ``"int32"``...).
+        shape: per-item shape without the batch dimension; ``-1`` marks a variable dim.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How the client turns an RGB uint8 image into the encoder input.
+
+    Attributes:
+        image_size: side of the square encoder input (1024 for SAM1/SAM2, 1008 for SAM3).
+        resize: ``"square"`` stretches to image_size x image_size (SAM2, SAM3);
+            ``"longest_side"`` scales the longest side to image_size and zero-pads
+            bottom/right (SAM1).
+        pixel_mean: per-channel mean, on the scale given by ``pixel_scale``.
+        pixel_std: per-channel std, same scale.
+        pixel_scale: factor applied to uint8 pixels before normalising (1/255 when upstream
+            normalises on [0, 1], 1.0 when it normalises on the 0-255 scale).
+        mask_size: side of the decoder's low-resolution mask logits.
+    """
+
+    image_size: int
+    resize: ResizeRule
+    pixel_mean: tuple[float, float, float]
+    pixel_std: tuple[float, float, float]
+    pixel_scale: float
+    mask_size: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a variant's weights come from and how to check them.
+
+    Attributes:
+        url: download URL.
+        filename: file name under the checkpoints directory.
+        sha256: published full sha256, or None when none is published (then the hash is
+            recorded at first download and verified afterwards).
+        sha256_prefix: published prefix of the sha256 (SAM1 file names carry one).
+    """
+
+    url: str
+    filename: str
+    sha256: str | None = None
+    sha256_prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What every variant of a model family shares.
+
+    Attributes:
+        family: short name, also the client's ``model_type`` (``"sam2"``).
+        preprocessing: image and mask geometry.
+        encoder_inputs / encoder_outputs / decoder_inputs / decoder_outputs: the tensor
+            contract of the two graphs. Every encoder output is also a decoder input.
+        exporter: dotted module path of the exporter, imported lazily (it needs torch).
+        encoder_model: default Triton model name of the encoder.
+        decoder_model: default Triton model name of the decoder.
+    """
+
+    family: str
+    preprocessing: Preprocessing
+    encoder_inputs: tuple[TensorSpec, ...]
+    encoder_outputs: tuple[TensorSpec, ...]
+    decoder_inputs: tuple[TensorSpec, ...]
+    decoder_outputs: tuple[TensorSpec, ...]
+    exporter: str
+    encoder_model: str
+    decoder_model: str
+
+    @property
+    def embedding_names(self) -> tuple[str, ...]:
+        """Names of the encoder outputs, which the client feeds back to the decoder."""
+        return tuple(t.name for t in self.encoder_outputs)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One exportable variant of a family.
+
+    Attributes:
+        name: registry name (``"sam2.1_hiera_tiny"``).
+        family: the family spec.
+        upstream_config: the official package's config for this variant.
+        checkpoint: weights and their integrity data.
+        params_m: parameter count in millions, for display.
+        description: one line for ``--help`` and listings.
+    """
+
+    name: str
+    family: FamilySpec
+    upstream_config: str
+    checkpoint: Checkpoint
+    params_m: float = 0.0
+    description: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
