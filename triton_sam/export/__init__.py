@@ -1,0 +1,217 @@
+"""Export: checkpoint -> verified ONNX encoder/decoder pair, for any registered family.
+
+Each family has one exporter module (``spec.family.exporter``) exposing ``build_model``,
+``save_random_checkpoint``, ``wrap_encoder`` and ``wrap_decoder``; everything else (example
+inputs from the spec's tensor contract, export, the ORT-vs-torch check, fp16) is shared here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from triton_sam.errors import InputValidationError
+from triton_sam.models.spec import ModelSpec, TensorSpec
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How to export.
+
+    Attributes:
+        opset: ONNX opset (>= 17: LayerNormalization is a single op from 17 on).
+        fp16: convert weights and compute to fp16 (I/O stays fp32). For GPU serving;
+            onnxruntime's CPU provider runs fp16 graphs slowly.
+        verify: run both graphs in onnxruntime against torch after export.
+        external_data: force weights into a ``.onnx_data`` sidecar (automatic above 2 GiB).
+        seed: seed for the synthetic verification inputs.
+    """
+
+    opset: int = 17
+    fp16: bool = False
+    verify: bool = True
+    external_data: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.opset < 17:
+            raise InputValidationError("opset", f"got {self.opset}, expected >= 17")
+
+
+@dataclass
+class ExportResult:
+    """Paths and figures of one export.
+
+    Attributes:
+        encoder: path of the encoder ``.onnx``; decoder: of the decoder.
+        seconds: wall time per stage (build, encoder, decoder, verify).
+        max_abs_error: largest |ORT - torch| per output over the verification cases.
+        tolerance: the (atol, rtol) the check used.
+    """
+
+    encoder: Path
+    decoder: Path
+    seconds: dict[str, float] = field(default_factory=dict)
+    max_abs_error: dict[str, float] = field(default_factory=dict)
+    tolerance: tuple[float, float] = (0.0, 0.0)
+
+    def files(self) -> list[Path]:
+        """Every file the export wrote (graphs and external-data sidecars)."""
+        from triton_sam.export.onnx_utils import external_data_files
+
+        paths = [self.encoder, self.decoder]
+        return paths + [p for g in paths for p in external_data_files(g)]
+
+
+def exporter_for(spec: ModelSpec) -> ModuleType:
+    """Import the exporter module of ``spec``'s family (torch and the upstream package)."""
+    return importlib.import_module(spec.family.exporter)
+
+
+def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Path:
+    """Write a random-init, official-format checkpoint for ``spec`` (offline testing/demo)."""
+    return exporter_for(spec).save_random_checkpoint(spec, path, seed=seed)
+
+
+def export_model(
+    spec: ModelSpec,
+    checkpoint: Path | None,
+    out_dir: Path,
+    options: ExportOptions | None = None,
+) -> ExportResult:
+    """Export ``spec`` to ``out_dir/{encoder,decoder}.onnx`` and check them against torch.
+
+    Args:
+        spec: the variant to export.
+        checkpoint: official-format checkpoint; None exports the random initialisation.
+        out_dir: a scratch directory (the repository writer moves the files into place).
+        options: export options.
+
+    Returns:
+        Paths, timings and the measured ORT-vs-torch errors.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be loaded into the official model.
+        ExportError: torch.onnx.export failed.
+        ExportValidationError: an output disagrees beyond tolerance; lists every mismatch.
+    """
+    import torch
+
+    from triton_sam.export import onnx_utils
+
+    options = options or ExportOptions()
+    exporter = exporter_for(spec)
+    fam = spec.family
+    seconds: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    model = exporter.build_model(spec, checkpoint)
+    encoder, decoder = exporter.wrap_encoder(model), exporter.wrap_decoder(model)
+    seconds["build"] = time.perf_counter() - t0
+
+    rng = np.random.default_rng(options.seed)
+    # Batch 2 so the check also proves the batch dimension is symbolic, not traced as 1.
+    image = _random_tensor(fam.encoder_inputs[0], 2, rng)
+    with torch.no_grad():
+        embeddings = encoder(torch.from_numpy(image))
+    embeddings = {t.name: e.numpy() for t, e in zip(fam.encoder_outputs, embeddings)}
+
+    t0 = time.perf_counter()
+    enc_path = onnx_utils.export_graph(
+        encoder,
+        (torch.from_numpy(image),),
+        out_dir / "encoder.onnx",
+        input_names=[t.name for t in fam.encoder_inputs],
+        output_names=list(fam.embedding_names),
+        dynamic_axes=_batch_axes([*fam.encoder_inputs, *fam.encoder_outputs]),
+        opset=options.opset,
+        external_data=options.external_data,
+    )
+    seconds["export_encoder"] = time.perf_counter() - t0
+
+    cases = _decoder_cases(spec, embeddings, rng)
+    t0 = time.perf_counter()
+    dec_path = onnx_utils.export_graph(
+        decoder,
+        tuple(torch.from_numpy(cases[-1][1][t.name]) for t in fam.decoder_inputs),
+        out_dir / "decoder.onnx",
+        input_names=[t.name for t in fam.decoder_inputs],
+        output_names=[t.name for t in fam.decoder_outputs],
+        dynamic_axes=_batch_axes([*fam.decoder_inputs, *fam.decoder_outputs]),
+        opset=options.opset,
+        external_data=options.external_data,
+    )
+    seconds["export_decoder"] = time.perf_counter() - t0
+
+    tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
+    if options.fp16:
+        onnx_utils.convert_to_fp16(enc_path)
+        onnx_utils.convert_to_fp16(dec_path)
+    result = ExportResult(enc_path, dec_path, seconds, tolerance=(tolerance.atol, tolerance.rtol))
+    if options.verify:
+        t0 = time.perf_counter()
+        enc_case = ("encoder batch=2", {fam.encoder_inputs[0].name: image}, embeddings)
+        result.max_abs_error.update(onnx_utils.verify_graph(enc_path, [enc_case], tolerance))
+        dec_cases = [(label, feeds, _run_torch(decoder, fam, feeds)) for label, feeds in cases]
+        result.max_abs_error.update(onnx_utils.verify_graph(dec_path, dec_cases, tolerance))
+        seconds["verify"] = time.perf_counter() - t0
+    return result
+
+
+def _random_tensor(t: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal((batch, *t.shape)).astype(t.dtype)
+
+
+def _batch_axes(tensors: list[TensorSpec]) -> dict[str, dict[int, str]]:
+    """Dim 0 is Triton's batch; every -1 in the spec becomes a named dynamic axis."""
+    axes: dict[str, dict[int, str]] = {}
+    for t in tensors:
+        axes[t.name] = {0: "batch"}
+        for i, d in enumerate(t.shape):
+            if d == -1:
+                axes[t.name][i + 1] = f"{t.name}_dim{i + 1}"
+    return axes
+
+
+def _decoder_cases(
+    spec: ModelSpec, embeddings: dict[str, np.ndarray], rng: np.random.Generator
+) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """Prompt cases covering a click, box + clicks + mask input, and a batch of two.
+
+    The last case is the one traced, so it has N > 1 and B > 1 (no dim traced as 1).
+    """
+    size = spec.family.preprocessing.image_size
+    mask = spec.family.preprocessing.mask_size
+
+    def case(batch: int, labels: list[float], has_mask: list[float]) -> dict[str, np.ndarray]:
+        n = len(labels)
+        coords = rng.uniform(0, size, (batch, n, 2)).astype(np.float32)
+        coords[:, -1] = 0.0  # the padding point sits at the origin, as upstream pads
+        feeds = {k: np.ascontiguousarray(v[:batch]) for k, v in embeddings.items()}
+        feeds.update(
+            point_coords=coords,
+            point_labels=np.tile(np.array(labels, np.float32), (batch, 1)),
+            mask_input=(rng.standard_normal((batch, 1, mask, mask)) * 8).astype(np.float32),
+            has_mask_input=np.array(has_mask, np.float32).reshape(batch, 1),
+        )
+        return feeds
+
+    return [
+        ("click", case(1, [1, -1], [0])),
+        ("box+clicks+mask", case(1, [2, 3, 1, 0, -1], [1])),
+        ("batch=2", case(2, [2, 3, 1, 0, 1, -1], [0, 1])),
+    ]
+
+
+def _run_torch(module: Any, fam: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import torch
+
+    with torch.no_grad():
+        outs = module(*(torch.from_numpy(feeds[t.name]) for t in fam.decoder_inputs))
+    return {t.name: o.numpy() for t, o in zip(fam.decoder_outputs, outs)}

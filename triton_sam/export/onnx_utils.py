@@ -1,0 +1,198 @@
+"""Family-independent ONNX helpers: export a wrapper, check it against torch, fp16, external data."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from triton_sam.errors import ExportError, ExportValidationError
+
+# ONNX protobufs cannot exceed 2 GiB; above this the weights go to a sidecar file.
+_PROTOBUF_LIMIT_BYTES = 2**31 - 1
+EXTERNAL_DATA_SUFFIX = ".onnx_data"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Element-wise check ``|onnx - torch| <= atol + rtol * |torch|`` (numpy.isclose)."""
+
+    atol: float
+    rtol: float
+
+
+# fp32: ORT and torch run the same fp32 kernels up to reassociation; 1e-4 is ~100x the error
+# measured on SAM2.1-tiny (3.5e-6 on encoder features of magnitude ~3).
+FP32_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-4)
+# fp16 weights and activations carry ~3 significant digits; errors accumulate over the depth
+# of the encoder, so the check is only a guard against a broken conversion.
+FP16_TOLERANCE = Tolerance(atol=5e-2, rtol=5e-2)
+
+
+def export_graph(
+    module: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    path: Path,
+    *,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic_axes: Mapping[str, Mapping[int, str]],
+    opset: int,
+    external_data: bool = False,
+) -> Path:
+    """Export ``module(*args)`` to ``path`` with the TorchScript-based exporter.
+
+    The TorchScript exporter (``dynamo=False``) is used because it keeps the dynamic batch
+    and point dimensions symbolic for these models; the dynamo exporter specialises some of
+    them. ``external_data`` forces weights into ``<name>.onnx_data`` (needed above 2 GiB).
+
+    Returns:
+        The path of the written ``.onnx`` file.
+
+    Raises:
+        ExportError: the exporter failed; the message carries its error.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            # Tracer warnings about Python-side shape arithmetic are expected for SAM models.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module.eval(),
+                args,
+                str(path),
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+    except Exception as e:  # the exporter raises many unrelated types
+        raise ExportError(f"torch.onnx.export failed for {path.name}: {e}") from e
+    if external_data or path.stat().st_size > _PROTOBUF_LIMIT_BYTES:
+        save_with_external_data(path)
+    return path
+
+
+def save_with_external_data(path: Path) -> Path:
+    """Rewrite ``path`` so that all weights live in ``<stem>.onnx_data`` beside it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=True)
+    location = path.stem + EXTERNAL_DATA_SUFFIX
+    (path.parent / location).unlink(missing_ok=True)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=1024,
+    )
+    return path.parent / location
+
+
+def external_data_files(path: Path) -> list[Path]:
+    """Sidecar weight files an ONNX model refers to (empty when self-contained)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    locations = set()
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            locations.add({e.key: e.value for e in tensor.external_data}["location"])
+    return [path.parent / loc for loc in sorted(locations)]
+
+
+def convert_to_fp16(path: Path) -> None:
+    """Convert weights and compute of an ONNX model to fp16 in place, keeping fp32 I/O.
+
+    Inputs and outputs stay float32 so the client and the Triton config do not change with
+    precision; the casts at the boundary are negligible next to the network.
+    """
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(path), load_external_data=True)
+    had_external = bool(external_data_files(path))
+    model16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
+    if had_external:
+        onnx.save_model(
+            model16,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.stem + EXTERNAL_DATA_SUFFIX,
+        )
+    else:
+        onnx.save_model(model16, str(path))
+
+
+def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run an ONNX file once on CPU with onnxruntime and return outputs by name."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, dict(feeds))))
+
+
+def compare_outputs(
+    actual: Mapping[str, np.ndarray],
+    expected: Mapping[str, np.ndarray],
+    tolerance: Tolerance,
+    *,
+    label: str = "",
+) -> list[str]:
+    """Compare every expected output; return one line per mismatch (empty when all match)."""
+    mismatches = []
+    for name, ref in expected.items():
+        got = actual.get(name)
+        if got is None:
+            mismatches.append(f"{label}{name}: missing from the ONNX outputs")
+            continue
+        if got.shape != ref.shape:
+            mismatches.append(f"{label}{name}: shape {got.shape}, expected {ref.shape}")
+            continue
+        ok = np.isclose(got, ref, atol=tolerance.atol, rtol=tolerance.rtol)
+        if not ok.all():
+            err = np.abs(got.astype(np.float64) - ref)
+            mismatches.append(
+                f"{label}{name}: {int((~ok).sum())}/{ok.size} elements outside "
+                f"atol={tolerance.atol} rtol={tolerance.rtol} (max abs error {err.max():.3g})"
+            )
+    return mismatches
+
+
+def verify_graph(
+    path: Path,
+    cases: Sequence[tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
+    tolerance: Tolerance,
+) -> dict[str, float]:
+    """Run each ``(label, feeds, expected)`` case through ORT; raise once listing all mismatches.
+
+    Returns:
+        The max absolute error per output over all cases (for reports).
+
+    Raises:
+        ExportValidationError: one or more outputs of one or more cases are out of tolerance.
+    """
+    mismatches: list[str] = []
+    max_err: dict[str, float] = {}
+    for label, feeds, expected in cases:
+        actual = run_onnx(path, feeds)
+        mismatches += compare_outputs(actual, expected, tolerance, label=f"[{label}] ")
+        for name, ref in expected.items():
+            if name in actual and actual[name].shape == ref.shape:
+                err = float(np.abs(actual[name].astype(np.float64) - ref).max(initial=0.0))
+                max_err[name] = max(max_err.get(name, 0.0), err)
+    if mismatches:
+        raise ExportValidationError(path.name, mismatches)
+    return max_err

@@ -1,0 +1,179 @@
+"""SAM2.1 exporter: the official ``sam2`` model split into an ONNX encoder and decoder.
+
+The wrappers reproduce ``SAM2ImagePredictor`` exactly:
+
+- encoder = ``set_image``: ``forward_image`` (which already applies ``conv_s0``/``conv_s1``
+  to the two high-resolution levels), ``no_mem_embed`` added to the lowest-resolution level,
+  features reshaped to NCHW.
+- decoder = ``_predict``: points embedded by the official prompt encoder (the client places
+  box corners labelled 2/3 first, then clicks, then the padding point labelled -1, as the
+  predictor does), the official mask decoder with the high-resolution features, and both
+  output selections (single mask with dynamic multimask via stability; multimask = tokens 1-3).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from triton_sam.errors import CheckpointError, ExportError
+from triton_sam.models.spec import ModelSpec
+
+
+@contextmanager
+def _sam2_hydra():
+    """Point hydra's global state at the sam2 package's configs for the duration of a build.
+
+    ``sam2/__init__`` initialises hydra globally at import; our own CLI composes its configs
+    in a scoped context, so we reset to sam2's module here and clean up afterwards.
+    """
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    import sam2  # noqa: F401  (registers its config module)
+
+    GlobalHydra.instance().clear()
+    initialize_config_module("sam2", version_base="1.2")
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def build_model(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
+    """Build the official SAM2 model for ``spec`` in eval mode on CPU.
+
+    Uses ``sam2.build_sam.build_sam2`` with its image-predictor post-processing overrides
+    (dynamic multimask via stability), then loads ``checkpoint`` with ``weights_only=True``.
+
+    Args:
+        spec: a SAM2 variant.
+        checkpoint: an official-format checkpoint (``{"model": state_dict}``), or None for
+            the random initialisation of the official config.
+
+    Raises:
+        CheckpointError: unreadable checkpoint, or keys that do not match the config.
+    """
+    from sam2.build_sam import build_sam2
+
+    with _sam2_hydra():
+        model = build_sam2(spec.upstream_config, ckpt_path=None, device="cpu", mode="eval")
+    if checkpoint is not None:
+        _load_state(model, checkpoint, spec)
+    return model.eval()
+
+
+def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several unrelated types for bad files
+        raise CheckpointError(f"checkpoint: cannot load {checkpoint}: {e}") from e
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(
+            f"checkpoint: {checkpoint} is not an official SAM2 checkpoint "
+            "(expected a dict with a 'model' state dict)"
+        )
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint: {checkpoint} does not match {spec.name} ({spec.upstream_config}): "
+            f"{len(missing)} missing keys (e.g. {missing[:3]}), "
+            f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})"
+        )
+
+
+def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Path:
+    """Write a random-init checkpoint of ``spec`` in the official format (for offline tests).
+
+    The weights are the official config's own initialisation under ``torch.manual_seed(seed)``.
+    """
+    torch.manual_seed(seed)
+    model = build_model(spec, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"model": model.state_dict()}, tmp)
+    tmp.replace(path)
+    return path
+
+
+class SAM2Encoder(nn.Module):
+    """image [B,3,1024,1024] -> image_embed [B,256,64,64], high_res_feats_0/1."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        backbone_out = self.model.forward_image(image)
+        _, vision_feats, _, feat_sizes = self.model._prepare_backbone_features(backbone_out)
+        if self.model.directly_add_no_mem_embed:
+            vision_feats[-1] = vision_feats[-1] + self.model.no_mem_embed
+        batch = image.shape[0]
+        # HWxBxC -> BxCxHxW, as SAM2ImagePredictor.set_image does
+        feats = [
+            feat.permute(1, 2, 0).reshape(batch, -1, h, w)
+            for feat, (h, w) in zip(vision_feats, feat_sizes)
+        ]
+        return feats[2], feats[0], feats[1]
+
+
+class SAM2Decoder(nn.Module):
+    """Embeddings + prompts -> single-mask and multimask low-res logits and scores.
+
+    Inputs (B = Triton batch, N = points incl. box corners and the padding point):
+        image_embed [B,256,64,64], high_res_feats_0 [B,32,256,256],
+        high_res_feats_1 [B,64,128,128], point_coords [B,N,2] float32 (X, Y) in the
+        1024x1024 input frame, point_labels [B,N] float32 in {-1, 0, 1, 2, 3},
+        mask_input [B,1,256,256] low-res logits, has_mask_input [B,1] in {0, 1}.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.prompt_encoder = model.sam_prompt_encoder
+        self.mask_decoder = model.sam_mask_decoder
+
+    def forward(
+        self,
+        image_embed: torch.Tensor,
+        high_res_feats_0: torch.Tensor,
+        high_res_feats_1: torch.Tensor,
+        point_coords: torch.Tensor,
+        point_labels: torch.Tensor,
+        mask_input: torch.Tensor,
+        has_mask_input: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # The client already appended the padding point, so the encoder must not pad again.
+        sparse = self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
+        # Arithmetic instead of a branch on has_mask_input so one graph serves both cases;
+        # with has_mask_input = 0 this is exactly the predictor's no_mask_embed path.
+        has_mask = has_mask_input.reshape(-1, 1, 1, 1)
+        no_mask = self.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
+        dense = has_mask * self.prompt_encoder._embed_masks(mask_input) + (1 - has_mask) * no_mask
+        masks, iou, _, _ = self.mask_decoder.predict_masks(
+            image_embeddings=image_embed,
+            image_pe=self.prompt_encoder.get_dense_pe(),
+            sparse_prompt_embeddings=sparse,
+            dense_prompt_embeddings=dense,
+            repeat_image=False,
+            high_res_features=[high_res_feats_0, high_res_feats_1],
+        )
+        if self.mask_decoder.dynamic_multimask_via_stability:
+            single, single_iou = self.mask_decoder._dynamic_multimask_via_stability(masks, iou)
+        else:
+            single, single_iou = masks[:, 0:1], iou[:, 0:1]
+        return single, single_iou, masks[:, 1:], iou[:, 1:]
+
+
+def wrap_encoder(model: nn.Module) -> nn.Module:
+    """The ONNX-exportable encoder of a built SAM2 model."""
+    return SAM2Encoder(model).eval()
+
+
+def wrap_decoder(model: nn.Module) -> nn.Module:
+    """The ONNX-exportable decoder of a built SAM2 model."""
+    if not getattr(model.sam_mask_decoder, "use_high_res_features", False):
+        raise ExportError("decoder: this SAM2 config has no high-resolution features")
+    return SAM2Decoder(model).eval()
