@@ -1,0 +1,185 @@
+"""config.pbtxt rendering: reference files, round trip, validation, target conversion."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+
+from triton_sam.errors import InputValidationError, RepositoryError
+from triton_sam.models.sam2 import SAM2_FAMILY
+from triton_sam.repository import config as cfg
+from triton_sam.repository.config import (
+    RepositoryOptions,
+    build_config,
+    parse_config,
+    render_config,
+    to_python_target,
+    triton_dtype,
+)
+
+ASSETS = Path(__file__).parent / "assets"
+
+# Reference files were checked by hand against triton_sam/models/sam2.py and Triton's
+# model_config.proto; a change in rendering must be a deliberate change of these files.
+REFERENCES = {
+    "sam2_encoder_onnxruntime.pbtxt": ("encoder", RepositoryOptions(target="onnxruntime")),
+    "sam2_decoder_onnxruntime.pbtxt": ("decoder", RepositoryOptions(target="onnxruntime")),
+    "sam2_decoder_onnxruntime_trt_fp16_warmup.pbtxt": (
+        "decoder",
+        RepositoryOptions(
+            target="onnxruntime",
+            tensorrt_fp16=True,
+            warmup=True,
+            instance_count=2,
+            max_queue_delay_us=500,
+        ),
+    ),
+    "sam2_encoder_python.pbtxt": ("encoder", RepositoryOptions(target="python")),
+    "sam2_decoder_python.pbtxt": (
+        "decoder",
+        RepositoryOptions(target="python", intra_op_threads=2),
+    ),
+}
+
+
+@pytest.mark.parametrize("filename", sorted(REFERENCES))
+def test_render_matches_reference(filename: str) -> None:
+    graph, options = REFERENCES[filename]
+    assert render_config(SAM2_FAMILY, graph, options) == (ASSETS / filename).read_text()
+
+
+@pytest.mark.parametrize("filename", sorted(REFERENCES))
+def test_write_then_parse_round_trip(filename: str, tmp_path: Path) -> None:
+    graph, options = REFERENCES[filename]
+    path = tmp_path / "config.pbtxt"
+    path.write_text(render_config(SAM2_FAMILY, graph, options))
+    assert parse_config(path) == build_config(SAM2_FAMILY, graph, options)
+    assert parse_config(str(path)) == parse_config(path.read_text())
+
+
+@pytest.mark.parametrize("graph", ["encoder", "decoder"])
+def test_tensors_come_from_the_spec(graph: str) -> None:
+    config = build_config(SAM2_FAMILY, graph, RepositoryOptions())
+    inputs = SAM2_FAMILY.encoder_inputs if graph == "encoder" else SAM2_FAMILY.decoder_inputs
+    outputs = SAM2_FAMILY.encoder_outputs if graph == "encoder" else SAM2_FAMILY.decoder_outputs
+    assert [(t.name, tuple(t.dims)) for t in config.input] == [(t.name, t.shape) for t in inputs]
+    assert [(t.name, tuple(t.dims)) for t in config.output] == [(t.name, t.shape) for t in outputs]
+
+
+def test_names_default_to_the_family_and_can_be_overridden() -> None:
+    options = RepositoryOptions()
+    assert build_config(SAM2_FAMILY, "encoder", options).name == SAM2_FAMILY.encoder_model
+    assert build_config(SAM2_FAMILY, "decoder", options).name == SAM2_FAMILY.decoder_model
+    assert build_config(SAM2_FAMILY, "decoder", options, name="dec_v2").name == "dec_v2"
+
+
+def test_every_model_has_a_dynamic_batcher() -> None:
+    # Cancellation of queued requests depends on it (see config.py).
+    for target in cfg.TARGETS:
+        for graph in cfg.GRAPHS:
+            config = build_config(SAM2_FAMILY, graph, RepositoryOptions(target=target))
+            assert config.HasField("dynamic_batching")
+            assert config.max_batch_size > 0
+
+
+def test_instance_kind_defaults_per_target_and_can_be_forced() -> None:
+    kinds = cfg.model_config_pb2.ModelInstanceGroup
+    gpu_python = RepositoryOptions(target="python", instance_kind="gpu", instance_count=3)
+    group = build_config(SAM2_FAMILY, "encoder", gpu_python).instance_group[0]
+    assert (group.kind, group.count) == (kinds.KIND_GPU, 3)
+    group = build_config(SAM2_FAMILY, "encoder", RepositoryOptions()).instance_group[0]
+    assert group.kind == kinds.KIND_GPU
+    group = build_config(SAM2_FAMILY, "encoder", RepositoryOptions(target="python"))
+    assert group.instance_group[0].kind == kinds.KIND_CPU
+
+
+def test_dtype_mapping() -> None:
+    assert triton_dtype("float32") == "TYPE_FP32"
+    assert triton_dtype("float16") == "TYPE_FP16"
+    assert triton_dtype("int64") == "TYPE_INT64"
+    assert triton_dtype("bool") == "TYPE_BOOL"
+    with pytest.raises(InputValidationError, match="dtype"):
+        triton_dtype("complex64")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"target": "tensorrt"}, "target"),
+        ({"encoder_max_batch_size": 0}, "encoder_max_batch_size"),
+        ({"decoder_max_batch_size": -1}, "decoder_max_batch_size"),
+        ({"encoder_max_batch_size": True}, "encoder_max_batch_size"),
+        ({"instance_count": 0}, "instance_count"),
+        ({"instance_kind": "tpu"}, "instance_kind"),
+        ({"max_queue_delay_us": -5}, "max_queue_delay_us"),
+        ({"intra_op_threads": -1}, "intra_op_threads"),
+        ({"target": "python", "tensorrt_fp16": True}, "tensorrt_fp16"),
+        ({"tensorrt_fp16": True, "trt_engine_cache_path": ""}, "trt_engine_cache_path"),
+    ],
+)
+def test_options_validation_names_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(InputValidationError) as info:
+        RepositoryOptions(**kwargs)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_bad_graph_and_name() -> None:
+    with pytest.raises(InputValidationError, match="graph"):
+        render_config(SAM2_FAMILY, "prompt_encoder", RepositoryOptions())  # type: ignore[arg-type]
+    for bad in ("", "../evil", ".hidden", "a/b"):
+        with pytest.raises(InputValidationError, match="name"):
+            render_config(SAM2_FAMILY, "encoder", RepositoryOptions(), name=bad)
+
+
+def test_parse_errors_name_the_source(tmp_path: Path) -> None:
+    with pytest.raises(RepositoryError, match="config text"):
+        parse_config("name: 'x'\nmax_batch_size: {")
+    bad = tmp_path / "config.pbtxt"
+    bad.write_text("no_such_field: 1\n")
+    with pytest.raises(RepositoryError, match=str(bad)):
+        parse_config(bad)
+    with pytest.raises(RepositoryError, match="cannot read"):
+        parse_config(tmp_path / "missing.pbtxt")
+
+
+def test_python_twin_of_an_onnxruntime_config() -> None:
+    options = RepositoryOptions(tensorrt_fp16=True, warmup=True, intra_op_threads=3)
+    gpu = build_config(SAM2_FAMILY, "decoder", options)
+    twin = to_python_target(gpu)
+    expected = build_config(
+        SAM2_FAMILY, "decoder", RepositoryOptions(target="python", warmup=True, intra_op_threads=3)
+    )
+    assert text_format.MessageToString(twin) == text_format.MessageToString(expected)
+    assert to_python_target(twin) == twin  # already python: unchanged
+
+
+def test_python_twin_refuses_other_platforms() -> None:
+    with pytest.raises(RepositoryError, match="tensorrt_plan"):
+        to_python_target(parse_config('name: "m"\nplatform: "tensorrt_plan"\n'))
+
+
+def test_runner_reads_the_same_parameter_keys() -> None:
+    # runner.py runs inside Triton's stub and cannot import config.py; it repeats the keys.
+    source = (Path(cfg.__file__).parent / "runner.py").read_text()
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+    }
+    assert constants["ONNX_FILE_PARAM"] == cfg.ONNX_FILE_PARAM
+    assert constants["INTRA_OP_THREADS_PARAM"] == cfg.INTRA_OP_THREADS_PARAM
+
+
+def test_runner_imports_only_what_the_stub_has() -> None:
+    source = (Path(cfg.__file__).parent / "runner.py").read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"json", "os", "numpy", "onnxruntime", "triton_python_backend_utils"}

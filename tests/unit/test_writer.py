@@ -1,0 +1,281 @@
+"""Repository writer: layout, atomic replacement, crash recovery, pairs and embedded twins."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from triton_sam.errors import InputValidationError, RepositoryError
+from triton_sam.models.sam2 import SAM2_FAMILY
+from triton_sam.repository import writer
+from triton_sam.repository.config import RepositoryOptions, parse_config, render_config
+from triton_sam.repository.writer import (
+    embedded_repository,
+    list_models,
+    write_model,
+    write_pair,
+)
+
+PYTHON = RepositoryOptions(target="python")
+GPU = RepositoryOptions(target="onnxruntime")
+
+
+def _config(target: str, name: str = "sam2_encoder") -> str:
+    return render_config(SAM2_FAMILY, "encoder", RepositoryOptions(target=target), name)
+
+
+def _file(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
+
+
+def _hidden(repo: Path) -> list[str]:
+    return sorted(p.name for p in repo.iterdir() if p.name.startswith("."))
+
+
+def _tiny_onnx(path: Path, *, external: bool = False) -> Path:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    # raw bytes: only raw_data tensors can move to an external-data file
+    weight = onnx.numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["image", "w"], ["image_embed"])],
+        "tiny",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("image_embed", TensorProto.FLOAT, ["b", 4])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        location=path.stem + ".onnx_data",
+        size_threshold=0,
+    )
+    return path
+
+
+def test_layout_python_target(tmp_path: Path) -> None:
+    onnx_path = _file(tmp_path / "encoder.onnx", b"graph")
+    sidecar = _file(tmp_path / "encoder.onnx_data", b"weights")
+    repo = tmp_path / "repo"
+    dest = write_model(
+        repo,
+        "sam2_encoder",
+        onnx_path,
+        _config("python"),
+        target="python",
+        external_data_files=[sidecar],
+    )
+    assert dest == repo / "sam2_encoder"
+    assert (dest / "config.pbtxt").read_text() == _config("python")
+    assert (dest / "1" / "model.onnx").read_bytes() == b"graph"
+    assert (dest / "1" / "encoder.onnx_data").read_bytes() == b"weights"
+    assert (dest / "1" / "model.py").read_text() == writer.RUNNER_SOURCE.read_text()
+    assert _hidden(repo) == []
+
+
+def test_onnxruntime_target_has_no_runner(tmp_path: Path) -> None:
+    onnx_path = _file(tmp_path / "e.onnx", b"graph")
+    dest = write_model(
+        tmp_path / "repo", "sam2_encoder", onnx_path, _config("onnxruntime"), target="onnxruntime"
+    )
+    assert sorted(p.name for p in (dest / "1").iterdir()) == ["model.onnx"]
+
+
+def test_rewrite_replaces_the_model(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for content in (b"old", b"new"):
+        onnx_path = _file(tmp_path / "e.onnx", content)
+        write_model(repo, "sam2_encoder", onnx_path, _config("python"), target="python")
+    assert (repo / "sam2_encoder" / "1" / "model.onnx").read_bytes() == b"new"
+    assert _hidden(repo) == []
+
+
+def test_failure_mid_write_keeps_the_previous_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    write_model(
+        repo, "sam2_encoder", _file(tmp_path / "e.onnx", b"v1"), _config("python"), target="python"
+    )
+    calls = []
+
+    def copy_then_fail(source: Path, dest: Path) -> None:
+        calls.append(dest)
+        if len(calls) == 2:  # model.onnx is written, model.py is not
+            raise OSError(28, "No space left on device")
+        dest.write_bytes(source.read_bytes())
+
+    monkeypatch.setattr(writer, "_copy", copy_then_fail)
+    with pytest.raises(RepositoryError, match="No space left") as info:
+        write_model(
+            repo,
+            "sam2_encoder",
+            _file(tmp_path / "e.onnx", b"v2"),
+            _config("python"),
+            target="python",
+        )
+    assert str(repo / "sam2_encoder") in str(info.value)
+    assert (repo / "sam2_encoder" / "1" / "model.onnx").read_bytes() == b"v1"
+    assert (repo / "sam2_encoder" / "1" / "model.py").is_file()
+    assert _hidden(repo) == []
+
+
+def test_interrupt_mid_write_leaves_no_staging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(source: Path, dest: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "_copy", interrupted)
+    repo = tmp_path / "repo"
+    with pytest.raises(KeyboardInterrupt):
+        write_model(
+            repo,
+            "sam2_encoder",
+            _file(tmp_path / "e.onnx", b"v"),
+            _config("python"),
+            target="python",
+        )
+    assert list(repo.iterdir()) == []
+
+
+def test_failed_swap_restores_the_previous_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    write_model(
+        repo, "sam2_encoder", _file(tmp_path / "e.onnx", b"v1"), _config("python"), target="python"
+    )
+    real_rename = os.rename
+
+    def rename(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
+        if ".staging-" in Path(src).name:  # "new in" fails after "old aside" succeeded
+            raise OSError(5, "I/O error")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(writer.os, "rename", rename)
+    with pytest.raises(RepositoryError, match="I/O error"):
+        write_model(
+            repo,
+            "sam2_encoder",
+            _file(tmp_path / "e.onnx", b"v2"),
+            _config("python"),
+            target="python",
+        )
+    assert (repo / "sam2_encoder" / "1" / "model.onnx").read_bytes() == b"v1"
+    assert _hidden(repo) == []
+
+
+def test_next_write_recovers_from_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A crash between "old aside" and "new in": the model only exists as a retired dir,
+    # next to a half-built staging dir.
+    repo = tmp_path / "repo"
+    write_model(
+        repo, "sam2_encoder", _file(tmp_path / "e.onnx", b"v1"), _config("python"), target="python"
+    )
+    os.rename(repo / "sam2_encoder", repo / ".sam2_encoder.old-abc")
+    (repo / ".sam2_encoder.staging-def" / "1").mkdir(parents=True)
+    assert list_models(repo) == []
+
+    def fail(source: Path, dest: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer, "_copy", fail)
+    with pytest.raises(RepositoryError):
+        write_model(
+            repo,
+            "sam2_encoder",
+            _file(tmp_path / "e.onnx", b"v2"),
+            _config("python"),
+            target="python",
+        )
+    assert (repo / "sam2_encoder" / "1" / "model.onnx").read_bytes() == b"v1"
+    assert _hidden(repo) == []
+
+
+def test_inconsistent_arguments_are_refused(tmp_path: Path) -> None:
+    onnx_path = _file(tmp_path / "e.onnx", b"graph")
+    repo = tmp_path / "repo"
+    with pytest.raises(RepositoryError, match="equal the directory name"):
+        write_model(repo, "other_name", onnx_path, _config("python"), target="python")
+    with pytest.raises(RepositoryError, match="same target"):
+        write_model(repo, "sam2_encoder", onnx_path, _config("onnxruntime"), target="python")
+    with pytest.raises(InputValidationError, match="target"):
+        write_model(repo, "sam2_encoder", onnx_path, _config("python"), target="tflite")  # type: ignore[arg-type]
+    with pytest.raises(InputValidationError, match="name"):
+        write_model(repo, "../sam2_encoder", onnx_path, _config("python"), target="python")
+    clash = _file(tmp_path / "model.py", b"weights")
+    with pytest.raises(RepositoryError, match="external-data file"):
+        write_model(
+            repo,
+            "sam2_encoder",
+            onnx_path,
+            _config("python"),
+            target="python",
+            external_data_files=[clash],
+        )
+    missing = tmp_path / "missing.onnx"
+    with pytest.raises(RepositoryError, match=str(missing)):
+        write_model(repo, "sam2_encoder", missing, _config("python"), target="python")
+    assert not (repo / "sam2_encoder").exists()
+
+
+def test_list_models(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("b_model", "a_model"):
+        write_model(
+            repo, name, _file(tmp_path / "e.onnx", b"g"), _config("python", name), target="python"
+        )
+    (repo / "not_a_model").mkdir()
+    (repo / ".hidden" / "1").mkdir(parents=True)
+    (repo / ".hidden" / "config.pbtxt").write_text('name: ".hidden"')
+    assert list_models(repo) == ["a_model", "b_model"]
+    with pytest.raises(RepositoryError, match="not found"):
+        list_models(tmp_path / "nowhere")
+
+
+def test_write_pair_carries_external_data(tmp_path: Path) -> None:
+    encoder = _tiny_onnx(tmp_path / "encoder.onnx", external=True)
+    decoder = _tiny_onnx(tmp_path / "decoder.onnx")
+    repo = tmp_path / "repo"
+    names = write_pair(
+        repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=PYTHON
+    )
+    assert names == ("sam2_encoder", "sam2_decoder")
+    assert list_models(repo) == ["sam2_decoder", "sam2_encoder"]
+    assert (repo / "sam2_encoder" / "1" / "encoder.onnx_data").is_file()
+    assert sorted(p.name for p in (repo / "sam2_decoder" / "1").iterdir()) == [
+        "model.onnx",
+        "model.py",
+    ]
+    assert parse_config(repo / "sam2_decoder" / "config.pbtxt").backend == "python"
+
+
+def test_embedded_twin_of_a_gpu_repository(tmp_path: Path) -> None:
+    encoder = _tiny_onnx(tmp_path / "encoder.onnx", external=True)
+    decoder = _tiny_onnx(tmp_path / "decoder.onnx")
+    repo = tmp_path / "model_repository"
+    write_pair(repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=GPU)
+    twin = embedded_repository(repo)
+    assert twin == tmp_path / "model_repository_embedded"
+    assert list_models(twin) == list_models(repo)
+    version_dir = twin / "sam2_encoder" / "1"
+    assert (version_dir / "model.onnx").resolve() == (repo / "sam2_encoder/1/model.onnx").resolve()
+    assert (version_dir / "encoder.onnx_data").is_symlink()
+    assert (version_dir / "model.py").is_file() and not (version_dir / "model.py").is_symlink()
+    config = parse_config(twin / "sam2_encoder" / "config.pbtxt")
+    assert (config.backend, config.platform) == ("python", "")
+    assert embedded_repository(twin) == twin  # already python: served as is
+
+
+def test_embedded_twin_of_an_empty_repository(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    with pytest.raises(RepositoryError, match="no models"):
+        embedded_repository(tmp_path / "repo")

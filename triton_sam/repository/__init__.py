@@ -1,0 +1,34 @@
+"""Triton model repository: ``config.pbtxt`` per target, atomic model writes, the python runner.
+
+- :mod:`~triton_sam.repository.config`: render/parse configs from a family spec.
+- :mod:`~triton_sam.repository.writer`: write ``<repo>/<name>/{config.pbtxt, 1/...}``.
+- ``runner.py``: the python-backend ``model.py`` of the ``python`` target (runs inside
+  Triton's stub, never imported by triton_sam).
+"""
+
+from triton_sam.repository.config import (
+    GRAPHS,
+    TARGETS,
+    RepositoryOptions,
+    build_config,
+    parse_config,
+    render_config,
+    to_python_target,
+    triton_dtype,
+)
+from triton_sam.repository.writer import embedded_repository, list_models, write_model, write_pair
+
+__all__ = [
+    "GRAPHS",
+    "TARGETS",
+    "RepositoryOptions",
+    "build_config",
+    "embedded_repository",
+    "list_models",
+    "parse_config",
+    "render_config",
+    "to_python_target",
+    "triton_dtype",
+    "write_model",
+    "write_pair",
+]

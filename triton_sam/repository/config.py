@@ -1,0 +1,320 @@
+"""Render Triton ``config.pbtxt`` files from a family spec, for one of two targets.
+
+- ``onnxruntime``: the NGC GPU container; ``platform: "onnxruntime_onnx"`` on ``KIND_GPU``
+  instances, optionally through ONNX Runtime's TensorRT execution provider in FP16.
+- ``python``: the embedded tritonserver of the nvidia-pytriton wheel, which has no onnxruntime
+  backend; a python-backend model (``runner.py``) runs ``model.onnx`` with onnxruntime.
+
+Configs are built as Triton's own protobuf (``model_config_pb2.ModelConfig``) and written with
+``text_format``, never from string templates, so what we write is what Triton parses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from triton_sam.errors import InputValidationError, RepositoryError
+from triton_sam.models.spec import FamilySpec, TensorSpec
+
+Target = Literal["onnxruntime", "python"]
+Graph = Literal["encoder", "decoder"]
+InstanceKind = Literal["cpu", "gpu"]
+TARGETS: tuple[str, ...] = get_args(Target)
+GRAPHS: tuple[str, ...] = get_args(Graph)
+
+ModelConfig = model_config_pb2.ModelConfig
+
+ONNX_FILENAME = "model.onnx"
+# Keys of the config ``parameters`` that runner.py reads. runner.py cannot import this
+# module (it runs inside Triton's stub), so it repeats them; a unit test keeps both equal.
+ONNX_FILE_PARAM = "onnx_file"
+INTRA_OP_THREADS_PARAM = "intra_op_threads"
+# The onnxruntime backend's own key for the same setting.
+ORT_INTRA_OP_PARAM = "intra_op_thread_count"
+
+_TRITON_TYPES = {
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+    "uint16": "TYPE_UINT16",
+    "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64",
+    "int8": "TYPE_INT8",
+    "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "float16": "TYPE_FP16",
+    "float32": "TYPE_FP32",
+    "float64": "TYPE_FP64",
+}
+_KINDS = {
+    "cpu": model_config_pb2.ModelInstanceGroup.KIND_CPU,
+    "gpu": model_config_pb2.ModelInstanceGroup.KIND_GPU,
+}
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """How the encoder/decoder pair is configured in the repository.
+
+    Attributes:
+        target: ``"onnxruntime"`` (NGC GPU container) or ``"python"`` (embedded server).
+        encoder_max_batch_size: Triton ``max_batch_size`` of the encoder (images per run).
+        decoder_max_batch_size: same for the decoder (prompts per run).
+        instance_count: model instances per device.
+        instance_kind: ``"gpu"`` or ``"cpu"``; None picks the target's default
+            (GPU for onnxruntime, CPU for python; python on ``"gpu"`` uses ORT's CUDA provider).
+        max_queue_delay_us: how long the dynamic batcher waits to fill a batch.
+        tensorrt_fp16: run the onnxruntime target through ORT's TensorRT provider in FP16.
+        trt_engine_cache_path: where TensorRT engines are cached, inside the container; mount
+            a volume there to keep engines (minutes to build) across restarts.
+        warmup: have Triton run one zero-filled batch-1 request per model at load time.
+        intra_op_threads: onnxruntime intra-op threads per instance; 0 keeps ORT's default.
+    """
+
+    target: Target = "onnxruntime"
+    encoder_max_batch_size: int = 4
+    decoder_max_batch_size: int = 16
+    instance_count: int = 1
+    instance_kind: InstanceKind | None = None
+    max_queue_delay_us: int = 100
+    tensorrt_fp16: bool = False
+    trt_engine_cache_path: str = "/tmp/triton_sam_trt_cache"
+    warmup: bool = False
+    intra_op_threads: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice("target", self.target, TARGETS)
+        _check_choice("instance_kind", self.instance_kind, ("cpu", "gpu", None))
+        for field in ("encoder_max_batch_size", "decoder_max_batch_size", "instance_count"):
+            _check_int(field, getattr(self, field), minimum=1)
+        _check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
+        _check_int("intra_op_threads", self.intra_op_threads, minimum=0)
+        if self.tensorrt_fp16 and self.target != "onnxruntime":
+            raise InputValidationError(
+                "tensorrt_fp16",
+                f"TensorRT runs only in the 'onnxruntime' target, got target={self.target!r}",
+            )
+        if self.tensorrt_fp16 and not self.trt_engine_cache_path:
+            raise InputValidationError("trt_engine_cache_path", "empty; expected a directory")
+
+    @property
+    def kind(self) -> InstanceKind:
+        """The instance kind actually used (the explicit one, else the target's default)."""
+        if self.instance_kind is not None:
+            return self.instance_kind
+        return "gpu" if self.target == "onnxruntime" else "cpu"
+
+    def max_batch_size(self, graph: Graph) -> int:
+        """``max_batch_size`` of ``graph`` (``"encoder"`` or ``"decoder"``)."""
+        _check_choice("graph", graph, GRAPHS)
+        return self.encoder_max_batch_size if graph == "encoder" else self.decoder_max_batch_size
+
+
+def triton_dtype(dtype: str) -> str:
+    """Map a numpy dtype name to Triton's config enum name (``"float32"`` -> ``"TYPE_FP32"``).
+
+    Raises:
+        InputValidationError: a dtype Triton tensors cannot carry in this toolkit.
+    """
+    try:
+        return _TRITON_TYPES[dtype]
+    except KeyError:
+        raise InputValidationError(
+            "dtype", f"got {dtype!r}, expected one of {sorted(_TRITON_TYPES)}"
+        ) from None
+
+
+def default_model_name(family: FamilySpec, graph: Graph) -> str:
+    """The Triton model name of ``graph`` in ``family`` (``family.encoder_model``...)."""
+    _check_choice("graph", graph, GRAPHS)
+    return family.encoder_model if graph == "encoder" else family.decoder_model
+
+
+def build_config(
+    family: FamilySpec, graph: Graph, options: RepositoryOptions, name: str | None = None
+) -> ModelConfig:
+    """Build the Triton model config of one graph of ``family`` as a protobuf message.
+
+    Args:
+        family: the family spec (tensor names, dtypes and per-item shapes).
+        graph: ``"encoder"`` or ``"decoder"``.
+        options: target and serving options.
+        name: Triton model name; defaults to ``family.encoder_model``/``decoder_model``.
+
+    Returns:
+        A ``model_config_pb2.ModelConfig``; dims exclude the batch dim (``max_batch_size`` > 0).
+
+    Raises:
+        InputValidationError: unknown graph, bad name or an unsupported dtype in the spec.
+    """
+    name = default_model_name(family, graph) if name is None else name
+    check_model_name(name)
+    inputs, outputs = _graph_tensors(family, graph)
+    config = ModelConfig(name=name, max_batch_size=options.max_batch_size(graph))
+    config.input.extend(_tensor(t, model_config_pb2.ModelInput) for t in inputs)
+    config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.instance_group.add(kind=_KINDS[options.kind], count=options.instance_count)
+    # Triton drops a cancelled request still in the queue only for models with a dynamic
+    # batcher; the default scheduler hands requests straight to the backend. Speculative
+    # clients depend on this, so every model gets one.
+    config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    if options.target == "onnxruntime":
+        _set_onnxruntime(config, options)
+    else:
+        _set_python(config, options)
+    if options.warmup:
+        _add_warmup(config, inputs)
+    return config
+
+
+def render_config(
+    family: FamilySpec, graph: Graph, options: RepositoryOptions, name: str | None = None
+) -> str:
+    """Render the ``config.pbtxt`` text of one graph of ``family``; see :func:`build_config`."""
+    return config_to_text(build_config(family, graph, options, name))
+
+
+def config_to_text(config: ModelConfig) -> str:
+    """Serialise a model config to protobuf text format (what Triton reads)."""
+    return text_format.MessageToString(config)
+
+
+def parse_config(text_or_path: str | os.PathLike[str]) -> ModelConfig:
+    """Read a ``config.pbtxt`` back into a ``ModelConfig``.
+
+    Args:
+        text_or_path: a path (``Path``, or a one-line ``str`` naming an existing file) or the
+            config text itself.
+
+    Raises:
+        RepositoryError: the file cannot be read or is not a valid model config.
+    """
+    source, text = _read_source(text_or_path)
+    try:
+        return text_format.Parse(text, ModelConfig())
+    except text_format.ParseError as e:
+        raise RepositoryError(f"{source}: not a valid Triton model config: {e}") from e
+
+
+def to_python_target(
+    config: ModelConfig, *, instance_kind: InstanceKind = "cpu", onnx_file: str = ONNX_FILENAME
+) -> ModelConfig:
+    """Turn an ``onnxruntime``-target config into its ``python``-target twin.
+
+    Keeps name, tensors, batching, dynamic batching and warmup; drops what only the
+    onnxruntime backend understands (platform, TensorRT accelerators, its parameters).
+
+    Raises:
+        RepositoryError: ``config`` is neither an onnxruntime nor a python model.
+    """
+    if config.backend == "python":
+        return config
+    if config.platform != "onnxruntime_onnx" and config.backend != "onnxruntime":
+        raise RepositoryError(
+            f"model {config.name!r}: platform={config.platform!r} backend={config.backend!r}; "
+            "expected an onnxruntime or python model"
+        )
+    twin = ModelConfig()
+    twin.CopyFrom(config)
+    for field in ("platform", "backend", "optimization", "default_model_filename"):
+        twin.ClearField(field)
+    twin.parameters.clear()
+    count = max((g.count for g in config.instance_group), default=1) or 1
+    del twin.instance_group[:]
+    twin.instance_group.add(kind=_KINDS[instance_kind], count=count)
+    _set_python(twin, RepositoryOptions(target="python"), onnx_file=onnx_file)
+    threads = config.parameters.get(ORT_INTRA_OP_PARAM)
+    if threads is not None:
+        twin.parameters[INTRA_OP_THREADS_PARAM].string_value = threads.string_value
+    return twin
+
+
+def check_model_name(name: str) -> None:
+    """Refuse names Triton cannot use as a repository directory.
+
+    Raises:
+        InputValidationError: empty, hidden, or containing a path separator.
+    """
+    if not name or name.startswith(".") or "/" in name or "\\" in name or name != name.strip():
+        raise InputValidationError(
+            "name", f"got {name!r}, expected a plain directory name (no '/', not hidden)"
+        )
+
+
+def _graph_tensors(
+    family: FamilySpec, graph: Graph
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    _check_choice("graph", graph, GRAPHS)
+    if graph == "encoder":
+        return family.encoder_inputs, family.encoder_outputs
+    return family.decoder_inputs, family.decoder_outputs
+
+
+def _tensor(spec: TensorSpec, message: type) -> object:
+    return message(name=spec.name, data_type=triton_dtype(spec.dtype), dims=list(spec.shape))
+
+
+def _set_onnxruntime(config: ModelConfig, options: RepositoryOptions) -> None:
+    config.platform = "onnxruntime_onnx"
+    config.default_model_filename = ONNX_FILENAME
+    if options.intra_op_threads:
+        config.parameters[ORT_INTRA_OP_PARAM].string_value = str(options.intra_op_threads)
+    if options.tensorrt_fp16:
+        trt = config.optimization.execution_accelerators.gpu_execution_accelerator.add()
+        trt.name = "tensorrt"
+        trt.parameters["precision_mode"] = "FP16"
+        # Building engines takes minutes for the encoder; cache them across loads.
+        trt.parameters["trt_engine_cache_enable"] = "true"
+        trt.parameters["trt_engine_cache_path"] = options.trt_engine_cache_path
+
+
+def _set_python(
+    config: ModelConfig, options: RepositoryOptions, *, onnx_file: str = ONNX_FILENAME
+) -> None:
+    config.backend = "python"
+    config.parameters[ONNX_FILE_PARAM].string_value = onnx_file
+    if options.intra_op_threads:
+        config.parameters[INTRA_OP_THREADS_PARAM].string_value = str(options.intra_op_threads)
+
+
+def _add_warmup(config: ModelConfig, inputs: tuple[TensorSpec, ...]) -> None:
+    warmup = config.model_warmup.add(name="zeros_batch1", batch_size=1)
+    for t in inputs:
+        # Warmup needs concrete dims: a variable dim (-1, e.g. the number of points) gets 1.
+        dims = [d if d > 0 else 1 for d in t.shape]
+        warmup.inputs[t.name].CopyFrom(
+            model_config_pb2.ModelWarmup.Input(
+                data_type=triton_dtype(t.dtype), dims=dims, zero_data=True
+            )
+        )
+
+
+def _read_source(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
+    is_path = isinstance(text_or_path, os.PathLike) or (
+        "\n" not in text_or_path and Path(text_or_path).is_file()
+    )
+    if not is_path:
+        return "config text", str(text_or_path)
+    path = Path(text_or_path)
+    try:
+        return str(path), path.read_text()
+    except OSError as e:
+        raise RepositoryError(f"{path}: cannot read model config: {e.strerror or e}") from e
+
+
+def _check_choice(field: str, value: object, choices: tuple[object, ...]) -> None:
+    if value not in choices:
+        shown = [c for c in choices if c is not None]
+        raise InputValidationError(field, f"got {value!r}, expected one of {shown}")
+
+
+def _check_int(field: str, value: object, *, minimum: int) -> None:
+    # bool is an int subclass; `max_batch_size=True` is a mistake, not 1.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InputValidationError(field, f"got {value!r}, expected an integer >= {minimum}")

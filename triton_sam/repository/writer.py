@@ -1,0 +1,281 @@
+"""Write models into a Triton model repository, atomically.
+
+Layout per model::
+
+    <repo>/<name>/config.pbtxt
+    <repo>/<name>/1/model.onnx       (+ external-data sidecars, under their own names)
+    <repo>/<name>/1/model.py         (python target only: a copy of runner.py)
+
+A model is built in a hidden staging directory next to its destination and swapped in with
+renames, so a crash leaves either the old model or the new one, never half of either. Hidden
+leftovers of a crash are cleaned (or the old model restored) by the next write of that name.
+Staging lives inside the repository so the final rename never crosses filesystems; but Triton
+tries to load every subdirectory, hidden ones included (seen on 2.51), so do not start a server
+(or let one poll) on a repository while it is being written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from triton_sam.errors import InputValidationError, RepositoryError
+from triton_sam.models.spec import FamilySpec
+from triton_sam.repository.config import (
+    ONNX_FILENAME,
+    TARGETS,
+    RepositoryOptions,
+    Target,
+    check_model_name,
+    config_to_text,
+    default_model_name,
+    parse_config,
+    render_config,
+    to_python_target,
+)
+
+CONFIG_FILENAME = "config.pbtxt"
+VERSION = "1"
+RUNNER_NAME = "model.py"  # what the python backend loads
+RUNNER_SOURCE = Path(__file__).with_name("runner.py")
+_STAGING = ".{name}.staging-"
+_RETIRED = ".{name}.old-"
+
+
+def write_model(
+    repo_dir: str | os.PathLike[str],
+    name: str,
+    onnx_path: str | os.PathLike[str],
+    config_text: str,
+    *,
+    target: Target,
+    external_data_files: Sequence[str | os.PathLike[str]] = (),
+    link: bool = False,
+) -> Path:
+    """Write ``repo_dir/<name>/{config.pbtxt, 1/model.onnx}`` atomically.
+
+    Args:
+        repo_dir: the model repository (created if missing).
+        name: Triton model name; must equal the ``name`` in ``config_text``.
+        onnx_path: the ONNX graph, copied to ``1/model.onnx``.
+        config_text: the ``config.pbtxt`` content (see ``render_config``).
+        target: ``"onnxruntime"`` or ``"python"`` (adds ``1/model.py``, the onnxruntime runner).
+        external_data_files: weight sidecars of ``onnx_path``, copied beside it under their
+            own names (the graph refers to them by name).
+        link: symlink the ONNX files instead of copying them (for repositories that reuse
+            another repository's files, see :func:`embedded_repository`).
+
+    Returns:
+        The model directory.
+
+    Raises:
+        InputValidationError: a bad model name.
+        RepositoryError: a missing source file, a config that disagrees with ``name`` or
+            ``target``, or a filesystem error (the message names the path).
+    """
+    repo_dir, onnx_path = Path(repo_dir), Path(onnx_path)
+    check_model_name(name)
+    _check_target(name, config_text, target)
+    sidecars = {Path(p).name: Path(p) for p in external_data_files}
+    if {ONNX_FILENAME, RUNNER_NAME} & set(sidecars):
+        raise RepositoryError(
+            f"{name}: an external-data file is named {ONNX_FILENAME} or {RUNNER_NAME}: "
+            f"{sorted(sidecars)}; those names are the model's own files"
+        )
+    sources = {ONNX_FILENAME: onnx_path} | sidecars
+    if target == "python":
+        sources[RUNNER_NAME] = RUNNER_SOURCE
+    _check_sources(sources)
+    dest = repo_dir / name
+    try:
+        repo_dir.mkdir(parents=True, exist_ok=True)
+        _recover(repo_dir, name)
+        staging = Path(tempfile.mkdtemp(prefix=_STAGING.format(name=name), dir=repo_dir))
+    except OSError as e:
+        raise RepositoryError(f"{repo_dir}: cannot prepare the repository: {e}") from e
+    try:
+        _fill(staging, config_text, sources, link=link)
+        _swap(staging, dest)
+    except OSError as e:
+        raise RepositoryError(f"{dest}: writing the model failed, left unchanged: {e}") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def write_pair(
+    repo_dir: str | os.PathLike[str],
+    family: FamilySpec,
+    *,
+    encoder_onnx: str | os.PathLike[str],
+    decoder_onnx: str | os.PathLike[str],
+    options: RepositoryOptions,
+    encoder_name: str | None = None,
+    decoder_name: str | None = None,
+) -> tuple[str, str]:
+    """Write a family's encoder and decoder models (configs rendered from ``options``).
+
+    External-data sidecars of each graph are found from the graph itself and copied along.
+
+    Returns:
+        The two model names, encoder first.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`write_model`.
+    """
+    names = []
+    for graph, onnx_path, name in (
+        ("encoder", Path(encoder_onnx), encoder_name),
+        ("decoder", Path(decoder_onnx), decoder_name),
+    ):
+        name = default_model_name(family, graph) if name is None else name
+        text = render_config(family, graph, options, name)
+        sidecars = _external_data_files(onnx_path)
+        write_model(
+            repo_dir, name, onnx_path, text, target=options.target, external_data_files=sidecars
+        )
+        names.append(name)
+    return names[0], names[1]
+
+
+def list_models(repo_dir: str | os.PathLike[str]) -> list[str]:
+    """Names of the models in ``repo_dir`` (directories holding a ``config.pbtxt``), sorted.
+
+    Raises:
+        RepositoryError: ``repo_dir`` is not a directory.
+    """
+    repo_dir = Path(repo_dir)
+    if not repo_dir.is_dir():
+        raise RepositoryError(f"{repo_dir}: model repository not found (not a directory)")
+    return sorted(
+        p.name
+        for p in repo_dir.iterdir()
+        if not p.name.startswith(".") and (p / CONFIG_FILENAME).is_file()
+    )
+
+
+def embedded_repository(
+    repo_dir: str | os.PathLike[str], twin_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """A repository the embedded tritonserver can serve, built from ``repo_dir`` if needed.
+
+    A repository of ``python``-target models is returned as is. Otherwise every model is
+    rewritten as its python-backend twin in ``twin_dir`` (default: ``<repo>_embedded`` beside
+    it), with symlinks to the original ONNX files, so nothing large is copied.
+
+    Raises:
+        RepositoryError: no models, or a model that is neither onnxruntime nor python.
+    """
+    repo_dir = Path(repo_dir)
+    names = list_models(repo_dir)
+    if not names:
+        raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
+    configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
+    if all(c.backend == "python" for c in configs.values()):
+        return repo_dir
+    twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
+    for name, config in configs.items():
+        version_dir = repo_dir / name / VERSION
+        files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
+        main = version_dir / (config.default_model_filename or ONNX_FILENAME)
+        sidecars = [p for p in files if p != main]
+        text = config_to_text(to_python_target(config))
+        write_model(
+            twin_dir, name, main, text, target="python", external_data_files=sidecars, link=True
+        )
+    for stale in set(list_models(twin_dir)) - set(names):
+        shutil.rmtree(twin_dir / stale, ignore_errors=True)
+    return twin_dir
+
+
+def _check_target(name: str, config_text: str, target: Target) -> None:
+    if target not in TARGETS:
+        raise InputValidationError("target", f"got {target!r}, expected one of {list(TARGETS)}")
+    config = parse_config(config_text)
+    if config.name != name:
+        raise RepositoryError(
+            f"{name}: config.pbtxt names the model {config.name!r}; Triton requires it to "
+            "equal the directory name"
+        )
+    if (config.backend == "python") != (target == "python"):
+        raise RepositoryError(
+            f"{name}: target={target!r} but the config has backend={config.backend!r} "
+            f"platform={config.platform!r}; render the config for the same target"
+        )
+
+
+def _check_sources(sources: dict[str, Path]) -> None:
+    for path in sources.values():
+        if not path.is_file():
+            raise RepositoryError(f"{path}: file not found")
+
+
+def _fill(staging: Path, config_text: str, sources: dict[str, Path], *, link: bool) -> None:
+    version_dir = staging / VERSION
+    version_dir.mkdir()
+    for target_name, source in sources.items():
+        if link and source != RUNNER_SOURCE:
+            (version_dir / target_name).symlink_to(source.resolve())
+        else:
+            _copy(source, version_dir / target_name)
+    (staging / CONFIG_FILENAME).write_text(config_text)
+
+
+def _copy(source: Path, dest: Path) -> None:
+    shutil.copyfile(source, dest)
+
+
+def _swap(staging: Path, dest: Path) -> None:
+    """Put ``staging`` at ``dest``: old aside, new in, old deleted; old restored on failure."""
+    retired = None
+    if dest.exists():
+        retired = Path(tempfile.mkdtemp(prefix=_RETIRED.format(name=dest.name), dir=dest.parent))
+        retired.rmdir()  # only the unique name is wanted; rename needs it free
+        os.rename(dest, retired)
+    try:
+        os.rename(staging, dest)
+    except OSError:
+        if retired is not None:
+            os.rename(retired, dest)
+        raise
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def _recover(repo_dir: Path, name: str) -> None:
+    """Undo what a crashed write of ``name`` left: restore a retired model, drop staging."""
+    dest = repo_dir / name
+    for leftover in sorted(repo_dir.glob(_RETIRED.format(name=name) + "*")):
+        if not dest.exists():
+            os.rename(leftover, dest)  # crashed between "old aside" and "new in"
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in repo_dir.glob(_STAGING.format(name=name) + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _external_data_files(onnx_path: Path) -> list[Path]:
+    """The external-data files ``onnx_path`` refers to (weights stay unloaded)."""
+    if not onnx_path.is_file():
+        raise RepositoryError(f"{onnx_path}: file not found")
+    import onnx  # export-time dependency; only needed here, where graphs are written
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    locations: set[str] = set()
+    for tensor in _initializers(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            locations.add({e.key: e.value for e in tensor.external_data}["location"])
+    return [onnx_path.parent / loc for loc in sorted(locations)]
+
+
+def _initializers(graph: object) -> Iterable[object]:
+    yield from graph.initializer  # type: ignore[attr-defined]
+    for node in graph.node:  # type: ignore[attr-defined]
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from _initializers(sub)
