@@ -1,0 +1,475 @@
+"""Client-side pre- and post-processing, numpy + PIL only (no torch: clients stay light).
+
+Each function reproduces the official predictors, chosen by ``Preprocessing.resize``:
+
+- ``"square"`` (SAM2, SAM3) follows ``sam2.utils.transforms.SAM2Transforms``: ToTensor
+  (uint8 / 255), torchvision ``Resize((S, S))`` on the float tensor (bilinear, antialiased),
+  Normalize; prompts scaled by ``S / w`` and ``S / h``; masks upsampled with
+  ``F.interpolate(..., orig_hw, mode="bilinear", align_corners=False)``.
+- ``"longest_side"`` (SAM1) follows ``segment_anything``: ``ResizeLongestSide.apply_image``
+  (PIL bilinear on uint8), ``Sam.preprocess`` (normalise on the 0-255 scale, zero-pad
+  bottom/right), ``ResizeLongestSide.apply_coords`` and ``Sam.postprocess_masks``.
+
+Coordinates are (X, Y) pixels; sizes are (H, W). Parity with upstream is measured in
+``tests/parity/test_transforms_parity.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from triton_sam.errors import ConfigError, InputValidationError
+from triton_sam.models.spec import Preprocessing
+
+ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
+
+# SAM2ImagePredictor clamps the low-res logits it returns for refinement to this range.
+LOW_RES_LOGIT_LIMIT = 32.0
+
+_EXPECTED_IMAGE = "a path, a PIL.Image, or an HxWx3 uint8 RGB numpy array"
+_EXPECTED_ARRAY = "an HxWx3 uint8 RGB array with H, W >= 1"
+# Errors PIL raises for missing, unreadable, truncated or hostile files.
+_READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+_SIXTEEN_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+# -- images ---------------------------------------------------------------------------------
+def load_image(image: ImageLike) -> np.ndarray:
+    """Load an image as a contiguous HxWx3 uint8 RGB array.
+
+    Files get their EXIF orientation applied (what a viewer shows is what is segmented).
+    PIL images are taken as they are; grayscale, palette, CMYK, ... are converted to RGB,
+    alpha is dropped (not composited), and 16-bit images (``I;16*``, ``I``) are scaled from
+    0..65535 to 0..255. Arrays must already be HxWx3 uint8 RGB and are not copied when
+    contiguous.
+
+    Args:
+        image: a path (str or os.PathLike), a PIL.Image, or an HxWx3 uint8 RGB array.
+
+    Returns:
+        HxWx3 uint8 RGB array, C-contiguous.
+
+    Raises:
+        InputValidationError: (field ``"image"``) the file is missing, unreadable or corrupt,
+            the type is unsupported, the array has the wrong ndim/channels/dtype, a PIL mode
+            has no sensible RGB conversion (``F``), or the image is empty.
+    """
+    if isinstance(image, (str, os.PathLike)):
+        return _pil_to_rgb(_open_file(image))
+    if isinstance(image, Image.Image):
+        return _pil_to_rgb(image)
+    if isinstance(image, np.ndarray):
+        return np.ascontiguousarray(_check_rgb_array(image))
+    raise InputValidationError(
+        "image", f"got an object of type {type(image).__name__}; expected {_EXPECTED_IMAGE}"
+    )
+
+
+def _open_file(path: str | os.PathLike[str]) -> Image.Image:
+    """Decode a file fully (so truncation surfaces here) and apply its EXIF orientation."""
+    try:
+        with Image.open(path) as opened:
+            opened.load()
+            # exif_transpose returns a new image, or a copy when there is nothing to do,
+            # so the result outlives the closed file.
+            return ImageOps.exif_transpose(opened)
+    except _READ_ERRORS as e:
+        raise InputValidationError(
+            "image",
+            f"cannot read an image from {os.fspath(path)!r} ({e}); expected {_EXPECTED_IMAGE}",
+        ) from e
+
+
+def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+    """Convert a PIL image of any common mode to an HxWx3 uint8 RGB array."""
+    w, h = img.size
+    if w == 0 or h == 0:
+        raise InputValidationError(
+            "image", f"got an empty PIL image (W x H = {w} x {h}); expected W, H >= 1"
+        )
+    if img.mode in _SIXTEEN_BIT_MODES:
+        # PIL's own convert("RGB") clips 16-bit values at 255; scale the range instead.
+        wide = np.asarray(img).astype(np.int64).clip(0, 65535)
+        gray = ((wide * 255 + 32767) // 65535).astype(np.uint8)  # round(v / 257)
+        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=-1))
+    if img.mode == "F":
+        raise InputValidationError(
+            "image",
+            "got a float (mode 'F') PIL image, whose value range is ambiguous; "
+            "expected an 8-bit or 16-bit image (convert it to uint8 RGB first)",
+        )
+    if img.mode != "RGB":
+        try:
+            img = img.convert("RGB")
+        except ValueError as e:
+            raise InputValidationError(
+                "image", f"cannot convert PIL mode {img.mode!r} to RGB ({e})"
+            ) from e
+    return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+
+
+def _check_rgb_array(image: np.ndarray, field: str = "image") -> np.ndarray:
+    """Return ``image`` if it is a non-empty HxWx3 uint8 array, else raise naming ``field``."""
+    if image.ndim != 3 or image.shape[-1] != 3:
+        hint = (
+            " (drop alpha with image[..., :3])" if image.ndim == 3 and image.shape[-1] == 4 else ""
+        )
+        raise InputValidationError(
+            field, f"got an array of shape {image.shape}; expected {_EXPECTED_ARRAY}{hint}"
+        )
+    if image.dtype != np.uint8:
+        raise InputValidationError(
+            field, f"got dtype {image.dtype}; expected {_EXPECTED_ARRAY} (values 0..255)"
+        )
+    if image.shape[0] == 0 or image.shape[1] == 0:
+        raise InputValidationError(
+            field, f"got an empty array of shape {image.shape}; expected {_EXPECTED_ARRAY}"
+        )
+    return image
+
+
+# -- geometry -------------------------------------------------------------------------------
+def resized_hw(orig_hw: tuple[int, int], pre: Preprocessing) -> tuple[int, int]:
+    """Size (H, W) the image occupies in the model input frame, before padding.
+
+    ``"square"``: (S, S). ``"longest_side"``: ``ResizeLongestSide.get_preprocess_shape``
+    (longest side -> S, the other rounded half up).
+
+    Raises:
+        InputValidationError: ``orig_hw`` is not two positive ints, or the image is so thin
+            that its short side would resize to 0 pixels.
+    """
+    h, w = _check_hw(orig_hw)
+    size = pre.image_size
+    if _resize_rule(pre) == "square":
+        return size, size
+    # Same float arithmetic as upstream so the rounding matches at .5 boundaries.
+    scale = size * 1.0 / max(h, w)
+    new_h, new_w = int(h * scale + 0.5), int(w * scale + 0.5)
+    if new_h == 0 or new_w == 0:
+        raise InputValidationError(
+            "orig_hw", f"got {h}x{w}; the short side resizes to 0 pixels at {size}"
+        )
+    return new_h, new_w
+
+
+def transform_coords(
+    coords: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing
+) -> np.ndarray:
+    """Map points from the original image to the model input frame.
+
+    ``"square"``: ``x / w * S``, ``y / h * S`` in float32, as ``SAM2Transforms`` computes on
+    a float32 tensor. ``"longest_side"``: ``ResizeLongestSide.apply_coords`` in float64,
+    then float32 as ``SamPredictor`` feeds it to the model.
+
+    Args:
+        coords: ...x2 array, (X, Y) pixels of the original image.
+        orig_hw: (H, W) of the original image.
+        pre: the family's preprocessing.
+
+    Returns:
+        float32 array of the same shape, (X, Y) in the model input frame.
+
+    Raises:
+        InputValidationError: ``coords`` is not numeric ...x2 or not finite; bad ``orig_hw``.
+    """
+    points = _as_float_array(coords, "coords", "...x2 (X, Y) pixels")
+    if points.ndim == 0 or points.shape[-1] != 2:
+        raise InputValidationError(
+            "coords", f"got shape {points.shape}; expected ...x2 (X, Y) pixels"
+        )
+    h, w = _check_hw(orig_hw)
+    if _resize_rule(pre) == "square":
+        out = points.astype(np.float32)  # upstream casts to float32 before scaling
+        out[..., 0] = out[..., 0] / np.float32(w)
+        out[..., 1] = out[..., 1] / np.float32(h)
+        return out * np.float32(pre.image_size)
+    new_h, new_w = resized_hw((h, w), pre)
+    out = points.astype(np.float64)
+    out[..., 0] = out[..., 0] * (new_w / w)
+    out[..., 1] = out[..., 1] * (new_h / h)
+    return out.astype(np.float32)
+
+
+def transform_boxes(boxes: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing) -> np.ndarray:
+    """Map boxes from the original image to corner points in the model input frame.
+
+    Args:
+        boxes: Bx4 (or 4) array, (X0, Y0, X1, Y1) pixels of the original image.
+        orig_hw: (H, W) of the original image.
+        pre: the family's preprocessing.
+
+    Returns:
+        float32 Bx2x2: per box the top-left and bottom-right (X, Y) in the input frame.
+
+    Raises:
+        InputValidationError: ``boxes`` is not numeric with 4 values per box; bad ``orig_hw``.
+    """
+    arr = _as_float_array(boxes, "boxes", "Bx4 (X0, Y0, X1, Y1) pixels")
+    if arr.ndim == 0 or arr.shape[-1] != 4:
+        raise InputValidationError(
+            "boxes", f"got shape {arr.shape}; expected Bx4 (X0, Y0, X1, Y1) pixels"
+        )
+    return transform_coords(arr.reshape(-1, 2, 2), orig_hw, pre)
+
+
+def _as_float_array(values: object, field: str, expected: str) -> np.ndarray:
+    """``np.asarray(values, float64)``, raising ``InputValidationError`` for junk or NaN/inf."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InputValidationError(
+            field, f"cannot be read as numbers ({e}); expected {expected}"
+        ) from e
+    if not np.all(np.isfinite(arr)):
+        raise InputValidationError(field, f"contains NaN or inf; expected finite {expected}")
+    return arr
+
+
+def _check_hw(orig_hw: tuple[int, int]) -> tuple[int, int]:
+    """Validate an (H, W) pair of positive ints."""
+    try:
+        h, w = (int(v) for v in orig_hw)
+    except (TypeError, ValueError) as e:
+        raise InputValidationError("orig_hw", f"got {orig_hw!r}; expected (H, W) ints") from e
+    if h <= 0 or w <= 0:
+        raise InputValidationError("orig_hw", f"got {orig_hw!r}; expected (H, W) with H, W >= 1")
+    return h, w
+
+
+def _resize_rule(pre: Preprocessing) -> str:
+    """``pre.resize``, checked: an unknown rule is a spec bug, not a user input error."""
+    if pre.resize not in ("square", "longest_side"):
+        raise ConfigError(
+            f"Preprocessing.resize: got {pre.resize!r}; expected 'square' or 'longest_side'"
+        )
+    return pre.resize
+
+
+# -- preprocessing --------------------------------------------------------------------------
+def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
+    """Turn an RGB image into the encoder input.
+
+    Args:
+        image: HxWx3 uint8 RGB (see ``load_image``).
+        pre: the family's preprocessing.
+
+    Returns:
+        float32 [1, 3, S, S], S = ``pre.image_size``, normalised with ``pre.pixel_mean`` /
+        ``pre.pixel_std`` on the ``pre.pixel_scale`` scale; for ``"longest_side"`` the area
+        right of / below the resized image is 0 (padding after normalisation, as upstream).
+
+    Raises:
+        InputValidationError: (field ``"image"``) not a non-empty HxWx3 uint8 array, or too
+            thin to resize.
+    """
+    if not isinstance(image, np.ndarray):
+        raise InputValidationError(
+            "image", f"got {type(image).__name__}; expected {_EXPECTED_ARRAY} (see load_image)"
+        )
+    rgb = _check_rgb_array(image)
+    if _resize_rule(pre) == "square":
+        chw = _resize_square(_scale_pixels(rgb, pre.pixel_scale), pre.image_size)
+        return _normalize(chw, pre)[None]
+    try:
+        new_h, new_w = resized_hw(rgb.shape[:2], pre)
+    except InputValidationError as e:
+        raise InputValidationError("image", str(e)) from e
+    # Upstream resizes the uint8 image with PIL (rounding to uint8), then normalises.
+    resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), Image.BILINEAR))
+    chw = _scale_pixels(np.ascontiguousarray(resized), pre.pixel_scale)
+    out = np.zeros((1, 3, pre.image_size, pre.image_size), np.float32)
+    out[0, :, :new_h, :new_w] = _normalize(chw, pre)
+    return out
+
+
+def _scale_pixels(rgb: np.ndarray, pixel_scale: float) -> np.ndarray:
+    """HxWx3 uint8 -> 3xHxW float32 times ``pixel_scale``."""
+    chw = np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32)
+    inverse = 1.0 / pixel_scale
+    if abs(inverse - round(inverse)) < 1e-9:
+        # ToTensor divides by 255; multiplying by float32(1/255) would differ by an ulp.
+        chw /= np.float32(round(inverse))
+    else:
+        chw *= np.float32(pixel_scale)
+    return chw
+
+
+def _resize_square(chw: np.ndarray, size: int) -> np.ndarray:
+    """3xHxW float32 -> 3xSxS, as torchvision ``Resize`` (bilinear, antialias) on a tensor.
+
+    PIL's float ("F") resize runs the same algorithm but computes its weights in float64;
+    torch computes them in float32, which for sizes like 1008 (SAM3) moves the resized
+    pixels by up to ~1e-4. Hence torch's weights, applied W first then H as torch does.
+    """
+    _, h, w = chw.shape
+    along_w = _resample(chw, _antialias_taps(w, size), axis=-1)
+    return _resample(along_w, _antialias_taps(h, size), axis=-2)
+
+
+def _normalize(chw: np.ndarray, pre: Preprocessing) -> np.ndarray:
+    """(x - mean) / std per channel, in float32 like torchvision's Normalize."""
+    mean = np.asarray(pre.pixel_mean, np.float32)[:, None, None]
+    std = np.asarray(pre.pixel_std, np.float32)[:, None, None]
+    return (chw - mean) / std
+
+
+# -- postprocessing -------------------------------------------------------------------------
+def postprocess_masks(
+    low_res_logits: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing
+) -> np.ndarray:
+    """Upsample low-resolution mask logits to the original image size, as upstream does.
+
+    ``"square"``: one bilinear resize (align_corners=False, no antialias) straight to
+    (H, W), as ``SAM2Transforms.postprocess_masks`` (without its optional hole filling,
+    which SAM2ImagePredictor leaves off by default). ``"longest_side"``: bilinear to S x S,
+    crop the unpadded region, bilinear to (H, W), as ``Sam.postprocess_masks``.
+
+    Each resize is separable (W, then H, as torch) and every output pixel reads only 2
+    input pixels per axis, so it runs as small banded matrix products: a 4000x3000 output
+    costs about one pass over the output.
+
+    Args:
+        low_res_logits: float [B, M, h, w] logits (h = w = ``pre.mask_size`` from the
+            decoder).
+        orig_hw: (H, W) of the original image.
+        pre: the family's preprocessing.
+
+    Returns:
+        float32 [B, M, H, W] logits; threshold at 0 for binary masks.
+
+    Raises:
+        InputValidationError: ``low_res_logits`` is not a 4-d non-empty numeric array, or
+            ``orig_hw`` is invalid.
+    """
+    logits = _check_logits(low_res_logits)
+    h, w = _check_hw(orig_hw)
+    if _resize_rule(pre) == "longest_side":
+        size = pre.image_size
+        new_h, new_w = resized_hw((h, w), pre)
+        logits = _bilinear(logits, (size, size))[..., :new_h, :new_w]
+    return _bilinear(logits, (h, w))
+
+
+def clamp_low_res(logits: np.ndarray) -> np.ndarray:
+    """Clip low-res logits to [-32, 32] as ``SAM2ImagePredictor`` does before returning them.
+
+    Args:
+        logits: float array of any shape (typically [B, M, 256, 256]).
+
+    Returns:
+        float32 array of the same shape, values in [-32, 32]; feed ``[0, i]`` back as
+        ``mask_input`` to refine mask i.
+    """
+    return np.clip(np.asarray(logits, np.float32), -LOW_RES_LOGIT_LIMIT, LOW_RES_LOGIT_LIMIT)
+
+
+def _check_logits(low_res_logits: np.ndarray) -> np.ndarray:
+    """Validate decoder logits as a non-empty float32 [B, M, h, w] array."""
+    try:
+        logits = np.asarray(low_res_logits, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise InputValidationError(
+            "low_res_logits", f"cannot be read as float32 ({e}); expected [B, M, h, w]"
+        ) from e
+    if logits.ndim != 4 or 0 in logits.shape:
+        raise InputValidationError(
+            "low_res_logits", f"got shape {logits.shape}; expected non-empty [B, M, h, w]"
+        )
+    return logits
+
+
+def _bilinear(x: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """``F.interpolate(x, out_hw, mode="bilinear", align_corners=False)`` for [..., h, w]."""
+    along_w = _resample(x, _bilinear_taps(x.shape[-1], out_hw[1]), axis=-1)
+    return _resample(along_w, _bilinear_taps(x.shape[-2], out_hw[0]), axis=-2)
+
+
+# -- 1-d resampling kernels -----------------------------------------------------------------
+# A kernel is (start, weights): out[j] = sum_k weights[j, k] * x[start[j] + k], with zero
+# weights wherever start[j] + k falls past the input. Weights follow PyTorch's CPU kernels
+# in float32 so that results agree to float32 rounding.
+
+_BLOCK = 64  # outputs per matmul: large enough for BLAS, small enough to skip zero weights
+
+
+def _bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bilinear, align_corners=False, no antialias (``area_pixel_compute_source_index``).
+
+    ``src = (in / out) * (j + 0.5) - 0.5``, clamped at 0; taps floor(src) and the next one,
+    except at the last input pixel, where torch reads that pixel twice.
+    """
+    f32 = np.float32
+    scale = f32(in_size) / f32(out_size)
+    src = np.maximum(scale * (np.arange(out_size, dtype=f32) + f32(0.5)) - f32(0.5), f32(0))
+    start = src.astype(np.int64)  # floor, since src >= 0
+    frac = src - start.astype(f32)
+    weights = np.stack([f32(1) - frac, frac], axis=1)
+    last = start >= in_size - 1
+    weights[last] = [f32(1), f32(0)]  # (1 - f) * x + f * x of the same pixel
+    return start, weights
+
+
+def _antialias_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Antialiased bilinear as torch's ``_upsample_bilinear2d_aa`` (CPU, float32).
+
+    Triangle filter widened by the scale when downsampling, normalised per output. The
+    mixed float32/float64 steps mirror ``_compute_indices_min_size_weights_aa``.
+    """
+    f32, f64 = np.float32, np.float64
+    scale = f32(in_size) / f32(out_size)
+    downsampling = scale >= 1.0
+    support = scale if downsampling else f32(1.0)
+    invscale = f32(1.0 / f64(scale)) if downsampling else f32(1.0)
+    taps = int(np.ceil(support)) * 2 + 1
+    center = (f64(scale) * (np.arange(out_size, dtype=f64) + 0.5)).astype(f32)
+    start = np.trunc((center - support).astype(f64) + 0.5).astype(np.int64).clip(0, None)
+    stop = np.trunc((center + support).astype(f64) + 0.5).astype(np.int64).clip(None, in_size)
+    k = np.arange(taps)
+    offset = (start[:, None] + k).astype(f32) - center[:, None]
+    distance = np.abs(((offset.astype(f64) + 0.5) * f64(invscale)).astype(f32))
+    weights = np.where(distance < 1, (1.0 - distance.astype(f64)).astype(f32), f32(0))
+    weights[k >= (stop - start)[:, None]] = 0
+    total = np.zeros(out_size, f32)
+    for column in weights.T:  # torch sums the taps in order, in float32
+        total += column
+    np.divide(weights, total[:, None], out=weights, where=total[:, None] != 0)
+    return start, weights
+
+
+def _resample(x: np.ndarray, kernel: tuple[np.ndarray, np.ndarray], axis: int) -> np.ndarray:
+    """Apply a 1-d kernel along axis -1 or -2 of a float32 array.
+
+    Blocks of ``_BLOCK`` outputs read a short contiguous run of inputs, so each block is a
+    small dense matmul: BLAS speed without the out x in cost of a full resampling matrix.
+    """
+    start, weights = kernel
+    in_size, out_size = x.shape[axis], len(start)
+    if in_size == out_size and np.all(start == np.arange(out_size)) and np.all(weights[:, 0] == 1):
+        return x.copy()  # identity (both torch kernels then copy the input); never alias it
+    shape = list(x.shape)
+    shape[axis] = out_size
+    out = np.empty(shape, np.float32)
+    for j0 in range(0, out_size, _BLOCK):
+        lo, block = _dense_block(start[j0 : j0 + _BLOCK], weights[j0 : j0 + _BLOCK], in_size)
+        hi, j1 = lo + block.shape[1], j0 + block.shape[0]
+        if axis == -1:
+            np.matmul(x[..., lo:hi], block.T, out=out[..., j0:j1])
+        else:
+            np.matmul(block, x[..., lo:hi, :], out=out[..., j0:j1, :])
+    return out
+
+
+def _dense_block(start: np.ndarray, weights: np.ndarray, in_size: int) -> tuple[int, np.ndarray]:
+    """Scatter a block of taps into a dense [outputs, inputs] matrix starting at input ``lo``."""
+    lo = int(start.min())
+    hi = min(int(start.max()) + weights.shape[1], in_size)
+    block = np.zeros((len(start), hi - lo), np.float32)
+    rows, k = np.indices(weights.shape)
+    columns = start[:, None] - lo + k
+    inside = columns < hi - lo
+    block[rows[inside], columns[inside]] = weights[inside]
+    return lo, block
