@@ -33,7 +33,10 @@ def _file(path: Path, content: bytes) -> Path:
 
 
 def _hidden(repo: Path) -> list[str]:
-    return sorted(p.name for p in repo.iterdir() if p.name.startswith("."))
+    """Hidden entries in the repository, and staging/retired leftovers beside it."""
+    inside = [p.name for p in repo.iterdir() if p.name.startswith(".")]
+    beside = [p.name for p in repo.parent.iterdir() if p.name.startswith(f".{repo.name}.")]
+    return sorted(inside + beside)
 
 
 def _tiny_onnx(path: Path, *, external: bool = False) -> Path:
@@ -173,6 +176,25 @@ def test_failed_swap_restores_the_previous_model(
     assert _hidden(repo) == []
 
 
+def test_staging_never_appears_inside_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Triton loads every subdirectory of the repository, hidden ones too.
+    repo = tmp_path / "repo"
+    seen: list[Path] = []
+    real_fill = writer._fill
+
+    def spy(staging: Path, *args, **kwargs) -> None:
+        seen.append(staging)
+        real_fill(staging, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "_fill", spy)
+    write_model(
+        repo, "sam2_encoder", _file(tmp_path / "e.onnx", b"v1"), _config("python"), target="python"
+    )
+    assert seen and all(p.parent == tmp_path for p in seen)
+
+
 def test_next_write_recovers_from_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A crash between "old aside" and "new in": the model only exists as a retired dir,
     # next to a half-built staging dir.
@@ -180,8 +202,8 @@ def test_next_write_recovers_from_a_crash(tmp_path: Path, monkeypatch: pytest.Mo
     write_model(
         repo, "sam2_encoder", _file(tmp_path / "e.onnx", b"v1"), _config("python"), target="python"
     )
-    os.rename(repo / "sam2_encoder", repo / ".sam2_encoder.old-abc")
-    (repo / ".sam2_encoder.staging-def" / "1").mkdir(parents=True)
+    os.rename(repo / "sam2_encoder", tmp_path / ".repo.sam2_encoder.old-abc")
+    (tmp_path / ".repo.sam2_encoder.staging-def" / "1").mkdir(parents=True)
     assert list_models(repo) == []
 
     def fail(source: Path, dest: Path) -> None:

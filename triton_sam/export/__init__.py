@@ -120,7 +120,7 @@ def export_model(
     image = _random_tensor(fam.encoder_inputs[0], 2, rng)
     with torch.no_grad():
         embeddings = encoder(torch.from_numpy(image))
-    embeddings = {t.name: e.numpy() for t, e in zip(fam.encoder_outputs, embeddings)}
+    embeddings = {t.name: e.numpy() for t, e in zip(fam.encoder_outputs, embeddings, strict=True)}
 
     t0 = time.perf_counter()
     enc_path = onnx_utils.export_graph(
@@ -214,4 +214,4 @@ def _run_torch(module: Any, fam: Any, feeds: dict[str, np.ndarray]) -> dict[str,
 
     with torch.no_grad():
         outs = module(*(torch.from_numpy(feeds[t.name]) for t in fam.decoder_inputs))
-    return {t.name: o.numpy() for t, o in zip(fam.decoder_outputs, outs)}
+    return {t.name: o.numpy() for t, o in zip(fam.decoder_outputs, outs, strict=True)}

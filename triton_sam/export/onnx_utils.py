@@ -1,4 +1,4 @@
-"""Family-independent ONNX helpers: export a wrapper, check it against torch, fp16, external data."""
+"""Family-independent ONNX helpers: export, check against torch, fp16, external data."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from triton_sam.errors import ExportError, ExportValidationError
+
+if TYPE_CHECKING:
+    import torch
 
 # ONNX protobufs cannot exceed 2 GiB; above this the weights go to a sidecar file.
 _PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -56,6 +59,8 @@ def export_graph(
     Raises:
         ExportError: the exporter failed; the message carries its error.
     """
+    import torch
+
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with warnings.catch_warnings(), torch.no_grad():
@@ -98,15 +103,29 @@ def save_with_external_data(path: Path) -> Path:
 
 
 def external_data_files(path: Path) -> list[Path]:
-    """Sidecar weight files an ONNX model refers to (empty when self-contained)."""
+    """Sidecar weight files an ONNX model refers to (empty when self-contained).
+
+    Looks at initializers and at tensors held by node attributes, subgraphs included;
+    the weights themselves are not loaded.
+    """
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     locations = set()
-    for tensor in model.graph.initializer:
+    for tensor in _all_tensors(model.graph):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             locations.add({e.key: e.value for e in tensor.external_data}["location"])
     return [path.parent / loc for loc in sorted(locations)]
+
+
+def _all_tensors(graph: Any) -> Any:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from _all_tensors(sub)
 
 
 def convert_to_fp16(path: Path) -> None:
@@ -141,7 +160,7 @@ def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, dict(feeds))))
+    return dict(zip(names, session.run(names, dict(feeds)), strict=True))
 
 
 def compare_outputs(

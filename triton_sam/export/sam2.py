@@ -30,10 +30,9 @@ def _sam2_hydra():
     ``sam2/__init__`` initialises hydra globally at import; our own CLI composes its configs
     in a scoped context, so we reset to sam2's module here and clean up afterwards.
     """
+    import sam2  # noqa: F401  (registers its config module)
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
-
-    import sam2  # noqa: F401  (registers its config module)
 
     GlobalHydra.instance().clear()
     initialize_config_module("sam2", version_base="1.2")
@@ -76,7 +75,7 @@ def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
             f"checkpoint: {checkpoint} is not an official SAM2 checkpoint "
             "(expected a dict with a 'model' state dict)"
         )
-    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    missing, unexpected = model.load_state_dict(state["model"], strict=True)
     if missing or unexpected:
         raise CheckpointError(
             f"checkpoint: {checkpoint} does not match {spec.name} ({spec.upstream_config}): "
@@ -115,7 +114,7 @@ class SAM2Encoder(nn.Module):
         # HWxBxC -> BxCxHxW, as SAM2ImagePredictor.set_image does
         feats = [
             feat.permute(1, 2, 0).reshape(batch, -1, h, w)
-            for feat, (h, w) in zip(vision_feats, feat_sizes)
+            for feat, (h, w) in zip(vision_feats, feat_sizes, strict=True)
         ]
         return feats[2], feats[0], feats[1]
 

@@ -6,12 +6,12 @@ Layout per model::
     <repo>/<name>/1/model.onnx       (+ external-data sidecars, under their own names)
     <repo>/<name>/1/model.py         (python target only: a copy of runner.py)
 
-A model is built in a hidden staging directory next to its destination and swapped in with
-renames, so a crash leaves either the old model or the new one, never half of either. Hidden
-leftovers of a crash are cleaned (or the old model restored) by the next write of that name.
-Staging lives inside the repository so the final rename never crosses filesystems; but Triton
-tries to load every subdirectory, hidden ones included (seen on 2.51), so do not start a server
-(or let one poll) on a repository while it is being written.
+A model is built in a hidden staging directory beside the repository (in its parent, so the
+final rename stays on one filesystem) and swapped in with renames, so a crash leaves either the
+old model or the new one, never half of either. Leftovers of a crash are cleaned (or the old
+model restored) by the next write of that name. Staging never lives inside the repository:
+Triton tries to load every subdirectory, hidden ones included (seen on 2.51), so a leftover
+there would stop the server (and the docker container) from starting.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError, RepositoryError
@@ -41,8 +41,8 @@ CONFIG_FILENAME = "config.pbtxt"
 VERSION = "1"
 RUNNER_NAME = "model.py"  # what the python backend loads
 RUNNER_SOURCE = Path(__file__).with_name("runner.py")
-_STAGING = ".{name}.staging-"
-_RETIRED = ".{name}.old-"
+_STAGING = ".{repo}.{name}.staging-"
+_RETIRED = ".{repo}.{name}.old-"
 
 
 def write_model(
@@ -93,7 +93,9 @@ def write_model(
     try:
         repo_dir.mkdir(parents=True, exist_ok=True)
         _recover(repo_dir, name)
-        staging = Path(tempfile.mkdtemp(prefix=_STAGING.format(name=name), dir=repo_dir))
+        staging = Path(
+            tempfile.mkdtemp(prefix=_prefix(_STAGING, repo_dir, name), dir=_side_dir(repo_dir))
+        )
     except OSError as e:
         raise RepositoryError(f"{repo_dir}: cannot prepare the repository: {e}") from e
     try:
@@ -133,7 +135,7 @@ def write_pair(
     ):
         name = default_model_name(family, graph) if name is None else name
         text = render_config(family, graph, options, name)
-        sidecars = _external_data_files(onnx_path)
+        sidecars = _sidecars(onnx_path)
         write_model(
             repo_dir, name, onnx_path, text, target=options.target, external_data_files=sidecars
         )
@@ -232,7 +234,11 @@ def _swap(staging: Path, dest: Path) -> None:
     """Put ``staging`` at ``dest``: old aside, new in, old deleted; old restored on failure."""
     retired = None
     if dest.exists():
-        retired = Path(tempfile.mkdtemp(prefix=_RETIRED.format(name=dest.name), dir=dest.parent))
+        retired = Path(
+            tempfile.mkdtemp(
+                prefix=_prefix(_RETIRED, dest.parent, dest.name), dir=_side_dir(dest.parent)
+            )
+        )
         retired.rmdir()  # only the unique name is wanted; rename needs it free
         os.rename(dest, retired)
     try:
@@ -245,37 +251,31 @@ def _swap(staging: Path, dest: Path) -> None:
         shutil.rmtree(retired, ignore_errors=True)
 
 
+def _side_dir(repo_dir: Path) -> Path:
+    """Where staging lives: the repository's parent (same filesystem, outside Triton's view)."""
+    return repo_dir.resolve().parent
+
+
+def _prefix(pattern: str, repo_dir: Path, name: str) -> str:
+    return pattern.format(repo=repo_dir.resolve().name, name=name)
+
+
 def _recover(repo_dir: Path, name: str) -> None:
     """Undo what a crashed write of ``name`` left: restore a retired model, drop staging."""
     dest = repo_dir / name
-    for leftover in sorted(repo_dir.glob(_RETIRED.format(name=name) + "*")):
+    side = _side_dir(repo_dir)
+    for leftover in sorted(side.glob(_prefix(_RETIRED, repo_dir, name) + "*")):
         if not dest.exists():
             os.rename(leftover, dest)  # crashed between "old aside" and "new in"
         else:
             shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in repo_dir.glob(_STAGING.format(name=name) + "*"):
+    for leftover in side.glob(_prefix(_STAGING, repo_dir, name) + "*"):
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _external_data_files(onnx_path: Path) -> list[Path]:
-    """The external-data files ``onnx_path`` refers to (weights stay unloaded)."""
+def _sidecars(onnx_path: Path) -> list[Path]:
     if not onnx_path.is_file():
         raise RepositoryError(f"{onnx_path}: file not found")
-    import onnx  # export-time dependency; only needed here, where graphs are written
+    from triton_sam.export.onnx_utils import external_data_files
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    locations: set[str] = set()
-    for tensor in _initializers(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            locations.add({e.key: e.value for e in tensor.external_data}["location"])
-    return [onnx_path.parent / loc for loc in sorted(locations)]
-
-
-def _initializers(graph: object) -> Iterable[object]:
-    yield from graph.initializer  # type: ignore[attr-defined]
-    for node in graph.node:  # type: ignore[attr-defined]
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                yield from _initializers(sub)
+    return external_data_files(onnx_path)
