@@ -4,9 +4,10 @@ Random-init SAM2.1-tiny saved as an official checkpoint -> triton-sam export -> 
 (python target) -> embedded tritonserver -> SAM2TritonClient over HTTP and gRPC.
 
 Tolerances (stated, tight):
-- scores: |ours - upstream| <= 1e-3
-- logits at the original resolution and low-res logits: |ours - upstream| <= 1e-3
-  (measured ~1e-5: ORT-vs-torch reassociation plus the numpy resize/interpolation)
+- scores: |ours - upstream| <= 1e-4 (the issue asks for 1e-3; measured <= 3e-8)
+- logits at the original resolution and low-res logits: |ours - upstream| <= 1e-4
+  (measured <= 5e-7 on logits up to 0.34 in magnitude: ORT-vs-torch reassociation plus the
+  numpy resize/interpolation)
 - binary masks (logits > 0): IoU >= 0.99
 """
 
@@ -28,8 +29,8 @@ from triton_sam.server import EmbeddedTriton
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 
-SCORE_ATOL = 1e-3
-LOGIT_ATOL = 1e-3
+SCORE_ATOL = 1e-4
+LOGIT_ATOL = 1e-4
 MIN_IOU = 0.99
 
 IMAGE = sample_image(640, 427)  # W x H, non-square

@@ -1,0 +1,65 @@
+"""URL handling and error translation of the client transport (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from triton_sam.client.transport import resolve_endpoint, translate_error
+from triton_sam.errors import (
+    InferenceTimeoutError,
+    InputValidationError,
+    ServerError,
+    ServerUnavailableError,
+)
+
+
+@pytest.mark.parametrize(
+    "url, protocol, address, ssl",
+    [
+        (None, "http", "localhost:8000", False),
+        (None, "grpc", "localhost:8001", False),
+        ("example.org", "grpc", "example.org:8001", False),
+        ("http://h:9000/", "http", "h:9000", False),
+        ("https://h:443", "http", "h:443", True),
+        ("grpcs://h", "grpc", "h:8001", True),
+        ("[::1]:8000", "http", "[::1]:8000", False),
+    ],
+)
+def test_resolve_endpoint(url, protocol, address, ssl, monkeypatch):
+    monkeypatch.delenv("TRITON_URL", raising=False)
+    ep = resolve_endpoint(url, protocol)
+    assert (ep.address, ep.protocol, ep.ssl) == (address, protocol, ssl)
+
+
+def test_triton_url_environment_variable_is_the_default(monkeypatch):
+    monkeypatch.setenv("TRITON_URL", "https://remote:8443")
+    ep = resolve_endpoint(None, "http")
+    assert (ep.address, ep.ssl) == ("remote:8443", True)
+
+
+@pytest.mark.parametrize(
+    "url, protocol, field", [("h:1", "tcp", "protocol"), ("http://a/b", "http", "url")]
+)
+def test_bad_endpoint_names_the_field(url, protocol, field):
+    with pytest.raises(InputValidationError) as info:
+        resolve_endpoint(url, protocol)
+    assert info.value.field == field
+
+
+def test_translate_error_maps_tritonclient_statuses():
+    from tritonclient.utils import InferenceServerException
+
+    def exc(msg, status=None):
+        return InferenceServerException(msg, status=status)
+
+    assert isinstance(
+        translate_error(exc("x", "StatusCode.DEADLINE_EXCEEDED"), what="w"), InferenceTimeoutError
+    )
+    assert isinstance(
+        translate_error(exc("x", "StatusCode.UNAVAILABLE"), what="w"), ServerUnavailableError
+    )
+    err = translate_error(exc("unexpected shape for input 'image'", "400"), what="infer on m")
+    assert type(err) is ServerError and "unexpected shape" in str(err) and "infer on m" in str(err)
+    assert isinstance(
+        translate_error(ConnectionRefusedError("no"), what="w"), ServerUnavailableError
+    )

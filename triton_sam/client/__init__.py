@@ -1,0 +1,6 @@
+"""Clients: image in, masks out, over Triton's HTTP or gRPC protocol."""
+
+from triton_sam.client.prediction import Prediction
+from triton_sam.client.sync import SAM2TritonClient
+
+__all__ = ["Prediction", "SAM2TritonClient"]

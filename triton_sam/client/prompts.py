@@ -1,0 +1,164 @@
+"""Pure functions that validate user prompts and build decoder inputs (no I/O).
+
+Shared by the sync and async clients so the two cannot drift. Coordinates come in as
+(X, Y) pixels of the original image and leave in the encoder's input frame, ordered as
+``SAM2ImagePredictor`` orders them: box corners (labels 2, 3) first, then clicks, then one
+padding point (label -1) that the official prompt encoder appends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from triton_sam import transforms
+from triton_sam.errors import InputValidationError
+from triton_sam.models.spec import Preprocessing
+
+PADDING_LABEL = -1.0
+BOX_LABELS = (2.0, 3.0)
+CLICK_LABELS = frozenset({0, 1})
+
+
+def _as_float_array(value: Any, field: str) -> np.ndarray:
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InputValidationError(field, f"expected numbers, got {type(value).__name__}") from e
+    if not np.isfinite(array).all():
+        raise InputValidationError(field, "contains NaN or infinity")
+    return array
+
+
+def validate_points(
+    point_coords: Any, point_labels: Any, orig_hw: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Check clicks: Nx2 (X, Y) inside the image and N labels in {0, 1}.
+
+    Also accepts the batched forms 1xNx2 / 1xN. Returns None when both are None.
+
+    Raises:
+        InputValidationError: naming ``point_coords`` or ``point_labels``.
+    """
+    if point_coords is None and point_labels is None:
+        return None
+    if point_coords is None or point_labels is None:
+        missing = "point_labels" if point_labels is None else "point_coords"
+        raise InputValidationError(missing, "point_coords and point_labels must be given together")
+    coords = _as_float_array(point_coords, "point_coords")
+    labels = _as_float_array(point_labels, "point_labels")
+    if coords.ndim == 3 and coords.shape[0] == 1:
+        coords = coords[0]
+    if labels.ndim == 2 and labels.shape[0] == 1:
+        labels = labels[0]
+    if coords.ndim != 2 or coords.shape[1] != 2 or coords.shape[0] == 0:
+        raise InputValidationError(
+            "point_coords", f"shape {coords.shape}, expected (N, 2) (X, Y) pixels with N >= 1"
+        )
+    if labels.shape != (coords.shape[0],):
+        raise InputValidationError(
+            "point_labels", f"shape {labels.shape}, expected ({coords.shape[0]},): one per point"
+        )
+    if not set(np.unique(labels).tolist()) <= CLICK_LABELS:
+        raise InputValidationError(
+            "point_labels", f"values {sorted(set(labels.tolist()))}, expected 1 (fg) or 0 (bg)"
+        )
+    _check_inside(coords, orig_hw, "point_coords")
+    return coords, labels
+
+
+def validate_box(box: Any, orig_hw: tuple[int, int]) -> np.ndarray | None:
+    """Check a box: XYXY pixels, shape (4,) or (1, 4), x0 <= x1, y0 <= y1, inside the image."""
+    if box is None:
+        return None
+    array = _as_float_array(box, "box")
+    if array.shape == (1, 4):
+        array = array[0]
+    if array.shape != (4,):
+        raise InputValidationError(
+            "box", f"shape {array.shape}, expected (4,) as [x0, y0, x1, y1] pixels (one box)"
+        )
+    x0, y0, x1, y1 = array
+    if x1 < x0 or y1 < y0:
+        raise InputValidationError("box", f"{array.tolist()} is inverted: expected x0<=x1, y0<=y1")
+    _check_inside(array.reshape(2, 2), orig_hw, "box")
+    return array
+
+
+def validate_mask_input(mask_input: Any, mask_size: int) -> np.ndarray | None:
+    """Check previous low-res logits: (S, S), (1, S, S) or (1, 1, S, S), S = mask_size."""
+    if mask_input is None:
+        return None
+    array = _as_float_array(mask_input, "mask_input")
+    if array.shape not in {(mask_size,) * 2, (1,) + (mask_size,) * 2, (1, 1) + (mask_size,) * 2}:
+        raise InputValidationError(
+            "mask_input",
+            f"shape {array.shape}, expected ({mask_size}, {mask_size}) low-res logits, "
+            "e.g. Prediction.low_res_logits[0, i] of a previous predict",
+        )
+    return array.reshape(1, 1, mask_size, mask_size)
+
+
+def _check_inside(coords: np.ndarray, orig_hw: tuple[int, int], field: str) -> None:
+    h, w = orig_hw
+    outside = (coords[:, 0] < 0) | (coords[:, 0] > w) | (coords[:, 1] < 0) | (coords[:, 1] > h)
+    if outside.any():
+        raise InputValidationError(
+            field, f"{coords[outside].tolist()} outside the {w}x{h} (W x H) image"
+        )
+
+
+def build_decoder_prompts(
+    *,
+    point_coords: Any,
+    point_labels: Any,
+    box: Any,
+    mask_input: Any,
+    orig_hw: tuple[int, int],
+    pre: Preprocessing,
+) -> dict[str, np.ndarray]:
+    """Validate prompts and build the decoder's prompt tensors (batch dimension 1).
+
+    Returns:
+        ``point_coords`` [1,N,2] float32 in the model input frame, ``point_labels`` [1,N]
+        float32, ``mask_input`` [1,1,S,S] float32, ``has_mask_input`` [1,1] float32.
+
+    Raises:
+        InputValidationError: naming the offending argument.
+    """
+    points = validate_points(point_coords, point_labels, orig_hw)
+    box_xyxy = validate_box(box, orig_hw)
+    mask = validate_mask_input(mask_input, pre.mask_size)
+    if points is None and box_xyxy is None:
+        raise InputValidationError(
+            "point_coords", "no prompt: give point_coords with point_labels, a box, or both"
+        )
+    coords_parts, label_parts = [], []
+    if box_xyxy is not None:
+        coords_parts.append(transforms.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(2, 2))
+        label_parts.append(np.array(BOX_LABELS))
+    if points is not None:
+        coords_parts.append(transforms.transform_coords(points[0], orig_hw, pre))
+        label_parts.append(points[1])
+    coords_parts.append(np.zeros((1, 2)))
+    label_parts.append(np.array([PADDING_LABEL]))
+    has_mask = mask is not None
+    size = pre.mask_size
+    return {
+        "point_coords": np.concatenate(coords_parts).astype(np.float32)[None],
+        "point_labels": np.concatenate(label_parts).astype(np.float32)[None],
+        "mask_input": (mask if has_mask else np.zeros((1, 1, size, size))).astype(np.float32),
+        "has_mask_input": np.array([[1.0 if has_mask else 0.0]], dtype=np.float32),
+    }
+
+
+def output_names(multimask_output: bool) -> tuple[str, str]:
+    """The (masks, scores) decoder outputs to request; only those cross the wire."""
+    if not isinstance(multimask_output, bool | np.bool_):
+        raise InputValidationError(
+            "multimask_output", f"got {type(multimask_output).__name__}, expected bool"
+        )
+    if multimask_output:
+        return "multimask_masks", "multimask_iou_predictions"
+    return "masks", "iou_predictions"
