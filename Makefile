@@ -1,0 +1,36 @@
+# Two commands on a fresh machine:  `make demo` (the main job end to end)  and  `make test`.
+# Both bootstrap a virtualenv in .venv with everything they need (about 5 GB: torch).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q -e ".[export,serve,bench,dev]"
+	# sam2 is an sdist whose build imports torch: build it against the torch just installed,
+	# without its optional CUDA extension (only used for post-processing hole filling).
+	SAM2_BUILD_CUDA=0 $(BIN)/python -m pip install -q --no-build-isolation "sam2==1.1.0"
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/triton-sam demo
+
+test: $(STAMP)
+	$(BIN)/ruff check triton_sam tests
+	$(BIN)/pytest
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check triton_sam tests
+	$(BIN)/ruff format --check triton_sam tests
+
+clean:
+	rm -rf .demo outputs .pytest_cache

@@ -1,0 +1,256 @@
+"""``triton-sam``: thin typer entry points over the package (logic lives in the modules).
+
+User errors (TritonSamError) print their message and exit 1, without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from triton_sam.errors import TritonSamError
+
+app = typer.Typer(
+    name="triton-sam",
+    help=(
+        "Serve Segment Anything on NVIDIA Triton.\n\n"
+        "Flow: download -> export (ONNX encoder/decoder, verified against torch) -> model "
+        "repository -> serve (docker compose on GPU, or `triton-sam serve` anywhere) -> "
+        "client (triton_sam.SAM2TritonClient).\n\n"
+        "Commands taking OVERRIDES accept hydra-style key=value pairs, e.g. "
+        "export.fp16=true repository.instance_count=2 (see `triton-sam config`)."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+ModelArg = Annotated[
+    str, typer.Argument(help="Variant name, e.g. sam2.1_hiera_tiny (see `triton-sam models`).")
+]
+OverridesArg = Annotated[
+    list[str] | None, typer.Argument(help="Config overrides, key=value (hydra syntax).")
+]
+RepositoryOpt = Annotated[
+    Path | None, typer.Option("--repository", "-r", help="Model repository directory.")
+]
+
+
+@app.command("models")
+def models_cmd() -> None:
+    """List the model variants that can be downloaded and exported."""
+    from triton_sam.models.registry import get_model, model_names
+
+    for name in model_names():
+        spec = get_model(name)
+        typer.echo(f"{name:28s} {spec.family.family:5s} {spec.description}")
+
+
+@app.command("config")
+def config_cmd(
+    model: Annotated[str | None, typer.Argument()] = None, overrides: OverridesArg = None
+) -> None:
+    """Print the composed configuration (defaults + overrides) as YAML."""
+    from omegaconf import OmegaConf
+
+    from triton_sam.config import load_config
+
+    typer.echo(OmegaConf.to_yaml(load_config(model, overrides or [])))
+
+
+@app.command("download")
+def download_cmd(
+    model: ModelArg,
+    checkpoints: Annotated[Path, typer.Option(help="Checkpoint directory.")] = Path("checkpoints"),
+) -> None:
+    """Download a checkpoint (resumable, sha256-verified; skipped when already valid)."""
+    from triton_sam.models.checkpoints import download_checkpoint
+    from triton_sam.models.registry import get_model
+
+    path = download_checkpoint(get_model(model).checkpoint, checkpoints, progress=True)
+    typer.echo(f"checkpoint ready: {path}")
+
+
+@app.command("export")
+def export_cmd(
+    model: ModelArg,
+    overrides: OverridesArg = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Checkpoint file (default: the downloaded one).")
+    ] = None,
+    random_init: Annotated[
+        bool, typer.Option("--random-init", help="Export random weights (offline testing).")
+    ] = False,
+    fp16: Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")] = False,
+    target: Annotated[
+        str | None, typer.Option(help="Repository target: onnxruntime (GPU container) | python.")
+    ] = None,
+    repository: RepositoryOpt = None,
+) -> None:
+    """Export a variant to ONNX, verify it against torch and write it into the repository."""
+    _export(model, overrides, checkpoint, random_init, fp16, target, repository, download=False)
+
+
+@app.command("setup")
+def setup_cmd(
+    model: ModelArg,
+    overrides: OverridesArg = None,
+    random_init: Annotated[
+        bool, typer.Option("--random-init", help="Skip the download; export random weights.")
+    ] = False,
+    fp16: Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")] = False,
+    target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
+    repository: RepositoryOpt = None,
+) -> None:
+    """Download (if needed), export and write the repository: everything before serving."""
+    _export(model, overrides, None, random_init, fp16, target, repository, download=True)
+
+
+def _export(
+    model: str,
+    overrides: list[str] | None,
+    checkpoint: Path | None,
+    random_init: bool,
+    fp16: bool,
+    target: str | None,
+    repository: Path | None,
+    *,
+    download: bool,
+) -> None:
+    from triton_sam.config import load_config, model_spec, section
+    from triton_sam.export import ExportOptions
+    from triton_sam.pipeline import build_repository, obtain_checkpoint
+    from triton_sam.repository.config import RepositoryOptions
+
+    extra = list(overrides or [])
+    extra += ["export.fp16=true"] if fp16 else []
+    extra += [f"repository.target={target}"] if target else []
+    extra += ["export.random_init=true"] if random_init else []
+    cfg = load_config(model, extra)
+    spec = model_spec(cfg)
+    export_cfg = section(cfg, "export")
+    random_init = bool(export_cfg.pop("random_init"))
+    repo = repository or Path(cfg.paths.repository)
+    ckpt = None
+    if not random_init:
+        ckpt = obtain_checkpoint(
+            spec,
+            checkpoint=checkpoint,
+            checkpoints_dir=Path(cfg.paths.checkpoints),
+            download=download,
+        )
+    build = build_repository(
+        spec,
+        repo,
+        checkpoint=ckpt,
+        random_init=random_init,
+        export_options=ExportOptions(**export_cfg),
+        repository_options=RepositoryOptions(**section(cfg, "repository")),
+    )
+    for name in build.models:
+        typer.echo(f"wrote {repo / name}  ({build.onnx_bytes[name] / 2**20:.1f} MiB ONNX)")
+    errs = ", ".join(f"{k}={v:.1e}" for k, v in build.export.max_abs_error.items())
+    typer.echo(f"onnxruntime vs torch max abs error: {errs or 'not verified'}")
+    typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")
+
+
+@app.command("serve")
+def serve_cmd(
+    repository: RepositoryOpt = None,
+    http_port: Annotated[int, typer.Option(help="HTTP port (0 = any free port).")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
+
+    A repository written for the GPU container (onnxruntime target) is served through
+    python-backend twins of its models, built next to it, using the same ONNX files.
+    """
+    from triton_sam.repository.writer import embedded_repository
+    from triton_sam.server import EmbeddedTriton
+
+    repo = embedded_repository(repository or Path("model_repository"))
+    server = EmbeddedTriton(
+        repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host
+    )
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with server:
+        typer.echo(f"HTTP    {server.http_url}\ngRPC    {server.grpc_url}")
+        typer.echo(f"metrics {server.metrics_url}/metrics\nlog     {server.log_path}")
+        typer.echo("ready; Ctrl-C to stop")
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            typer.echo("stopping...")
+
+
+@app.command("check")
+def check_cmd(
+    url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
+    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
+    model_type: Annotated[str, typer.Option(help="sam2")] = "sam2",
+    image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
+) -> None:
+    """Smoke-test a running server: encode an image, predict a click, print timings."""
+    import numpy as np
+
+    from triton_sam.client import SAM2TritonClient
+    from triton_sam.sample import sample_image
+
+    with SAM2TritonClient(url, model_type=model_type, protocol=protocol) as client:
+        img = image if image is not None else sample_image()
+        client.set_image(img)
+        typer.echo(f"set_image: {client.last_timings_ms}")
+        h, w = client.original_size
+        masks, iou = client.predict(point_coords=[[w / 2, h / 2]], point_labels=[1])
+        typer.echo(f"predict:   {client.last_timings_ms}, {client.last_request_bytes} bytes sent")
+        typer.echo(
+            f"mask {masks.shape}, {float(np.mean(masks[0, 0] > 0)):.1%} foreground, iou {iou}"
+        )
+
+
+@app.command("demo")
+def demo_cmd(
+    model: Annotated[str, typer.Option(help="Variant to run.")] = "sam2.1_hiera_tiny",
+    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
+    image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
+    output: Annotated[Path, typer.Option(help="Overlay PNG.")] = Path("outputs/demo_overlay.png"),
+) -> None:
+    """End to end on this machine: export, embedded Triton, a click and a box, an overlay PNG."""
+    from triton_sam.demo import run_demo
+
+    report = run_demo(model=model, protocol=protocol, image_path=image, output=output)
+    typer.echo(
+        f"\n== demo: {report.model} ({'RANDOM weights' if report.random_weights else 'checkpoint'})"
+    )
+    for stage, s in report.stages_s.items():
+        typer.echo(f"  {stage:28s} {s:8.2f} s")
+    for stage, ms in report.latency_ms.items():
+        typer.echo(f"  {stage:28s} {ms:8.1f} ms")
+    for what, n in report.request_bytes.items():
+        typer.echo(f"  bytes sent {what:17s} {n / 2**20:8.2f} MiB")
+    for name, n in report.onnx_bytes.items():
+        typer.echo(f"  onnx {name:23s} {n / 2**20:8.1f} MiB")
+    typer.echo(f"  overlay: {report.overlay}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except TritonSamError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
