@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from triton_sam.errors import CheckpointError, ExportValidationError
-from triton_sam.export import ExportOptions, export_model, save_random_checkpoint
-from triton_sam.export import onnx_utils
+from triton_sam.export import ExportOptions, export_model, onnx_utils, save_random_checkpoint
 from triton_sam.models import get_model, model_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -53,10 +52,10 @@ def test_export_writes_graphs_with_the_spec_contract(exported):
         assert model.opset_import[0].version >= 17
         assert [i.name for i in model.graph.input] == [t.name for t in inputs]
         assert [o.name for o in model.graph.output] == [t.name for t in outputs]
-        for value, spec in zip(model.graph.input, inputs):
+        for value, spec in zip(model.graph.input, inputs, strict=True):
             dims = value.type.tensor_type.shape.dim
             assert dims[0].dim_param, f"{spec.name}: batch dim must be symbolic"
-            for d, expected in zip(dims[1:], spec.shape):
+            for d, expected in zip(dims[1:], spec.shape, strict=True):
                 assert d.dim_value == expected if expected > 0 else d.dim_param
 
 
@@ -71,7 +70,9 @@ def test_verification_lists_every_mismatching_output(exported):
     real = onnx_utils.run_onnx(exported.encoder, feeds)
     wrong = {k: v + (0.1 if k != "high_res_feats_1" else 0.0) for k, v in real.items()}
     with pytest.raises(ExportValidationError) as info:
-        onnx_utils.verify_graph(exported.encoder, [("zeros", feeds, wrong)], onnx_utils.FP32_TOLERANCE)
+        onnx_utils.verify_graph(
+            exported.encoder, [("zeros", feeds, wrong)], onnx_utils.FP32_TOLERANCE
+        )
     assert len(info.value.mismatches) == 2
     assert "image_embed" in str(info.value) and "high_res_feats_0" in str(info.value)
 
