@@ -240,6 +240,36 @@ def demo_cmd(
     typer.echo(f"  overlay: {report.overlay}")
 
 
+@app.command("bench")
+def bench_cmd(
+    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
+    n_encode: Annotated[int, typer.Option(min=1, help="Timed encoder calls per path.")] = 5,
+    n_decode: Annotated[int, typer.Option(min=1, help="Timed decoder calls per path.")] = 50,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
+) -> None:
+    """Latency p50/p95/p99 of encode and one-click decode: embedded Triton over HTTP and gRPC
+    vs onnxruntime in-process on the same ONNX files, in one run (JSON, markdown, PNG)."""
+    from triton_sam.bench.latency import run_latency_benchmark, write_report
+    from triton_sam.demo import build_local_repository
+    from triton_sam.sample import sample_image
+    from triton_sam.server import EmbeddedTriton
+
+    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        report = run_latency_benchmark(
+            repo,
+            {"http": server.http_url, "grpc": server.grpc_url},
+            spec.family,
+            sample_image(),
+            n_encode=n_encode,
+            n_decode=n_decode,
+            model_name=spec.name,
+        )
+    paths = write_report(report, output)
+    typer.echo(paths["md"].read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -19,7 +19,8 @@ from triton_sam.errors import CheckpointError
 from triton_sam.export import ExportOptions
 from triton_sam.models.checkpoints import resolve_checkpoint
 from triton_sam.models.registry import get_model
-from triton_sam.pipeline import build_repository
+from triton_sam.models.spec import ModelSpec
+from triton_sam.pipeline import RepositoryBuild, build_repository
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.sample import sample_image
 from triton_sam.server import EmbeddedTriton
@@ -62,32 +63,9 @@ def run_demo(
         image_path: image to segment (default: the built-in synthetic scene).
         protocol: ``"http"`` or ``"grpc"``.
     """
-    spec = get_model(model)
     stages: dict[str, float] = {}
-    try:
-        checkpoint: Path | None = resolve_checkpoint(spec.checkpoint, None, checkpoints_dir)
-    except CheckpointError as e:
-        checkpoint = None
-        log.warning(
-            "\n%s\n!! No usable checkpoint for %s (%s).\n!! Using RANDOM WEIGHTS from the "
-            "official config: the pipeline is real, the masks are meaningless.\n!! For real "
-            "masks: `triton-sam download %s` on a connected machine, then rerun.\n%s",
-            "!" * 78,
-            model,
-            e,
-            model,
-            "!" * 78,
-        )
-
     t0 = time.perf_counter()
-    build = build_repository(
-        spec,
-        work_dir / "model_repository",
-        checkpoint=checkpoint,
-        random_init=checkpoint is None,
-        export_options=ExportOptions(),
-        repository_options=RepositoryOptions(target="python"),
-    )
+    spec, repo, build = build_local_repository(model, checkpoints_dir, work_dir)
     stages["export+repository"] = time.perf_counter() - t0
 
     image = np.asarray(Image.open(image_path).convert("RGB")) if image_path else sample_image()
@@ -95,11 +73,10 @@ def run_demo(
     click = dict(point_coords=[[0.3 * w, 0.42 * h]], point_labels=[1])
     box = dict(box=[0.55 * w, 0.3 * h, 0.85 * w, 0.8 * h])
 
-    report = DemoReport(model, checkpoint is None, output, stages, onnx_bytes=build.onnx_bytes)
+    random_weights = build.checkpoint is None
+    report = DemoReport(model, random_weights, output, stages, onnx_bytes=build.onnx_bytes)
     t0 = time.perf_counter()
-    with EmbeddedTriton(
-        work_dir / "model_repository", http_port=0, grpc_port=0, metrics_port=0
-    ) as server:
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         stages["server start"] = time.perf_counter() - t0
         url = server.http_url if protocol == "http" else server.grpc_url
         with SAM2TritonClient(url, model_type=spec.family.family, protocol=protocol) as client:
@@ -116,6 +93,41 @@ def run_demo(
                 report.request_bytes[f"predict ({name})"] = client.last_request_bytes
     write_overlay(image, masks, [click["point_coords"][0]], box["box"], output)
     return report
+
+
+def build_local_repository(
+    model: str, checkpoints_dir: Path, work_dir: Path
+) -> tuple[ModelSpec, Path, RepositoryBuild]:
+    """Export ``model`` into ``work_dir/model_repository`` (python target) for local runs.
+
+    Uses the verified checkpoint in ``checkpoints_dir`` when there is one; otherwise the
+    official config's random weights, with a loud warning.
+    """
+    spec = get_model(model)
+    try:
+        checkpoint: Path | None = resolve_checkpoint(spec.checkpoint, None, checkpoints_dir)
+    except CheckpointError as e:
+        checkpoint = None
+        log.warning(
+            "\n%s\n!! No usable checkpoint for %s (%s).\n!! Using RANDOM WEIGHTS from the "
+            "official config: the pipeline is real, the masks are meaningless.\n!! For real "
+            "masks: `triton-sam download %s` on a connected machine, then rerun.\n%s",
+            "!" * 78,
+            model,
+            e,
+            model,
+            "!" * 78,
+        )
+    repo = work_dir / "model_repository"
+    build = build_repository(
+        spec,
+        repo,
+        checkpoint=checkpoint,
+        random_init=checkpoint is None,
+        export_options=ExportOptions(),
+        repository_options=RepositoryOptions(target="python"),
+    )
+    return spec, repo, build
 
 
 def write_overlay(

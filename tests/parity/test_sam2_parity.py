@@ -13,19 +13,12 @@ Tolerances (stated, tight):
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.export import save_random_checkpoint
 from triton_sam.export.sam2 import build_model
-from triton_sam.models import get_model
-from triton_sam.pipeline import build_repository
-from triton_sam.repository.config import RepositoryOptions
 from triton_sam.sample import sample_image
-from triton_sam.server import EmbeddedTriton
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 
@@ -51,37 +44,18 @@ PROMPTS: dict[str, dict] = {
 
 
 @pytest.fixture(scope="module")
-def spec():
-    return get_model("sam2.1_hiera_tiny")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(spec, tmp_path_factory) -> Path:
-    return save_random_checkpoint(spec, tmp_path_factory.mktemp("ckpt") / "tiny.pt", seed=1)
-
-
-@pytest.fixture(scope="module")
-def upstream(spec, checkpoint):
-    """The official predictor with the image set."""
+def upstream(sam2_tiny_spec, sam2_tiny_checkpoint):
+    """The official predictor, same weights, with the image set."""
     from sam2.sam2_image_predictor import SAM2ImagePredictor
 
-    predictor = SAM2ImagePredictor(build_model(spec, checkpoint))
+    predictor = SAM2ImagePredictor(build_model(sam2_tiny_spec, sam2_tiny_checkpoint))
     predictor.set_image(IMAGE)
     return predictor
 
 
-@pytest.fixture(scope="module")
-def server(spec, checkpoint, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    build_repository(
-        spec, repo, checkpoint=checkpoint, repository_options=RepositoryOptions(target="python")
-    )
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as triton:
-        yield triton
-
-
 @pytest.fixture(scope="module", params=["http", "grpc"])
-def client(request, server):
+def client(request, sam2_tiny_server):
+    server = sam2_tiny_server
     url = server.http_url if request.param == "http" else server.grpc_url
     with SAM2TritonClient(url, model_type="sam2", protocol=request.param) as c:
         c.set_image(IMAGE)

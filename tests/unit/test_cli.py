@@ -1,0 +1,103 @@
+"""CLI: help texts, user errors as one line + exit 1, pixi task names of the reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from triton_sam.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_help_lists_every_command():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for cmd in (
+        "models",
+        "config",
+        "download",
+        "export",
+        "setup",
+        "serve",
+        "check",
+        "demo",
+        "bench",
+    ):
+        assert cmd in out.stdout
+
+
+@pytest.mark.parametrize("cmd", ["export", "setup", "serve", "demo", "bench", "download"])
+def test_each_command_explains_itself(cmd):
+    out = run_cli(cmd, "--help")
+    assert out.returncode == 0 and "Usage" in out.stdout
+
+
+def test_models_lists_the_sam2_variants():
+    out = run_cli("models")
+    assert out.returncode == 0
+    assert all(f"sam2.1_hiera_{s}" in out.stdout for s in ("tiny", "small", "base_plus", "large"))
+
+
+def test_config_applies_overrides():
+    out = run_cli("config", "sam2.1_hiera_tiny", "export.fp16=true")
+    assert out.returncode == 0
+    assert "fp16: true" in out.stdout and "name: sam2.1_hiera_tiny" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("export", "ghost_model"), "expected one of"),
+        (("export", "sam2.1_hiera_tiny", "export.nope=1"), "overrides"),
+        (("export", "sam2.1_hiera_tiny", "--checkpoint", "/nonexistent.pt"), "/nonexistent.pt"),
+        (("check", "--url", "127.0.0.1:9"), "triton-sam serve"),
+    ],
+)
+def test_user_errors_print_one_message_and_exit_1(args, needle):
+    out = run_cli(*args)
+    assert out.returncode == 1
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_pixi_tasks_keep_the_reference_names():
+    manifest = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    tasks = manifest["tool"]["pixi"]["tasks"]
+    required = {
+        "setup",
+        "setup-sam2",
+        "setup-all",
+        "download-tiny",
+        "download-small",
+        "download-base",
+        "download-large",
+        "export-sam2",
+        "export-onnx",
+        "test-sam2",
+        "serve",
+        "demo",
+        "test",
+        "benchmark-sam2",
+    }
+    assert required <= set(tasks)
+    assert "sam2.1_hiera_base_plus" in tasks["download-base"]
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and "make demo" in readme
+    assert "make test" in ci and "make demo" in ci

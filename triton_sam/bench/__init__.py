@@ -1,0 +1,1 @@
+"""Benchmarks: latency percentiles against an in-process baseline, reports and plots."""
