@@ -301,3 +301,11 @@ def test_embedded_twin_of_an_empty_repository(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     with pytest.raises(RepositoryError, match="no models"):
         embedded_repository(tmp_path / "repo")
+
+
+def test_embedded_twin_of_configs_without_exports_says_to_run_setup(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "sam2_encoder").mkdir(parents=True)
+    (repo / "sam2_encoder" / "config.pbtxt").write_text(_config("onnxruntime"))
+    with pytest.raises(RepositoryError, match="triton-sam setup"):
+        embedded_repository(repo)

@@ -183,6 +183,11 @@ def embedded_repository(
         version_dir = repo_dir / name / VERSION
         files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
         main = version_dir / (config.default_model_filename or ONNX_FILENAME)
+        if not main.is_file():
+            raise RepositoryError(
+                f"{repo_dir / name}: no exported model ({main} is missing); run "
+                "`triton-sam setup <model>` first (add --random-init when offline)"
+            )
         sidecars = [p for p in files if p != main]
         text = config_to_text(to_python_target(config))
         write_model(
