@@ -117,7 +117,7 @@ def test_no_misspelled_restriction_flags():
 
 def test_repository_is_mounted_read_only_where_the_server_looks():
     service = load()
-    (volume,) = service["volumes"]
+    (volume,) = [v for v in service["volumes"] if v.startswith("./model_repository:")]
     host, container, mode = volume.split(":")
     assert host == "./model_repository"
     assert container == _flags(service)["--model-repository"][0]
@@ -190,3 +190,13 @@ def test_interpolation_helper():
     assert interpolate("${EMPTY-d}/${UNSET-d}/$SET/$$", env) == "/d/x/$"
     with pytest.raises(ValueError, match="UNSET"):
         interpolate("${UNSET:?needed}", env)
+
+
+def test_tensorrt_engine_cache_survives_restarts():
+    from triton_sam.repository.config import RepositoryOptions
+
+    compose = yaml.safe_load(COMPOSE.read_text())
+    mounts = load()["volumes"]
+    cache = RepositoryOptions().trt_engine_cache_path
+    assert f"trt-engine-cache:{cache}" in mounts
+    assert "trt-engine-cache" in compose["volumes"]
