@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -9,13 +11,13 @@ from triton_sam.client import prompts
 from triton_sam.errors import InputValidationError
 from triton_sam.models import get_family
 
-PRE = get_family("sam2").preprocessing
+FAMILY = get_family("sam2")
 HW = (427, 640)
 
 
 def build(**kwargs):
     base = dict(point_coords=None, point_labels=None, box=None, mask_input=None)
-    return prompts.build_decoder_prompts(**{**base, **kwargs}, orig_hw=HW, pre=PRE)
+    return prompts.build_decoder_prompts(**{**base, **kwargs}, orig_hw=HW, family=FAMILY)
 
 
 def test_click_is_scaled_to_the_square_input_and_padded():
@@ -31,6 +33,28 @@ def test_box_corners_come_first_labelled_2_3_then_clicks_then_padding():
     out = build(box=[64, 42.7, 320, 213.5], point_coords=[[10, 20]], point_labels=[0])
     np.testing.assert_array_equal(out["point_labels"], [[2, 3, 0, -1]])
     np.testing.assert_allclose(out["point_coords"][0, :2], [[102.4, 102.4], [512, 512]], rtol=1e-5)
+
+
+def test_sam1_style_layout_puts_box_after_clicks_without_padding():
+    sam1_like = dataclasses.replace(FAMILY, box_before_points=False, pad_with_box=False)
+    out = prompts.build_decoder_prompts(
+        point_coords=[[10, 20]],
+        point_labels=[1],
+        box=[64, 42.7, 320, 213.5],
+        mask_input=None,
+        orig_hw=HW,
+        family=sam1_like,
+    )
+    np.testing.assert_array_equal(out["point_labels"], [[1, 2, 3]])
+    only_clicks = prompts.build_decoder_prompts(
+        point_coords=[[10, 20]],
+        point_labels=[1],
+        box=None,
+        mask_input=None,
+        orig_hw=HW,
+        family=sam1_like,
+    )
+    np.testing.assert_array_equal(only_clicks["point_labels"], [[1, -1]])
 
 
 def test_mask_input_sets_the_flag_and_accepts_all_upstream_shapes():

@@ -109,7 +109,7 @@ def run_latency_benchmark(
     embeddings = dict(
         zip(family.embedding_names, sessions["encoder"].run(None, enc_feed), strict=True)
     )
-    dec_feed = {**embeddings, **build_decoder_prompts(orig_hw=hw, pre=pre, **click)}
+    dec_feed = {**embeddings, **build_decoder_prompts(orig_hw=hw, family=family, **click)}
     outputs = ["masks", "iou_predictions"]
     report.series["encoder/onnxruntime"] = Series(
         _time(lambda: sessions["encoder"].run(None, enc_feed), n_encode, "encoder ort"),

@@ -1,9 +1,9 @@
 """Pure functions that validate user prompts and build decoder inputs (no I/O).
 
 Shared by the sync and async clients so the two cannot drift. Coordinates come in as
-(X, Y) pixels of the original image and leave in the encoder's input frame, ordered as
-``SAM2ImagePredictor`` orders them: box corners (labels 2, 3) first, then clicks, then one
-padding point (label -1) that the official prompt encoder appends.
+(X, Y) pixels of the original image and leave in the encoder's input frame, in the order the
+family's official predictor uses (``FamilySpec.box_before_points`` / ``pad_with_box``): for
+SAM2, box corners (labels 2, 3) first, then clicks, then one padding point (label -1).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from triton_sam import transforms
 from triton_sam.errors import InputValidationError
-from triton_sam.models.spec import Preprocessing
+from triton_sam.models.spec import FamilySpec
 
 PADDING_LABEL = -1.0
 BOX_LABELS = (2.0, 3.0)
@@ -116,7 +116,7 @@ def build_decoder_prompts(
     box: Any,
     mask_input: Any,
     orig_hw: tuple[int, int],
-    pre: Preprocessing,
+    family: FamilySpec,
 ) -> dict[str, np.ndarray]:
     """Validate prompts and build the decoder's prompt tensors (batch dimension 1).
 
@@ -127,6 +127,7 @@ def build_decoder_prompts(
     Raises:
         InputValidationError: naming the offending argument.
     """
+    pre = family.preprocessing
     points = validate_points(point_coords, point_labels, orig_hw)
     box_xyxy = validate_box(box, orig_hw)
     mask = validate_mask_input(mask_input, pre.mask_size)
@@ -134,15 +135,15 @@ def build_decoder_prompts(
         raise InputValidationError(
             "point_coords", "no prompt: give point_coords with point_labels, a box, or both"
         )
-    coords_parts, label_parts = [], []
-    if box_xyxy is not None:
-        coords_parts.append(transforms.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(2, 2))
-        label_parts.append(np.array(BOX_LABELS))
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
     if points is not None:
-        coords_parts.append(transforms.transform_coords(points[0], orig_hw, pre))
-        label_parts.append(points[1])
-    coords_parts.append(np.zeros((1, 2)))
-    label_parts.append(np.array([PADDING_LABEL]))
+        parts.append((transforms.transform_coords(points[0], orig_hw, pre), points[1]))
+    if box_xyxy is not None:
+        corners = transforms.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(2, 2)
+        parts.insert(0 if family.box_before_points else len(parts), (corners, np.array(BOX_LABELS)))
+    if box_xyxy is None or family.pad_with_box:
+        parts.append((np.zeros((1, 2)), np.array([PADDING_LABEL])))
+    coords_parts, label_parts = zip(*parts, strict=True)
     has_mask = mask is not None
     size = pre.mask_size
     return {

@@ -204,7 +204,7 @@ class SAM2TritonClient:
                 box=box,
                 mask_input=mask_input,
                 orig_hw=self._orig_hw,
-                pre=pre,
+                family=self.family,
             ),
         }
         t0 = time.perf_counter()

@@ -84,6 +84,10 @@ class FamilySpec:
         exporter: dotted module path of the exporter, imported lazily (it needs torch).
         encoder_model: default Triton model name of the encoder.
         decoder_model: default Triton model name of the decoder.
+        box_before_points: where box corners (labels 2/3) go in ``point_coords``: first
+            (SAM2ImagePredictor) or after the clicks (SAM1's official ONNX layout).
+        pad_with_box: whether the padding point (label -1) is appended when a box is
+            given (SAM2 always pads; SAM1 pads only prompts without a box).
     """
 
     family: str
@@ -95,6 +99,8 @@ class FamilySpec:
     exporter: str
     encoder_model: str
     decoder_model: str
+    box_before_points: bool = True
+    pad_with_box: bool = True
 
     @property
     def embedding_names(self) -> tuple[str, ...]:
