@@ -7,6 +7,7 @@ arithmetic on small integers-ish data, compared at 1e-5.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,12 +79,15 @@ def test_variable_point_counts(http):
 
 
 def test_concurrent_requests_are_batched(http):
-    before = _stats(http, "tiny_encoder")
+    before = _settled_stats(http, "tiny_encoder")
     xs = [np.full((1, 4), i, dtype=np.float32) for i in range(8)]
     pending = [http.async_infer("tiny_encoder", _inputs(tritonclient_http, x=x)) for x in xs]
     for x, result in zip(xs, (p.get_result() for p in pending), strict=True):
         np.testing.assert_allclose(result.as_numpy("y"), 2 * x + 1, atol=1e-5)
-    after = _stats(http, "tiny_encoder")
+    # Triton updates its statistics just after releasing the responses: wait for them.
+    after = _stats_when(
+        http, "tiny_encoder", lambda st: st["inference_count"] >= before["inference_count"] + 8
+    )
     inferences = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == 8
@@ -159,6 +163,27 @@ def test_start_failure_raises_with_the_log_and_cleans_up(tmp_path: Path, tiny_re
 def _stats(client, model: str) -> dict[str, int]:
     stats = client.get_inference_statistics(model)["model_stats"][0]
     return {k: int(stats[k]) for k in ("inference_count", "execution_count")}
+
+
+def _stats_when(client, model: str, done, timeout_s: float = 10.0) -> dict[str, int]:
+    """Statistics once ``done(stats)`` holds (or the last reading after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    stats = _stats(client, model)
+    while not done(stats) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stats = _stats(client, model)
+    return stats
+
+
+def _settled_stats(client, model: str) -> dict[str, int]:
+    """Statistics once earlier tests' late updates have landed (two equal readings)."""
+    previous, current = None, _stats(client, model)
+    for _ in range(40):
+        if current == previous:
+            break
+        time.sleep(0.05)
+        previous, current = current, _stats(client, model)
+    return current
 
 
 def _process_group(pgid: int) -> list[int]:
