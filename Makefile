@@ -5,7 +5,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint clean
+PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
+
+.PHONY: install demo test test-fast lint clean perf-analyzer
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +20,16 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Triton's perf_analyzer (C++), from the tritonclient wheel of the server's release.
+$(PERF_ANALYZER): $(STAMP) scripts/install_perf_analyzer.sh
+	PYTHON=$(BIN)/python bash scripts/install_perf_analyzer.sh $(VENV)/tools/perf_analyzer
+
+perf-analyzer: $(PERF_ANALYZER)
+
 demo: $(STAMP)
 	$(BIN)/triton-sam demo
 
-test: $(STAMP)
+test: $(STAMP) $(PERF_ANALYZER)
 	$(BIN)/ruff check triton_sam tests
 	$(BIN)/pytest
 

@@ -245,10 +245,15 @@ def bench_cmd(
     model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
     n_encode: Annotated[int, typer.Option(min=1, help="Timed encoder calls per path.")] = 5,
     n_decode: Annotated[int, typer.Option(min=1, help="Timed decoder calls per path.")] = 50,
+    concurrency: Annotated[
+        str, typer.Option(help="Comma-separated concurrency levels.")
+    ] = "1,4,16",
     output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
 ) -> None:
-    """Latency p50/p95/p99 of encode and one-click decode: embedded Triton over HTTP and gRPC
-    vs onnxruntime in-process on the same ONNX files, in one run (JSON, markdown, PNG)."""
+    """Latency p50/p95/p99 and throughput of encode and one-click decode at several
+    concurrencies: embedded Triton over HTTP and gRPC vs onnxruntime in-process on the same
+    ONNX files, in one run (JSON, markdown, PNG)."""
+    levels = _levels(concurrency)
     from triton_sam.bench.latency import run_latency_benchmark, write_report
     from triton_sam.demo import build_local_repository
     from triton_sam.sample import sample_image
@@ -261,6 +266,7 @@ def bench_cmd(
             {"http": server.http_url, "grpc": server.grpc_url},
             spec.family,
             sample_image(),
+            concurrency=levels,
             n_encode=n_encode,
             n_decode=n_decode,
             model_name=spec.name,
@@ -268,6 +274,68 @@ def bench_cmd(
     paths = write_report(report, output)
     typer.echo(paths["md"].read_text())
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+@app.command("perf-analyzer")
+def perf_analyzer_cmd(
+    model: Annotated[str, typer.Option(help="Variant (its family gives shapes).")] = (
+        "sam2.1_hiera_tiny"
+    ),
+    graph: Annotated[str, typer.Option(help="encoder | decoder")] = "decoder",
+    url: Annotated[
+        str | None, typer.Option(help="host:port of a running server (default: embedded).")
+    ] = None,
+    protocol: Annotated[str, typer.Option(help="http | grpc")] = "grpc",
+    concurrency: Annotated[str, typer.Option(help="Comma-separated levels.")] = "1,4,16",
+    requests: Annotated[int, typer.Option(min=1, help="Requests per measurement window.")] = 20,
+) -> None:
+    """Triton's own perf_analyzer against the served models, shapes taken from the spec.
+
+    Install it first with `make perf-analyzer`. Without --url the model is exported and
+    served by the embedded tritonserver for the run."""
+    from triton_sam.bench.perf_analyzer import run_perf_analyzer
+    from triton_sam.models.registry import get_model
+
+    levels = _levels(concurrency)
+    family = get_model(model).family
+
+    def run(address: str) -> None:
+        rows, commands = run_perf_analyzer(
+            family, graph, address, protocol=protocol, concurrency=levels,
+            requests_per_level=requests,
+        )  # fmt: skip
+        for cmd in commands:
+            typer.echo(f"$ {cmd}")
+        typer.echo("| concurrency | infer/s | p50 ms | p95 ms | p99 ms | queue ms | compute ms |")
+        typer.echo("|---|---|---|---|---|---|---|")
+        for r in rows:
+            typer.echo(
+                f"| {r['concurrency']:.0f} | {r['throughput']:.2f} | {r['p50']:.1f} | "
+                f"{r['p95']:.1f} | {r['p99']:.1f} | {r['server_queue']:.1f} | "
+                f"{r['server_compute']:.1f} |"
+            )
+
+    if url:
+        run(url.split("://", 1)[-1])
+        return
+    from triton_sam.demo import build_local_repository
+    from triton_sam.server import EmbeddedTriton
+
+    _, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        run(server.grpc_address if protocol == "grpc" else server.http_address)
+
+
+def _levels(text: str) -> list[int]:
+    from triton_sam.errors import InputValidationError
+
+    try:
+        levels = [int(c) for c in text.split(",")]
+    except ValueError as e:
+        raise InputValidationError("concurrency", f"got {text!r}, expected e.g. 1,4,16") from e
+    if min(levels) < 1:
+        raise InputValidationError("concurrency", f"got {text!r}, expected integers >= 1")
+    return levels
 
 
 def main() -> None:

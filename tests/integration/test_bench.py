@@ -12,7 +12,7 @@ from triton_sam.sample import sample_image
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 
 
-def test_benchmark_reports_every_path_against_the_ort_baseline(
+def test_benchmark_reports_every_path_and_level_against_the_ort_baseline(
     sam2_tiny_spec, sam2_tiny_repository, sam2_tiny_server, tmp_path
 ):
     server = sam2_tiny_server
@@ -21,20 +21,25 @@ def test_benchmark_reports_every_path_against_the_ort_baseline(
         {"http": server.http_url, "grpc": server.grpc_url},
         sam2_tiny_spec.family,
         sample_image(160, 120),
+        concurrency=(1, 2),
         n_encode=1,
-        n_decode=3,
+        n_decode=4,
     )
-    expected = {f"{g}/{p}" for g in ("encoder", "decoder") for p in ("onnxruntime", "http", "grpc")}
-    assert set(report.series) == expected
-    for key, series in report.series.items():
-        assert len(series.samples_ms) == (1 if key.startswith("encoder") else 3)
-        assert all(ms > 0 for ms in series.samples_ms)
+    paths = ("onnxruntime", "http", "grpc")
+    expected = {(g, p, c) for g in ("encoder", "decoder") for p in paths for c in (1, 2)}
+    assert {(s.graph, s.path, s.concurrency) for s in report.series} == expected
+    for s in report.series:
+        # at least one request per caller, and the requested count otherwise
+        assert len(s.samples_ms) == max(1 if s.graph == "encoder" else 4, s.concurrency)
+        assert all(ms > 0 for ms in s.samples_ms) and s.summary()["throughput"] > 0
     # the decoder request carries the embeddings: ~16 MiB for SAM2 in this stateless layout
-    assert report.series["decoder/grpc"].request_bytes > 16 * 2**20
+    assert report.get("decoder", "grpc", 1).request_bytes > 16 * 2**20
 
-    paths = write_report(report, tmp_path)
-    rows = json.loads(paths["json"].read_text())["rows"]
-    assert {r["series"] for r in rows} == expected
+    out = write_report(report, tmp_path)
+    rows = json.loads(out["json"].read_text())["rows"]
+    assert len(rows) == len(expected)
     assert all(r["x_ort_p50"] > 0 for r in rows)
-    assert "| decoder/grpc |" in paths["md"].read_text()
-    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    baseline = [r for r in rows if r["path"] == "onnxruntime"]
+    assert all(r["x_ort_p50"] == pytest.approx(1.0) for r in baseline)
+    assert "| decoder | grpc | 2 |" in out["md"].read_text()
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
