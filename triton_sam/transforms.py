@@ -354,17 +354,22 @@ def postprocess_masks(
     return _bilinear(logits, (h, w))
 
 
-def clamp_low_res(logits: np.ndarray) -> np.ndarray:
-    """Clip low-res logits to [-32, 32] as ``SAM2ImagePredictor`` does before returning them.
+def clamp_low_res(logits: np.ndarray, limit: float | None = LOW_RES_LOGIT_LIMIT) -> np.ndarray:
+    """Clip low-res logits to [-limit, limit] as the official predictor returns them.
+
+    ``SAM2ImagePredictor`` clips to [-32, 32]; ``SamPredictor`` does not clip (``limit=None``,
+    see ``Preprocessing.low_res_logit_limit``).
 
     Args:
         logits: float array of any shape (typically [B, M, 256, 256]).
+        limit: the clip bound, or None to return the logits unclipped.
 
     Returns:
-        float32 array of the same shape, values in [-32, 32]; feed ``[0, i]`` back as
-        ``mask_input`` to refine mask i.
+        float32 array of the same shape; feed ``[0, i]`` back as ``mask_input`` to refine
+        mask i.
     """
-    return np.clip(np.asarray(logits, np.float32), -LOW_RES_LOGIT_LIMIT, LOW_RES_LOGIT_LIMIT)
+    logits = np.asarray(logits, np.float32)
+    return logits if limit is None else np.clip(logits, -limit, limit)
 
 
 def _check_logits(low_res_logits: np.ndarray) -> np.ndarray:

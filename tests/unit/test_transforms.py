@@ -327,3 +327,19 @@ def test_clamp_low_res_clips_to_32():
     out = transforms.clamp_low_res(np.array([-100.0, -5.0, 0.0, 31.5, 1e6]))
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, [-32, -5, 0, 31.5, 32])
+
+
+def test_clamp_low_res_without_limit_only_casts_as_sam_predictor():
+    out = transforms.clamp_low_res(np.array([-100.0, 0.0, 1e6]), None)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, [-100, 0, 1e6])
+
+
+@pytest.mark.parametrize("family, expected", [("sam1", 100.0), ("sam2", 32.0)])
+def test_prediction_returns_low_res_logits_as_the_familys_predictor(family, expected):
+    from triton_sam.client.prediction import make_prediction
+
+    low = np.full((1, 1, 256, 256), 100.0, np.float32)
+    pred = make_prediction(low, np.ones((1, 1)), (64, 48), get_family(family).preprocessing)
+    assert pred.low_res_logits.max() == expected
+    assert pred.masks.shape == (1, 1, 64, 48)

@@ -18,9 +18,10 @@ class Prediction:
         masks: float32 [1, M, H, W] mask logits at the original image size (H, W);
             ``masks[0, i] > 0`` is the i-th binary mask. M = 1, or 3 with multimask output.
         iou_predictions: float32 [1, M] predicted IoU of each mask.
-        low_res_logits: float32 [1, M, 256, 256] logits clipped to [-32, 32], as
-            ``SAM2ImagePredictor`` returns them; pass ``low_res_logits[0, i]`` as the next
-            call's ``mask_input`` to refine mask i.
+        low_res_logits: float32 [1, M, 256, 256] logits as the family's official predictor
+            returns them (clipped to [-32, 32] by ``SAM2ImagePredictor``, unclipped by
+            ``SamPredictor``); pass ``low_res_logits[0, i]`` as the next call's
+            ``mask_input`` to refine mask i.
     """
 
     masks: np.ndarray
@@ -36,5 +37,5 @@ def make_prediction(
     return Prediction(
         masks=transforms.postprocess_masks(low_res, orig_hw, pre),
         iou_predictions=np.asarray(scores, dtype=np.float32),
-        low_res_logits=transforms.clamp_low_res(low_res),
+        low_res_logits=transforms.clamp_low_res(low_res, pre.low_res_logit_limit),
     )

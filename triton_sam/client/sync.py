@@ -25,10 +25,10 @@ class SAM2TritonClient:
     Args:
         url: ``host:port`` or ``https://host:port``; defaults to ``$TRITON_URL``, else
             ``localhost:8000`` (HTTP) / ``localhost:8001`` (gRPC).
-        model_type: model family: ``"sam2"`` (``"sam1"`` and ``"sam3"`` as they are added).
+        model_type: model family: ``"sam2"`` or ``"sam1"`` (``"sam3"`` when it is added).
         protocol: ``"http"`` or ``"grpc"``.
         encoder_model / decoder_model: Triton model names; default to the family's
-            (``sam2_encoder`` / ``sam2_decoder``).
+            (``sam2_encoder`` / ``sam2_decoder``, ``sam1_encoder`` / ``sam1_decoder``).
         timeout_s: per-request timeout in seconds.
 
     Raises:

@@ -184,15 +184,26 @@ def _decoder_cases(
 ) -> list[tuple[str, dict[str, np.ndarray]]]:
     """Prompt cases covering a click, box + clicks + mask input, and a batch of two.
 
-    The last case is the one traced, so it has N > 1 and B > 1 (no dim traced as 1).
+    Points are laid out as the family's predictor lays them out (``box_before_points``,
+    ``pad_with_box``). The last case is the one traced, so it has N > 1 and B > 1 (no dim
+    traced as 1).
     """
-    size = spec.family.preprocessing.image_size
-    mask = spec.family.preprocessing.mask_size
+    fam = spec.family
+    size = fam.preprocessing.image_size
+    mask = fam.preprocessing.mask_size
+
+    def layout(clicks: list[float], box: bool) -> list[float]:
+        parts = [clicks]
+        if box:
+            parts.insert(0 if fam.box_before_points else 1, [2, 3])
+        if not box or fam.pad_with_box:
+            parts.append([-1])
+        return [label for part in parts for label in part]
 
     def case(batch: int, labels: list[float], has_mask: list[float]) -> dict[str, np.ndarray]:
         n = len(labels)
         coords = rng.uniform(0, size, (batch, n, 2)).astype(np.float32)
-        coords[:, -1] = 0.0  # the padding point sits at the origin, as upstream pads
+        coords[:, np.array(labels) == -1] = 0.0  # the padding point sits at the origin
         feeds = {k: np.ascontiguousarray(v[:batch]) for k, v in embeddings.items()}
         feeds.update(
             point_coords=coords,
@@ -203,9 +214,9 @@ def _decoder_cases(
         return feeds
 
     return [
-        ("click", case(1, [1, -1], [0])),
-        ("box+clicks+mask", case(1, [2, 3, 1, 0, -1], [1])),
-        ("batch=2", case(2, [2, 3, 1, 0, 1, -1], [0, 1])),
+        ("click", case(1, layout([1], box=False), [0])),
+        ("box+clicks+mask", case(1, layout([1, 0], box=True), [1])),
+        ("batch=2", case(2, layout([1, 0, 1], box=True), [0, 1])),
     ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,10 +53,12 @@ def export_graph(
 
     The TorchScript exporter (``dynamo=False``) is used because it keeps the dynamic batch
     and point dimensions symbolic for these models; the dynamo exporter specialises some of
-    them. ``external_data`` forces weights into ``<name>.onnx_data`` (needed above 2 GiB).
+    them. ``external_data`` forces weights into ``<name>.onnx_data``; above 2 GiB (SAM1
+    ViT-H) they always go there.
 
     Returns:
-        The path of the written ``.onnx`` file.
+        The path of the written ``.onnx`` file (its sidecar, if any, is
+        ``<stem>.onnx_data`` beside it).
 
     Raises:
         ExportError: the exporter failed; the message carries its error.
@@ -62,44 +66,59 @@ def export_graph(
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            # Tracer warnings about Python-side shape arithmetic are expected for SAM models.
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module.eval(),
-                args,
-                str(path),
-                input_names=list(input_names),
-                output_names=list(output_names),
-                dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
-                opset_version=opset,
-                do_constant_folding=True,
-                dynamo=False,
-            )
-    except Exception as e:  # the exporter raises many unrelated types
-        raise ExportError(f"torch.onnx.export failed for {path.name}: {e}") from e
-    if external_data or path.stat().st_size > _PROTOBUF_LIMIT_BYTES:
-        save_with_external_data(path)
+    # Above 2 GiB the TorchScript exporter writes every initializer to its own file beside
+    # the graph, named after the weight (hundreds for ViT-H). Export into a private
+    # directory, then keep only <stem>.onnx (+ one <stem>.onnx_data) at ``path``.
+    with tempfile.TemporaryDirectory(prefix=f".{path.stem}.export-", dir=path.parent) as tmp:
+        raw = Path(tmp) / path.name
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                # Tracer warnings about Python-side shape arithmetic are expected for SAM.
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    module.eval(),
+                    args,
+                    str(raw),
+                    input_names=list(input_names),
+                    output_names=list(output_names),
+                    dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                    opset_version=opset,
+                    do_constant_folding=True,
+                    dynamo=False,
+                )
+        except Exception as e:  # the exporter raises many unrelated types
+            raise ExportError(f"torch.onnx.export failed for {path.name}: {e}") from e
+        sidecar = path.with_name(path.stem + EXTERNAL_DATA_SUFFIX)
+        sidecar.unlink(missing_ok=True)  # a stale one from an earlier export
+        if external_data or raw.stat().st_size > _PROTOBUF_LIMIT_BYTES or external_data_files(raw):
+            save_with_external_data(raw, dest=path)
+        else:
+            os.replace(raw, path)
     return path
 
 
-def save_with_external_data(path: Path) -> Path:
-    """Rewrite ``path`` so that all weights live in ``<stem>.onnx_data`` beside it."""
+def save_with_external_data(path: Path, *, dest: Path | None = None) -> Path:
+    """Save the model at ``path`` (weights inline or in any sidecars) to ``dest`` (default:
+    ``path`` itself) with all weights in one ``<dest stem>.onnx_data`` beside it.
+
+    Returns:
+        The path of the sidecar.
+    """
     import onnx
 
+    dest = path if dest is None else dest
     model = onnx.load(str(path), load_external_data=True)
-    location = path.stem + EXTERNAL_DATA_SUFFIX
-    (path.parent / location).unlink(missing_ok=True)
+    location = dest.stem + EXTERNAL_DATA_SUFFIX
+    (dest.parent / location).unlink(missing_ok=True)
     onnx.save_model(
         model,
-        str(path),
+        str(dest),
         save_as_external_data=True,
         all_tensors_to_one_file=True,
         location=location,
         size_threshold=1024,
     )
-    return path.parent / location
+    return dest.parent / location
 
 
 def external_data_files(path: Path) -> list[Path]:

@@ -3,8 +3,8 @@
 Integrity rules, strongest first:
 
 1. ``Checkpoint.sha256`` (a published full hash): the file must match it.
-2. ``Checkpoint.sha256_prefix`` (SAM1 file names carry the first hex digits): the file's hash
-   must start with it.
+2. ``Checkpoint.sha256_prefix``: the file's hash must start with it. (The hex in SAM1 file
+   names is an MD5 prefix, not a sha256 one; SAM1 configs give the full sha256.)
 3. No published full hash: the hash seen at first use is recorded next to the file in
    ``<file>.sha256`` (``sha256sum`` format, trust on first use) and every later check
    compares against that record.

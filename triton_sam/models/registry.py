@@ -19,6 +19,7 @@ from triton_sam.models.spec import Checkpoint, FamilySpec, ModelSpec
 
 # family name -> "module:attribute" of its FamilySpec
 _FAMILIES: dict[str, str] = {
+    "sam1": "triton_sam.models.sam1:SAM1_FAMILY",
     "sam2": "triton_sam.models.sam2:SAM2_FAMILY",
 }
 

@@ -21,6 +21,8 @@ SAM2_FAMILY = FamilySpec(
         pixel_std=(0.229, 0.224, 0.225),
         pixel_scale=1.0 / 255.0,
         mask_size=MASK_SIZE,
+        # SAM2ImagePredictor clips the low-res logits it returns for refinement.
+        low_res_logit_limit=32.0,
     ),
     encoder_inputs=(TensorSpec("image", "float32", (3, IMAGE_SIZE, IMAGE_SIZE)),),
     encoder_outputs=(

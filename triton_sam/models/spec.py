@@ -44,6 +44,9 @@ class Preprocessing:
         pixel_scale: factor applied to uint8 pixels before normalising (1/255 when upstream
             normalises on [0, 1], 1.0 when it normalises on the 0-255 scale).
         mask_size: side of the decoder's low-resolution mask logits.
+        low_res_logit_limit: the low-resolution logits a prediction returns (to pass back as
+            ``mask_input``) are clipped to +-this, as the official predictor does (32 for
+            SAM2ImagePredictor); None returns them unclipped (SamPredictor).
     """
 
     image_size: int
@@ -52,6 +55,7 @@ class Preprocessing:
     pixel_std: tuple[float, float, float]
     pixel_scale: float
     mask_size: int
+    low_res_logit_limit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,9 @@ class Checkpoint:
         filename: file name under the checkpoints directory.
         sha256: published full sha256, or None when none is published (then the hash is
             recorded at first download and verified afterwards).
-        sha256_prefix: published prefix of the sha256 (SAM1 file names carry one).
+        sha256_prefix: published prefix of the sha256. (The hex in SAM1 file names, e.g.
+            ``sam_vit_b_01ec64.pth``, is the start of the file's MD5, not of its sha256:
+            SAM1 configs carry the full sha256 instead.)
     """
 
     url: str

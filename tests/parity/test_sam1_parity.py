@@ -1,0 +1,140 @@
+"""SAM1 end to end vs the official SamPredictor on the same weights, image and prompts.
+
+Random-init ViT-B saved as an official checkpoint (a plain state dict) -> triton-sam export
+with external data forced on (weights in ``.onnx_data`` sidecars) -> repository (python
+target) -> embedded tritonserver -> SAM2TritonClient(model_type="sam1") over HTTP and gRPC,
+on a 480x640 (W x H) portrait image, so the longest-side resize pads on the right.
+
+Tolerances (stated, tight; measured over the whole prompt matrix, both protocols, on
+random-init weights whose logits reach ~0.3 in magnitude):
+- scores: |ours - upstream| <= 1e-5 (the issue asks for 1e-3; measured <= 1.0e-7)
+- logits at the original resolution and low-res logits: |ours - upstream| <= 5e-5
+  (measured <= 6.3e-7 and <= 7.9e-7: onnxruntime vs torch reassociation, the image
+  embedding differs by up to 1.1e-5, plus the numpy resize/interpolation)
+- image embedding: |ours - upstream| <= 1e-4 (measured <= 1.1e-5)
+- binary masks (logits > 0): IoU >= 0.99 (measured min 0.99999)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from triton_sam.client import SAM2TritonClient
+from triton_sam.export.onnx_utils import EXTERNAL_DATA_SUFFIX
+from triton_sam.export.sam1 import build_model
+from triton_sam.sample import sample_image
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
+
+SCORE_ATOL = 1e-5
+LOGIT_ATOL = 5e-5
+EMBEDDING_ATOL = 1e-4
+MIN_IOU = 0.99
+
+IMAGE = sample_image(480, 640)  # W x H: portrait, non-square
+H, W = IMAGE.shape[:2]
+CLICK = [[0.3 * W, 0.42 * H]]
+NEG = [[0.7 * W, 0.55 * H]]
+BOX = [0.12 * W, 0.15 * H, 0.5 * W, 0.7 * H]
+
+# name -> predict kwargs (mask_input refinement is its own test)
+PROMPTS: dict[str, dict] = {
+    "click": dict(point_coords=CLICK, point_labels=[1]),
+    "clicks_with_negative": dict(point_coords=CLICK + NEG, point_labels=[1, 0]),
+    "box": dict(box=BOX),
+    "box_and_click": dict(box=BOX, point_coords=CLICK, point_labels=[1]),
+    "multimask": dict(point_coords=CLICK, point_labels=[1], multimask_output=True),
+    "box_multimask": dict(box=BOX, multimask_output=True),
+}
+
+
+@pytest.fixture(scope="module")
+def upstream(sam1_vit_b_spec, sam1_vit_b_checkpoint):
+    """The official predictor, same weights, with the image set."""
+    from segment_anything import SamPredictor
+
+    predictor = SamPredictor(build_model(sam1_vit_b_spec, sam1_vit_b_checkpoint))
+    predictor.set_image(IMAGE)
+    return predictor
+
+
+@pytest.fixture(scope="module", params=["http", "grpc"])
+def client(request, sam1_vit_b_server):
+    server = sam1_vit_b_server
+    url = server.http_url if request.param == "http" else server.grpc_url
+    with SAM2TritonClient(url, model_type="sam1", protocol=request.param) as c:
+        c.set_image(IMAGE)
+        yield c
+
+
+def upstream_predict(predictor, **kwargs):
+    kwargs = {k: (np.asarray(v) if k != "multimask_output" else v) for k, v in kwargs.items()}
+    kwargs.setdefault("multimask_output", False)
+    return predictor.predict(return_logits=True, **kwargs)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+def assert_same(ours, ref_masks, ref_scores, ref_low_res) -> None:
+    assert ours.masks.shape == (1, *ref_masks.shape)
+    assert ours.masks.shape[-2:] == (H, W)
+    np.testing.assert_allclose(ours.iou_predictions[0], ref_scores, atol=SCORE_ATOL, rtol=0)
+    np.testing.assert_allclose(ours.masks[0], ref_masks, atol=LOGIT_ATOL, rtol=0)
+    np.testing.assert_allclose(ours.low_res_logits[0], ref_low_res, atol=LOGIT_ATOL, rtol=0)
+    for i in range(ref_masks.shape[0]):
+        assert iou(ours.masks[0, i] > 0, ref_masks[i] > 0) >= MIN_IOU
+
+
+def test_served_models_keep_their_weights_in_external_data(sam1_vit_b_build):
+    repo, build = sam1_vit_b_build
+    assert build.models == ("sam1_encoder", "sam1_decoder")
+    for name, stem in (("sam1_encoder", "encoder"), ("sam1_decoder", "decoder")):
+        version = repo / name / "1"
+        sidecar = version / (stem + EXTERNAL_DATA_SUFFIX)
+        assert sidecar.is_file(), sorted(p.name for p in version.iterdir())
+        assert (version / "model.onnx").stat().st_size < sidecar.stat().st_size // 10
+
+
+def test_embedding_matches_sam_predictor(client, upstream):
+    ours = client.get_image_embedding()["image_embeddings"]
+    np.testing.assert_allclose(
+        ours, upstream.get_image_embedding().numpy(), atol=EMBEDDING_ATOL, rtol=0
+    )
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_prompt_matrix_matches_sam_predictor(client, upstream, name):
+    kwargs = PROMPTS[name]
+    ref_masks, ref_scores, ref_low_res = upstream_predict(upstream, **kwargs)
+    assert_same(client.predict_full(**kwargs), ref_masks, ref_scores, ref_low_res)
+
+
+def test_mask_input_refinement_matches(client, upstream):
+    first = PROMPTS["click"]
+    _, _, ref_low = upstream_predict(upstream, **first)
+    ours_first = client.predict_full(**first)
+    refine = dict(point_coords=CLICK + NEG, point_labels=[1, 0])
+    ref = upstream_predict(upstream, mask_input=ref_low[0:1], **refine)
+    ours = client.predict_full(mask_input=ours_first.low_res_logits[0, 0], **refine)
+    assert_same(ours, *ref)
+    # The mask input must matter, or this test proves nothing about it.
+    without = client.predict_full(**refine)
+    assert np.abs(without.low_res_logits - ours.low_res_logits).max() > 10 * LOGIT_ATOL
+
+
+def test_masks_are_not_degenerate(client):
+    """Random weights must still give masks with both classes, or IoU would be vacuous."""
+    for name in ("click", "box"):
+        masks, _ = client.predict(**PROMPTS[name])
+        fraction = float((masks[0, 0] > 0).mean())
+        assert 0.01 < fraction < 0.99, (name, fraction)
+
+
+def test_predict_tuple_api(client):
+    masks, iou_pred = client.predict(point_coords=[[W // 2, H // 2]], point_labels=[1])
+    assert masks.shape == (1, 1, H, W) and masks.dtype == np.float32
+    assert iou_pred.shape == (1, 1)
