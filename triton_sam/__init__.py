@@ -4,6 +4,13 @@ Public API: the clients and the error hierarchy. Heavy dependencies (torch, sam2
 onnxruntime) are imported only by the export and serving modules that need them.
 """
 
+from triton_sam.client import (
+    Prediction,
+    SAM2TritonClient,
+    SpeculativeSAM2Client,
+    queue_multiple_requests,
+    wait_for_latest_result,
+)
 from triton_sam.errors import (
     CheckpointError,
     ConfigError,
@@ -35,12 +42,17 @@ __all__ = [
     "InferenceTimeoutError",
     "InputValidationError",
     "IntegrityError",
+    "Prediction",
     "RepositoryError",
     "RequestCancelledError",
+    "SAM2TritonClient",
     "ServerError",
     "ServerStartError",
     "ServerUnavailableError",
+    "SpeculativeSAM2Client",
     "TritonSamError",
     "UnsupportedModelError",
     "__version__",
+    "queue_multiple_requests",
+    "wait_for_latest_result",
 ]

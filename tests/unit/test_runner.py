@@ -58,9 +58,29 @@ class _Request:
         return self.outputs
 
 
+class _Metric:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels, self.value = labels, 0
+
+    def increment(self, n: int) -> None:
+        self.value += n
+
+
+class _MetricFamily:
+    COUNTER = "COUNTER"
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name, self.kind, self.metrics = name, kind, []
+
+    def Metric(self, labels: dict[str, str]) -> _Metric:  # noqa: N802 - pb_utils' name
+        self.metrics.append(_Metric(labels))
+        return self.metrics[-1]
+
+
 def _fake_pb_utils() -> types.ModuleType:
     pb = types.ModuleType("triton_python_backend_utils")
     pb.TritonError, pb.Tensor, pb.InferenceResponse = _TritonError, _Tensor, _Response
+    pb.MetricFamily = _MetricFamily
     pb.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
     pb.triton_string_to_numpy = lambda name: {"TYPE_FP32": np.float32}[name]
     return pb
@@ -116,6 +136,8 @@ def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             "model_repository": str(tmp_path),
             "model_version": "1",
             "model_instance_kind": "CPU",
+            "model_name": "tiny",
+            "model_instance_name": "tiny_0_0",
         }
     )
     runner.runs = []
@@ -198,3 +220,13 @@ def test_a_failing_request_does_not_fail_its_batch_mates(model) -> None:
     _check_values(good, responses[0])
     assert responses[1].error.code == "INVALID_ARG"
     assert "simulated onnxruntime failure" in responses[1].error.message
+
+
+def test_skipped_cancelled_requests_are_counted_for_the_metrics_endpoint(model) -> None:
+    # Triton counts a request answered unrun as an inference; this counter tells them apart.
+    family, metric = model._skipped
+    assert family.name == "triton_sam_cancelled_requests_skipped" and family.kind == "COUNTER"
+    assert metric.labels == {"model": "tiny", "version": "1", "instance": "tiny_0_0"}
+    model.execute([_request(1, 3, 0, cancelled=True), _request(1, 3, 1)])
+    model.execute([_request(1, 3, 0, cancelled=True), _request(1, 3, 1, cancelled=True)])
+    assert metric.value == 3

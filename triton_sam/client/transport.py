@@ -6,6 +6,7 @@ its exceptions into ours, so the SAM clients above deal in numpy arrays and Trit
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
@@ -79,6 +80,7 @@ def translate_error(e: Exception, *, what: str) -> Exception:
     """
     from tritonclient.utils import InferenceServerException
 
+    e = _from_grpc(e)
     if isinstance(e, InferenceServerException):
         status = str(e.status() or "")
         message = e.message() or str(e)
@@ -89,11 +91,28 @@ def translate_error(e: Exception, *, what: str) -> Exception:
         if "UNAVAILABLE" in status or "failed to connect" in message.lower():
             return ServerUnavailableError(f"{what}: server unavailable ({message})")
         return ServerError(f"{what}: server error: {message}")
-    if isinstance(e, TimeoutError) or type(e).__name__ in {"timeout", "Timeout"}:
+    # asyncio.TimeoutError is not the builtin TimeoutError before Python 3.11
+    if isinstance(e, TimeoutError | asyncio.TimeoutError) or type(e).__name__ in {
+        "timeout",
+        "Timeout",
+    }:
         return InferenceTimeoutError(f"{what}: timed out ({e})")
     if isinstance(e, ConnectionError | OSError):
         return ServerUnavailableError(f"{what}: cannot reach the server ({e})")
     return ServerError(f"{what}: {type(e).__name__}: {e}")
+
+
+def _from_grpc(e: Exception) -> Exception:
+    """A raw ``grpc.RpcError`` (grpc.aio raises them where tritonclient does not wrap) as
+    tritonclient's InferenceServerException, the way tritonclient converts them."""
+    try:
+        import grpc
+        from tritonclient.utils import InferenceServerException
+    except ImportError:  # pragma: no cover - grpc is a dependency of tritonclient[grpc]
+        return e
+    if isinstance(e, grpc.RpcError) and hasattr(e, "code") and hasattr(e, "details"):
+        return InferenceServerException(msg=e.details(), status=str(e.code()))
+    return e
 
 
 class Transport:

@@ -19,6 +19,9 @@ import triton_python_backend_utils as pb_utils
 # Must equal the keys in triton_sam/repository/config.py (a unit test checks it).
 ONNX_FILE_PARAM = "onnx_file"
 INTRA_OP_THREADS_PARAM = "intra_op_threads"
+# Custom counter on Triton's metrics endpoint (triton_sam.bench.counters reads it). Triton
+# counts a request answered unrun as a successful inference; this says how many were.
+SKIPPED_METRIC = "triton_sam_cancelled_requests_skipped"
 
 
 class TritonPythonModel:
@@ -41,6 +44,7 @@ class TritonPythonModel:
             t["name"]: pb_utils.triton_string_to_numpy(t["data_type"]) for t in config["output"]
         }
         self.batched = int(config.get("max_batch_size", 0)) > 0
+        self._skipped = _skipped_counter(args)
 
     def execute(self, requests):
         """Answer every request: cancelled ones unrun, the rest in shape-grouped ORT batches."""
@@ -51,6 +55,8 @@ class TritonPythonModel:
             # after it formed this batch still reaches us and must not cost a run.
             if hasattr(request, "is_cancelled") and request.is_cancelled():
                 responses[i] = _error("request cancelled before execution", "CANCELLED")
+                if self._skipped is not None:
+                    self._skipped[1].increment(1)
                 continue
             feeds = {
                 n: pb_utils.get_input_tensor_by_name(request, n).as_numpy()
@@ -66,6 +72,11 @@ class TritonPythonModel:
     def finalize(self):
         """Release the session (and its device memory) when the model unloads."""
         self.session = None
+        if self._skipped is not None:
+            family, metric = self._skipped
+            self._skipped = None
+            del metric  # python-backend rule: a metric goes before its family
+            del family
 
     def _requested(self, request):
         names = (
@@ -121,6 +132,28 @@ def _providers(args):
         device = int(args.get("model_instance_device_id") or 0)
         return [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+def _skipped_counter(args):
+    """(family, metric) counting cancelled requests answered unrun, or None where the stub
+    has no custom metrics (before Triton 23.xx) or metrics are disabled."""
+    if not hasattr(pb_utils, "MetricFamily"):
+        return None
+    try:
+        family = pb_utils.MetricFamily(
+            name=SKIPPED_METRIC,
+            description="Cancelled requests the triton_sam runner answered without running",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        labels = {
+            "model": args["model_name"],
+            "version": str(args["model_version"]),
+            "instance": args.get("model_instance_name", ""),  # one series per instance
+        }
+        # Keep the family referenced: a metric outliving its family cannot be incremented.
+        return family, family.Metric(labels=labels)
+    except Exception:  # metrics disabled (--allow-metrics=false): count nothing
+        return None
 
 
 def _error(message, code):

@@ -1,0 +1,424 @@
+"""Simulated mouse drags against a running server: what speculative decoding really costs.
+
+Each session drags: ``events`` prompts at ``rate_hz`` along a path over the image; when the
+drag stops, the time until the mask of its last position arrives is what the user feels.
+The same drags run in several modes, one after another, against the same server:
+
+- ``reference``: the reference client's behaviour: every event is sent; stale requests are
+  only "marked cancelled" locally, so every one of them still runs on the server.
+- ``cancel``: every event is sent, and each new one really cancels the session's older
+  requests (``cancel_session_requests``): Triton drops those still queued, the runner skips
+  those already batched.
+- ``latest``: latest-wins (``track`` / ``latest``): one request in flight per session plus the
+  newest event waiting; superseded events are never sent.
+
+Executed and cancelled requests come from the server's own counters (see
+:mod:`triton_sam.bench.counters`), read before and after each mode once the server is quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from triton_sam.bench.counters import ServerCounters, read_counters, wait_until_quiet
+from triton_sam.client.speculative import SpeculativeSAM2Client, wait_for_latest_result
+from triton_sam.errors import InputValidationError
+
+MODES: tuple[str, ...] = ("reference", "cancel", "latest")
+
+
+@dataclass(frozen=True)
+class DragSettings:
+    """Shape of the simulated interaction.
+
+    Attributes:
+        events: mouse events per drag.
+        rate_hz: events per second.
+        sessions: concurrent sessions (users), each dragging.
+        repeats: drags per session, one after another.
+    """
+
+    events: int = 50
+    rate_hz: float = 100.0
+    sessions: int = 4
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("events", "sessions", "repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
+        if not self.rate_hz > 0:
+            raise InputValidationError("rate_hz", f"got {self.rate_hz!r}, expected > 0")
+
+    @property
+    def duration_s(self) -> float:
+        """Nominal drag duration: first to last event."""
+        return (self.events - 1) / self.rate_hz
+
+
+def drag_path(n: int, orig_hw: tuple[int, int], *, index: int = 0) -> np.ndarray:
+    """``n`` (X, Y) pixel positions along an arc inside the image; ``index`` varies the arc.
+
+    Returns:
+        float64 [n, 2], every point at least 15% of the size away from the borders.
+    """
+    h, w = orig_hw
+    # half an ellipse around the centre; golden-ratio phases: a distinct arc for every index
+    theta = 2 * np.pi * 0.61803398875 * index + np.pi * np.linspace(0.0, 1.0, n)
+    x = 0.5 + 0.35 * np.cos(theta)
+    y = 0.5 + 0.3 * np.sin(theta)
+    return np.stack([x * w, y * h], axis=1)
+
+
+@dataclass
+class ModeResult:
+    """What one mode did, client side and server side.
+
+    Attributes:
+        events: mouse events issued.
+        requests_sent: decoder requests the client sent.
+        cancelled_client: requests the client cancelled (``cancel``), or that the reference
+            would have marked cancelled locally (``reference``: still running at drag end).
+        superseded: events never sent (``latest``).
+        server: the server's counters over the mode (``executed``, ``cancelled``...).
+        last_event_to_mask_ms: per drag, from the last event to its mask.
+        drag_ms: per drag, measured duration from its first to its last event.
+        wall_s: the mode's duration.
+    """
+
+    mode: str
+    events: int = 0
+    requests_sent: int = 0
+    cancelled_client: int = 0
+    superseded: int = 0
+    server: dict[str, int] = field(default_factory=dict)
+    last_event_to_mask_ms: list[float] = field(default_factory=list)
+    drag_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def latency(self) -> dict[str, float]:
+        """p50/p95/max of the last-event-to-mask times, in ms."""
+        a = np.asarray(self.last_event_to_mask_ms, dtype=np.float64)
+        if a.size == 0:
+            return {"p50": math.nan, "p95": math.nan, "max": math.nan}
+        return {
+            "p50": float(np.percentile(a, 50)),
+            "p95": float(np.percentile(a, 95)),
+            "max": float(a.max()),
+        }
+
+
+@dataclass
+class StressReport:
+    """A stress run: settings, the decoder time D of this run, and one result per mode."""
+
+    model: str
+    protocol: str
+    settings: DragSettings
+    decoder_ms: list[float] = field(default_factory=list)
+    decoder_concurrent_ms: list[float] = field(default_factory=list)
+    modes: dict[str, ModeResult] = field(default_factory=dict)
+
+    @property
+    def decoder_p50_ms(self) -> float:
+        """D: median round trip of one isolated decoder request (same client, same run)."""
+        return float(np.median(self.decoder_ms)) if self.decoder_ms else math.nan
+
+    @property
+    def decoder_concurrent_p50_ms(self) -> float:
+        """D_S: median time for one request per session, all sent at once (= D for one
+        session): what a decoder round trip costs when every session has one in flight."""
+        if not self.decoder_concurrent_ms:
+            return self.decoder_p50_ms
+        return float(np.median(self.decoder_concurrent_ms))
+
+    def execution_bound(self) -> int:
+        """ceil(nominal drag duration / D) + 2: what latest-wins may execute per drag."""
+        d_s = self.decoder_p50_ms / 1e3
+        return math.ceil(self.settings.duration_s / d_s) + 2
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per mode (see :func:`write_report` for the columns)."""
+        drags = self.settings.sessions * self.settings.repeats
+        rows = []
+        for name, r in self.modes.items():
+            lat = r.latency()
+            rows.append(
+                {
+                    "mode": name,
+                    "events": r.events,
+                    "requests_sent": r.requests_sent,
+                    "superseded": r.superseded,
+                    "cancelled_client": r.cancelled_client,
+                    "executed": r.server.get("executed", 0),
+                    "executed_per_drag": r.server.get("executed", 0) / drags,
+                    "cancelled_server": r.server.get("cancelled", 0),
+                    "dropped_by_triton": r.server.get("canceled", 0),
+                    "skipped_by_runner": r.server.get("skipped", 0),
+                    "model_executions": r.server.get("execution_count", 0),
+                    "last_event_to_mask_p50_ms": lat["p50"],
+                    "last_event_to_mask_p95_ms": lat["p95"],
+                    "p95_over_D": lat["p95"] / self.decoder_p50_ms,
+                    "p95_over_D_sessions": lat["p95"] / self.decoder_concurrent_p50_ms,
+                }
+            )
+        return rows
+
+
+async def measure_decoder(
+    client: SpeculativeSAM2Client, n: int = 7, *, concurrency: int = 1
+) -> list[float]:
+    """Round trips (ms) of ``n`` decoder requests, after one warm-up: D.
+
+    With ``concurrency`` > 1, each sample sends that many requests at once and times the
+    slowest: the round trip when every session has one request in flight (D_S).
+    """
+    h, w = client.original_size
+    samples = []
+    for i in range(n + 1):
+        t0 = time.perf_counter()
+        tasks = [
+            (await client.predict_async([[w / 2, h / 2]], [1], session_id=f"stress-D{k}"))[1]
+            for k in range(concurrency)
+        ]
+        await asyncio.gather(*tasks)
+        if i:
+            samples.append((time.perf_counter() - t0) * 1e3)
+    for k in range(concurrency):
+        client.cleanup_session(f"stress-D{k}")
+    return samples
+
+
+async def run_stress(
+    client: SpeculativeSAM2Client,
+    *,
+    settings: DragSettings = DragSettings(),
+    modes: Sequence[str] = MODES,
+    counters: Callable[[], ServerCounters] | None = None,
+    n_decoder: int = 7,
+) -> StressReport:
+    """Measure D, then run the drags once per mode; the image must be set.
+
+    Args:
+        client: a ready client with its image set.
+        settings: drags (events, rate, sessions, repeats).
+        modes: any of :data:`MODES`, run in this order.
+        counters: reads the decoder's server counters (e.g. :func:`server_counters`);
+            None leaves ``ModeResult.server`` empty.
+        n_decoder: isolated decoder round trips that measure D.
+    """
+    check_modes(modes)
+    report = StressReport(client.model_type, client.endpoint.protocol, settings)
+    report.decoder_ms = await measure_decoder(client, n_decoder)
+    if settings.sessions > 1:
+        report.decoder_concurrent_ms = await measure_decoder(
+            client, max(3, n_decoder // 2), concurrency=settings.sessions
+        )
+    quiet_s = max(0.5, 3 * report.decoder_p50_ms / 1e3)
+    for mode in modes:
+        before = await _quiet(counters, quiet_s)
+        t0 = time.perf_counter()
+        result = ModeResult(mode)
+        await asyncio.gather(
+            *(_session(client, mode, s, settings, result) for s in range(settings.sessions))
+        )
+        result.wall_s = time.perf_counter() - t0
+        after = await _quiet(counters, quiet_s)
+        if before is not None and after is not None:
+            result.server = (after - before).as_dict()
+        report.modes[mode] = result
+    return report
+
+
+def check_modes(modes: Sequence[str]) -> None:
+    """Raise InputValidationError unless ``modes`` is a non-empty subset of :data:`MODES`."""
+    if not modes or any(m not in MODES for m in modes):
+        raise InputValidationError("modes", f"got {list(modes)}, expected some of {list(MODES)}")
+
+
+async def _quiet(
+    counters: Callable[[], ServerCounters] | None, quiet_s: float
+) -> ServerCounters | None:
+    if counters is None:
+        return None
+    return await asyncio.to_thread(wait_until_quiet, counters, quiet_s=quiet_s)
+
+
+async def _session(
+    client: SpeculativeSAM2Client,
+    mode: str,
+    index: int,
+    settings: DragSettings,
+    result: ModeResult,
+) -> None:
+    for repeat in range(settings.repeats):
+        session_id = f"stress-{mode}-{index}-{repeat}"
+        path = drag_path(settings.events, client.original_size, index=index * 997 + repeat)
+        await _drag(client, mode, session_id, path, settings.rate_hz, result)
+        status = client.get_session_status(session_id)
+        result.requests_sent += sum(v for k, v in status.items() if k != "superseded")
+        result.superseded += status["superseded"]
+        if mode == "cancel":
+            result.cancelled_client += status["cancelled"]
+        client.cleanup_session(session_id)
+
+
+async def _drag(
+    client: SpeculativeSAM2Client,
+    mode: str,
+    session_id: str,
+    path: np.ndarray,
+    rate_hz: float,
+    result: ModeResult,
+) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks: list[tuple[str, asyncio.Task[Any]]] = []
+    for i, (x, y) in enumerate(path):
+        # On schedule; when the loop falls behind, events go out as soon as it can.
+        await asyncio.sleep(max(0.0, start + i / rate_hz - loop.time()))
+        if i == 0:
+            t_first = time.perf_counter()
+        if mode == "latest":
+            client.track(session_id, [[x, y]], [1])
+        else:
+            tasks.append(await client.predict_async([[x, y]], [1], session_id=session_id))
+            if mode == "cancel":
+                client.cancel_session_requests(session_id, keep_latest=True)
+    t_last = time.perf_counter()
+    result.events += len(path)
+    if mode == "latest":
+        await client.latest(session_id)
+    elif mode == "cancel":
+        if await wait_for_latest_result(tasks, client, session_id) is None:
+            raise RuntimeError(f"{session_id}: the last request was cancelled")
+    else:
+        # The reference marks these "cancelled" in a dict; the server runs them all.
+        result.cancelled_client += sum(not task.done() for _, task in tasks[:-1])
+        await tasks[-1][1]
+    result.last_event_to_mask_ms.append((time.perf_counter() - t_last) * 1e3)
+    result.drag_ms.append((t_last - t_first) * 1e3)
+    if mode == "reference":
+        await asyncio.gather(*(task for _, task in tasks))
+
+
+def counter_urls(
+    url: str, http_url: str | None = None, metrics_url: str | None = None
+) -> tuple[str, str]:
+    """Statistics and metrics URLs of the server at ``url``: the ones given, else its host on
+    Triton's default ports (8000, 8002), with the scheme of ``url`` (https stays https)."""
+    scheme = "https" if url.startswith(("https://", "grpcs://")) else "http"
+    address = url.split("://", 1)[-1].rstrip("/") or "localhost"
+    bare = address.endswith("]") or ":" not in address  # no port (IPv6 literals in [])
+    host = address if bare else address.rsplit(":", 1)[0]
+    return (
+        http_url or f"{scheme}://{host}:8000",
+        metrics_url or f"{scheme}://{host}:8002",
+    )
+
+
+def server_counters(
+    http_url: str, metrics_url: str | None, model: str
+) -> Callable[[], ServerCounters]:
+    """A reader of ``model``'s counters on a running server (for :func:`run_stress`)."""
+    return lambda: read_counters(http_url, metrics_url, model)
+
+
+def run_stress_on_server(
+    url: str,
+    *,
+    protocol: str = "grpc",
+    http_url: str | None,
+    metrics_url: str | None,
+    image: Any,
+    model_type: str = "sam2",
+    settings: DragSettings = DragSettings(),
+    modes: Sequence[str] = MODES,
+    model_name: str = "",
+) -> StressReport:
+    """Blocking entry point: connect, set ``image``, :func:`run_stress`, close.
+
+    Args:
+        url: the server's gRPC (or HTTP, with ``protocol="http"``) URL.
+        http_url / metrics_url: where the counters are read; None skips them.
+        image: path, PIL image or HxWx3 uint8 array.
+    """
+    check_modes(modes)
+
+    async def main() -> StressReport:
+        async with SpeculativeSAM2Client(url, model_type=model_type, protocol=protocol) as client:
+            await client.set_image_async(image)
+            counters = None
+            if http_url:
+                counters = server_counters(http_url, metrics_url, client.decoder_model)
+            report = await run_stress(client, settings=settings, modes=modes, counters=counters)
+        report.model = model_name or report.model
+        return report
+
+    return asyncio.run(main())
+
+
+def write_report(report: StressReport, out_dir: Path) -> dict[str, Path]:
+    """Write ``stress.json`` and ``stress.md`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = report.table()
+    d_ms = report.decoder_p50_ms
+    s = report.settings
+    payload = {
+        "model": report.model,
+        "protocol": report.protocol,
+        "settings": asdict(s),
+        "decoder_ms": {"samples": report.decoder_ms, "p50": d_ms},
+        "decoder_at_sessions_ms": {
+            "samples": report.decoder_concurrent_ms,
+            "p50": report.decoder_concurrent_p50_ms,
+        },
+        "execution_bound_per_drag": report.execution_bound(),
+        "rows": rows,
+        "modes": {k: asdict(v) for k, v in report.modes.items()},
+    }
+    paths = {"json": out_dir / "stress.json", "md": out_dir / "stress.md"}
+    paths["json"].write_text(json.dumps(payload, indent=2))
+    lines = [
+        f"# Speculative decoding stress: {report.model} ({report.protocol})",
+        "",
+        f"{s.sessions} concurrent session(s) x {s.repeats} drag(s) of {s.events} events at "
+        f"{s.rate_hz:g} Hz ({s.duration_s * 1e3:.0f} ms per drag). D = {d_ms:.0f} ms "
+        f"(median isolated decoder round trip, this run); ceil(drag / D) + 2 = "
+        f"{report.execution_bound()} per drag. D_S = {report.decoder_concurrent_p50_ms:.0f} ms "
+        f"(one request per session, all at once).",
+        "",
+        "| mode | events | requests sent | superseded (never sent) | cancelled by client "
+        "| executed (server) | per drag | cancelled (server: dropped + skipped) "
+        "| model executions | last event → mask p50 / p95 ms | p95 / D | p95 / D_S |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} | {r['events']} | {r['requests_sent']} | {r['superseded']} "
+            f"| {r['cancelled_client']} | {r['executed']} | {r['executed_per_drag']:.1f} "
+            f"| {r['cancelled_server']} ({r['dropped_by_triton']} + {r['skipped_by_runner']}) "
+            f"| {r['model_executions']} | {r['last_event_to_mask_p50_ms']:.0f} / "
+            f"{r['last_event_to_mask_p95_ms']:.0f} | {r['p95_over_D']:.2f} "
+            f"| {r['p95_over_D_sessions']:.2f} |"
+        )
+    lines += [
+        "",
+        "Executed = the decoder's `inference_count` minus the runner's "
+        "`triton_sam_cancelled_requests_skipped` (`/v2/models/<m>/stats`, `/metrics`); "
+        'dropped = `nv_inference_request_failure{reason="CANCELED"}`. For `reference`, '
+        "'cancelled by client' counts the requests still running at drag end, which the "
+        "reference only marks cancelled in a dict.",
+    ]
+    paths["md"].write_text("\n".join(lines) + "\n")
+    return paths
