@@ -194,7 +194,7 @@ def serve_cmd(
 def check_cmd(
     url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
     protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
-    model_type: Annotated[str, typer.Option(help="sam2")] = "sam2",
+    model_type: Annotated[str, typer.Option(help="sam2 | sam1")] = "sam2",
     image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
 ) -> None:
     """Smoke-test a running server: encode an image, predict a click, print timings."""
@@ -336,6 +336,76 @@ def _levels(text: str) -> list[int]:
     if min(levels) < 1:
         raise InputValidationError("concurrency", f"got {text!r}, expected integers >= 1")
     return levels
+
+
+@app.command("stress")
+def stress_cmd(
+    model: Annotated[
+        str, typer.Option(help="Variant served by the embedded server.")
+    ] = "sam2.1_hiera_tiny",
+    url: Annotated[
+        str | None, typer.Option(help="A running server instead of an embedded one.")
+    ] = None,
+    protocol: Annotated[str, typer.Option(help="grpc | http (no server-side cancel)")] = "grpc",
+    http_url: Annotated[
+        str | None, typer.Option(help="Statistics endpoint of --url (default: its host:8000).")
+    ] = None,
+    metrics_url: Annotated[
+        str | None, typer.Option(help="Metrics endpoint of --url (default: its host:8002).")
+    ] = None,
+    model_type: Annotated[str, typer.Option(help="Model family of --url's models.")] = "sam2",
+    events: Annotated[int, typer.Option(min=1, help="Mouse events per drag.")] = 50,
+    rate: Annotated[float, typer.Option(min=0.1, help="Events per second.")] = 100.0,
+    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 4,
+    repeats: Annotated[int, typer.Option(min=1, help="Drags per session.")] = 1,
+    modes: Annotated[str, typer.Option(help="Comma-separated.")] = "reference,cancel,latest",
+    image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/stress"),
+) -> None:
+    """Speculative decoding under simulated mouse drags: the reference behaviour (send all,
+    mark cancelled locally), real cancellation, and latest-wins, in one run; executed and
+    cancelled requests from the server's own counters (JSON + markdown)."""
+    from triton_sam.bench.stress import (
+        DragSettings,
+        check_modes,
+        counter_urls,
+        run_stress_on_server,
+        write_report,
+    )
+    from triton_sam.sample import sample_image
+
+    settings = DragSettings(events=events, rate_hz=rate, sessions=sessions, repeats=repeats)
+    chosen = [m.strip() for m in modes.split(",") if m.strip()]
+    check_modes(chosen)  # before an export or a connection
+    picture = image if image is not None else sample_image()
+
+    def run(target: str, stats: str | None, metrics: str | None, family: str, name: str) -> None:
+        report = run_stress_on_server(
+            target,
+            protocol=protocol,
+            http_url=stats,
+            metrics_url=metrics,
+            image=picture,
+            model_type=family,
+            settings=settings,
+            modes=chosen,
+            model_name=name,
+        )
+        paths = write_report(report, output)
+        typer.echo(paths["md"].read_text())
+        typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+    if url:
+        stats, metrics = counter_urls(url, http_url, metrics_url)
+        run(url, stats, metrics, model_type, model_type)
+        return
+    from triton_sam.demo import build_local_repository
+    from triton_sam.server import EmbeddedTriton
+
+    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".stress"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        target = server.grpc_url if protocol == "grpc" else server.http_url
+        run(target, server.http_url, server.metrics_url, spec.family.family, spec.name)
 
 
 def main() -> None:

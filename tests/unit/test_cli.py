@@ -51,6 +51,20 @@ def test_models_lists_the_sam2_variants():
     assert all(f"sam2.1_hiera_{s}" in out.stdout for s in ("tiny", "small", "base_plus", "large"))
 
 
+def test_models_lists_the_sam1_variants():
+    out = run_cli("models")
+    assert all(f"sam1_vit_{s}" in out.stdout for s in ("b", "l", "h"))
+
+
+def test_sam1_pixi_tasks_follow_the_reference():
+    tasks = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pixi"]["tasks"]
+    for size in ("h", "l", "b"):
+        assert tasks[f"download-sam1-{size}"] == f"triton-sam download sam1_vit_{size}"
+    assert tasks["setup-sam1"] == "triton-sam setup sam1_vit_h"  # ViT-H, as the reference
+    assert tasks["export-sam1"] == "triton-sam export sam1_vit_h"
+    assert set(tasks["setup-all"]["depends-on"]) == {"setup-sam1", "setup-sam2"}
+
+
 def test_config_applies_overrides():
     out = run_cli("config", "sam2.1_hiera_tiny", "export.fp16=true")
     assert out.returncode == 0
