@@ -24,6 +24,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from triton_sam.errors import CheckpointError, ConfigError
+from triton_sam.export.weights import load_checkpoint_file, load_state
 from triton_sam.models.spec import ModelSpec
 
 
@@ -57,22 +58,13 @@ def build_model(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
 
 
 def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several unrelated types for bad files
-        raise CheckpointError(f"checkpoint: cannot load {checkpoint}: {e}") from e
+    state = load_checkpoint_file(checkpoint)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(
             f"checkpoint: {checkpoint} is not an official SAM1 checkpoint "
             "(expected a plain state dict of tensors, like sam_vit_b_01ec64.pth)"
         )
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint: {checkpoint} does not match {spec.name} ({spec.upstream_config}): "
-            f"{len(missing)} missing keys (e.g. {missing[:3]}), "
-            f"{len(unexpected)} unexpected keys (e.g. {unexpected[:3]})"
-        )
+    load_state(model, state, checkpoint, spec)
 
 
 def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Path:
