@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from triton_sam.bench.counters import ServerCounters, read_counters, wait_until_quiet
-from triton_sam.bench.stress import DragSettings, drag_path, run_stress, server_counters
+from triton_sam.bench.stress import (
+    DragSettings,
+    drag_path,
+    measure_decoder,
+    run_stress,
+    server_counters,
+)
 from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client, wait_for_latest_result
 from triton_sam.errors import RequestCancelledError
 from triton_sam.sample import sample_image
@@ -135,35 +141,44 @@ def test_last_event_to_mask_p95_within_2_5_d(sam2_tiny_server, embedding):
     assert ref["p50"] > lat["p95"], summary  # reported beside ours: it waits for its queue
 
 
-def _flood(client, counters, n: int):
+async def _queue_length(client) -> tuple[int, float]:
+    """How many requests make a queue of ~2 s of decoder work on this machine.
+
+    A fixed count is a timing assumption: on a fast runner 16 requests drained before the
+    cancel arrived. Scaling by the measured D keeps the queue long everywhere."""
+    d_ms = float(np.median(await measure_decoder(client, 5)))
+    return int(min(128, max(16, math.ceil(2000.0 / d_ms)))), d_ms
+
+
+def _flood(client, counters):
     """Send n requests the batcher cannot merge (request i has i + 1 clicks: Triton batches
     only equal shapes), so they queue behind one another; once the first has run, cancel all
-    but the newest. Returns (tasks, number cancelled, last result, server counter delta)."""
+    but the newest. Returns (n, tasks, number cancelled, last result, server counter delta)."""
 
     async def body():
         h, w = client.original_size
+        n, d_ms = await _queue_length(client)
         before = await asyncio.to_thread(quiet, counters)
         tasks = []
         for i in range(n):
             clicks = [[w * (0.2 + 0.6 * k / n), h / 2] for k in range(i + 1)]
             tasks.append(await client.predict_async(clicks, [1] * (i + 1), "s"))
         await asyncio.wait([tasks[0][1]])
-        await asyncio.sleep(0.3)  # the rest has arrived and waits (~n x D of work)
+        # the rest has arrived and waits: ~n x D of work, far more than this pause
+        await asyncio.sleep(max(0.05, 3 * d_ms / 1e3))
         cancelled = client.cancel_session_requests("s")
         result = await wait_for_latest_result(tasks, client, "s")
         after = await asyncio.to_thread(quiet, counters)
-        return tasks, cancelled, result, after - before
+        return n, tasks, cancelled, result, after - before
 
     return body()
 
 
 def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server, embedding):
-    n = 16
-
     async def body(client, counters):
-        return await _flood(client, counters, n)
+        return await _flood(client, counters)
 
-    tasks, cancelled, result, delta = run(sam2_tiny_server, embedding, body)
+    n, tasks, cancelled, result, delta = run(sam2_tiny_server, embedding, body)
     print(f"cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= n // 2
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # client side
@@ -175,12 +190,10 @@ def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server,
 
 def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embedding):
     """Documented limitation: Triton's HTTP endpoint has no cancellation."""
-    n = 6
-
     async def body(client, counters):
-        return await _flood(client, counters, n)
+        return await _flood(client, counters)
 
-    tasks, cancelled, result, delta = run(sam2_tiny_server, embedding, body, protocol="http")
+    n, tasks, cancelled, result, delta = run(sam2_tiny_server, embedding, body, protocol="http")
     print(f"http: cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= 1
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # the client stopped waiting
