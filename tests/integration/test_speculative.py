@@ -190,6 +190,7 @@ def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server,
 
 def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embedding):
     """Documented limitation: Triton's HTTP endpoint has no cancellation."""
+
     async def body(client, counters):
         return await _flood(client, counters)
 
