@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from prompt_matrix import assert_same as assert_same_as_upstream
+from prompt_matrix import predictor_predict, prompt_matrix
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.export.onnx_utils import EXTERNAL_DATA_SUFFIX
@@ -34,19 +36,7 @@ MIN_IOU = 0.99
 
 IMAGE = sample_image(480, 640)  # W x H: portrait, non-square
 H, W = IMAGE.shape[:2]
-CLICK = [[0.3 * W, 0.42 * H]]
-NEG = [[0.7 * W, 0.55 * H]]
-BOX = [0.12 * W, 0.15 * H, 0.5 * W, 0.7 * H]
-
-# name -> predict kwargs (mask_input refinement is its own test)
-PROMPTS: dict[str, dict] = {
-    "click": dict(point_coords=CLICK, point_labels=[1]),
-    "clicks_with_negative": dict(point_coords=CLICK + NEG, point_labels=[1, 0]),
-    "box": dict(box=BOX),
-    "box_and_click": dict(box=BOX, point_coords=CLICK, point_labels=[1]),
-    "multimask": dict(point_coords=CLICK, point_labels=[1], multimask_output=True),
-    "box_multimask": dict(box=BOX, multimask_output=True),
-}
+PROMPTS = prompt_matrix(W, H)  # the shared matrix
 
 
 @pytest.fixture(scope="module")
@@ -68,25 +58,20 @@ def client(request, sam1_vit_b_server):
         yield c
 
 
-def upstream_predict(predictor, **kwargs):
-    kwargs = {k: (np.asarray(v) if k != "multimask_output" else v) for k, v in kwargs.items()}
-    kwargs.setdefault("multimask_output", False)
-    return predictor.predict(return_logits=True, **kwargs)
-
-
-def iou(a: np.ndarray, b: np.ndarray) -> float:
-    union = np.logical_or(a, b).sum()
-    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+upstream_predict = predictor_predict
 
 
 def assert_same(ours, ref_masks, ref_scores, ref_low_res) -> None:
-    assert ours.masks.shape == (1, *ref_masks.shape)
-    assert ours.masks.shape[-2:] == (H, W)
-    np.testing.assert_allclose(ours.iou_predictions[0], ref_scores, atol=SCORE_ATOL, rtol=0)
-    np.testing.assert_allclose(ours.masks[0], ref_masks, atol=LOGIT_ATOL, rtol=0)
-    np.testing.assert_allclose(ours.low_res_logits[0], ref_low_res, atol=LOGIT_ATOL, rtol=0)
-    for i in range(ref_masks.shape[0]):
-        assert iou(ours.masks[0, i] > 0, ref_masks[i] > 0) >= MIN_IOU
+    assert_same_as_upstream(
+        ours,
+        ref_masks,
+        ref_scores,
+        ref_low_res,
+        hw=(H, W),
+        score_atol=SCORE_ATOL,
+        logit_atol=LOGIT_ATOL,
+        min_iou=MIN_IOU,
+    )
 
 
 def test_served_models_keep_their_weights_in_external_data(sam1_vit_b_build):
@@ -117,7 +102,7 @@ def test_mask_input_refinement_matches(client, upstream):
     first = PROMPTS["click"]
     _, _, ref_low = upstream_predict(upstream, **first)
     ours_first = client.predict_full(**first)
-    refine = dict(point_coords=CLICK + NEG, point_labels=[1, 0])
+    refine = PROMPTS["clicks_with_negative"]
     ref = upstream_predict(upstream, mask_input=ref_low[0:1], **refine)
     ours = client.predict_full(mask_input=ours_first.low_res_logits[0, 0], **refine)
     assert_same(ours, *ref)

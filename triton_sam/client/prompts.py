@@ -121,8 +121,10 @@ def build_decoder_prompts(
     """Validate prompts and build the decoder's prompt tensors (batch dimension 1).
 
     Returns:
-        ``point_coords`` [1,N,2] float32 in the model input frame, ``point_labels`` [1,N]
-        float32, ``mask_input`` [1,1,S,S] float32, ``has_mask_input`` [1,1] float32.
+        For the ``point_list`` layout (``family.prompt_layout``): ``point_coords`` [1,N,2]
+        float32 in the model input frame, ``point_labels`` [1,N] float32, ``mask_input``
+        [1,1,S,S] float32, ``has_mask_input`` [1,1] float32. For ``hf_points_boxes``: see
+        ``_hf_points_boxes_prompts``.
 
     Raises:
         InputValidationError: naming the offending argument.
@@ -135,6 +137,18 @@ def build_decoder_prompts(
         raise InputValidationError(
             "point_coords", "no prompt: give point_coords with point_labels, a box, or both"
         )
+    return _LAYOUTS[family.prompt_layout].build(points, box_xyxy, mask, orig_hw, family)
+
+
+def _point_list_prompts(
+    points: tuple[np.ndarray, np.ndarray] | None,
+    box_xyxy: np.ndarray | None,
+    mask: np.ndarray | None,
+    orig_hw: tuple[int, int],
+    family: FamilySpec,
+) -> dict[str, np.ndarray]:
+    """``point_list`` layout: point_coords/point_labels (box as corners 2/3), mask_input."""
+    pre = family.preprocessing
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     if points is not None:
         parts.append((transforms.transform_coords(points[0], orig_hw, pre), points[1]))
@@ -154,12 +168,123 @@ def build_decoder_prompts(
     }
 
 
-def output_names(multimask_output: bool) -> tuple[str, str]:
-    """The (masks, scores) decoder outputs to request; only those cross the wire."""
+def _hf_points_boxes_prompts(
+    points: tuple[np.ndarray, np.ndarray] | None,
+    box_xyxy: np.ndarray | None,
+    mask: np.ndarray | None,
+    orig_hw: tuple[int, int],
+    family: FamilySpec,
+) -> dict[str, np.ndarray]:
+    """``hf_points_boxes`` layout (transformers' prompt tensors; the graph pads).
+
+    Returns ``input_points`` [1,1,N,2] float32 (clicks only, N may be 0), ``input_labels``
+    [1,1,N] int64, ``input_boxes`` [1,nb,4] float32 (nb = 0 or 1), all in the input frame.
+
+    Raises:
+        InputValidationError: ``mask_input`` was given (this decoder has no mask input).
+    """
+    if mask is not None:
+        raise InputValidationError(
+            "mask_input",
+            f"the {family.family!r} decoder (pre-exported onnx-community layout) takes no mask "
+            "input; export the model with `triton-sam setup` for mask refinement",
+        )
+    pre = family.preprocessing
+    coords, labels = np.zeros((0, 2)), np.zeros((0,))
+    if points is not None:
+        coords, labels = transforms.transform_coords(points[0], orig_hw, pre), points[1]
+    boxes = np.zeros((0, 4))
+    if box_xyxy is not None:
+        boxes = transforms.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(1, 4)
+    return {
+        "input_points": coords.astype(np.float32).reshape(1, 1, -1, 2),
+        "input_labels": labels.astype(np.int64).reshape(1, 1, -1),
+        "input_boxes": boxes.astype(np.float32)[None],
+    }
+
+
+def _check_multimask(multimask_output: Any) -> None:
     if not isinstance(multimask_output, bool | np.bool_):
         raise InputValidationError(
             "multimask_output", f"got {type(multimask_output).__name__}, expected bool"
         )
-    if multimask_output:
+
+
+def output_names(multimask_output: bool, family: FamilySpec | None = None) -> tuple[str, str]:
+    """The (masks, scores) decoder outputs to request; only those cross the wire.
+
+    Args:
+        multimask_output: three candidate masks instead of one.
+        family: the family whose decoder is asked (default: the ``point_list`` layout).
+    """
+    _check_multimask(multimask_output)
+    layout = family.prompt_layout if family is not None else "point_list"
+    return _LAYOUTS[layout].outputs(bool(multimask_output))
+
+
+def select_outputs(
+    outputs: dict[str, np.ndarray], multimask_output: bool, family: FamilySpec
+) -> tuple[np.ndarray, np.ndarray]:
+    """(low-res logits [B,M,s,s], scores [B,M]) from the outputs :func:`output_names` named.
+
+    ``point_list`` decoders return exactly that. ``hf_points_boxes`` decoders return the three
+    multimask outputs per point batch ([B,1,3,s,s], [B,1,3]); single-mask output is the
+    highest-scoring of them (that graph has no token 0).
+    """
+    _check_multimask(multimask_output)
+    return _LAYOUTS[family.prompt_layout].select(outputs, bool(multimask_output))
+
+
+def resolve_family(family: FamilySpec, decoder_inputs: set[str]) -> FamilySpec:
+    """The family among ``family`` and its ``alternates`` whose decoder takes ``decoder_inputs``.
+
+    Raises:
+        UnsupportedModelError: none matches (the message lists what each one expects).
+    """
+    from triton_sam.errors import UnsupportedModelError
+    from triton_sam.models.registry import get_family
+
+    candidates = [family, *(get_family(name) for name in family.alternates)]
+    for candidate in candidates:
+        if {t.name for t in candidate.decoder_inputs} == decoder_inputs:
+            return candidate
+    expected = {c.family: sorted(t.name for t in c.decoder_inputs) for c in candidates}
+    raise UnsupportedModelError(
+        f"model_type: the server's decoder takes {sorted(decoder_inputs)}; "
+        f"{family.family!r} expects one of {expected}"
+    )
+
+
+def _point_list_outputs(multimask: bool) -> tuple[str, str]:
+    if multimask:
         return "multimask_masks", "multimask_iou_predictions"
     return "masks", "iou_predictions"
+
+
+def _point_list_select(out: dict[str, np.ndarray], multimask: bool) -> tuple[np.ndarray, ...]:
+    masks, scores = _point_list_outputs(multimask)
+    return out[masks], out[scores]
+
+
+def _hf_select(out: dict[str, np.ndarray], multimask: bool) -> tuple[np.ndarray, ...]:
+    masks, scores = out["pred_masks"][:, 0], out["iou_scores"][:, 0]  # point batch 0
+    if multimask:
+        return masks, scores
+    best = np.argmax(scores, axis=1)
+    rows = np.arange(len(best))
+    return masks[rows, best][:, None], scores[rows, best][:, None]
+
+
+class _Layout:
+    """How one prompt layout builds decoder inputs and reads the decoder's outputs."""
+
+    def __init__(self, build: Any, outputs: Any, select: Any) -> None:
+        self.build, self.outputs, self.select = build, outputs, select
+
+
+_LAYOUTS: dict[str, _Layout] = {
+    "point_list": _Layout(_point_list_prompts, _point_list_outputs, _point_list_select),
+    "hf_points_boxes": _Layout(
+        _hf_points_boxes_prompts, lambda _multimask: ("pred_masks", "iou_scores"), _hf_select
+    ),
+}

@@ -21,6 +21,8 @@ from triton_sam.models.spec import Checkpoint, FamilySpec, ModelSpec
 _FAMILIES: dict[str, str] = {
     "sam1": "triton_sam.models.sam1:SAM1_FAMILY",
     "sam2": "triton_sam.models.sam2:SAM2_FAMILY",
+    "sam3": "triton_sam.models.sam3:SAM3_FAMILY",
+    "sam3_onnx_community": "triton_sam.models.sam3:SAM3_ONNX_COMMUNITY_FAMILY",
 }
 
 
@@ -69,6 +71,7 @@ def spec_from_mapping(data: Any, *, source: str) -> ModelSpec:
                 filename=str(ckpt["filename"]),
                 sha256=ckpt.get("sha256"),
                 sha256_prefix=ckpt.get("sha256_prefix"),
+                hf_repo=ckpt.get("hf_repo"),
             ),
             params_m=float(data.get("params_m", 0.0)),
             description=str(data.get("description", "")),

@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 ResizeRule = Literal["square", "longest_side"]
+ResizeDtype = Literal["float32", "uint8"]
+CoordRule = Literal["divide_then_scale", "ratio"]
+# How the client lays prompts out for the decoder (triton_sam.client.prompts):
+# "point_list": point_coords/point_labels (boxes as corner points 2/3), mask_input,
+#   has_mask_input -> masks/iou_predictions and multimask_masks/multimask_iou_predictions;
+# "hf_points_boxes": transformers' SAM prompt tensors (input_points [B,1,N,2], input_labels
+#   [B,1,N] int64, input_boxes [B,nb,4]) -> pred_masks/iou_scores, 3 masks always
+#   (the onnx-community pre-exported graphs).
+PromptLayout = Literal["point_list", "hf_points_boxes"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,12 @@ class Preprocessing:
         low_res_logit_limit: the low-resolution logits a prediction returns (to pass back as
             ``mask_input``) are clipped to +-this, as the official predictor does (32 for
             SAM2ImagePredictor); None returns them unclipped (SamPredictor).
+        resize_dtype: what the square resize runs on: ``"float32"`` pixels after scaling
+            (SAM2Transforms) or the ``"uint8"`` image, rounded back to uint8 before
+            normalising (transformers' image processors, e.g. Sam3ImageProcessor).
+        coord_rule: how prompts map to the square input frame: ``"divide_then_scale"``
+            (``x / w * S``, SAM2Transforms) or ``"ratio"`` (``x * (S / w)``, transformers'
+            processors). Both in float32; they differ by float rounding only.
     """
 
     image_size: int
@@ -56,6 +71,8 @@ class Preprocessing:
     pixel_scale: float
     mask_size: int
     low_res_logit_limit: float | None = None
+    resize_dtype: ResizeDtype = "float32"
+    coord_rule: CoordRule = "divide_then_scale"
 
 
 @dataclass(frozen=True)
@@ -70,12 +87,17 @@ class Checkpoint:
         sha256_prefix: published prefix of the sha256. (The hex in SAM1 file names, e.g.
             ``sam_vit_b_01ec64.pth``, is the start of the file's MD5, not of its sha256:
             SAM1 configs carry the full sha256 instead.)
+        hf_repo: Hugging Face Hub repository holding the checkpoint (``facebook/sam3``); when
+            set, the checkpoint is that repository's snapshot (a directory, fetched with
+            ``huggingface_hub`` and its own integrity checks) and ``filename`` names the
+            directory under the checkpoints dir.
     """
 
     url: str
     filename: str
     sha256: str | None = None
     sha256_prefix: str | None = None
+    hf_repo: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +116,11 @@ class FamilySpec:
             (SAM2ImagePredictor) or after the clicks (SAM1's official ONNX layout).
         pad_with_box: whether the padding point (label -1) is appended when a box is
             given (SAM2 always pads; SAM1 pads only prompts without a box).
+        prompt_layout: how the client builds decoder inputs and reads its outputs (see
+            ``PromptLayout``).
+        alternates: other registered families that serve the same models under another
+            tensor contract (e.g. a pre-exported ONNX pair); a client picks the one whose
+            decoder inputs the server reports.
     """
 
     family: str
@@ -107,11 +134,18 @@ class FamilySpec:
     decoder_model: str
     box_before_points: bool = True
     pad_with_box: bool = True
+    prompt_layout: PromptLayout = "point_list"
+    alternates: tuple[str, ...] = ()
 
     @property
     def embedding_names(self) -> tuple[str, ...]:
         """Names of the encoder outputs, which the client feeds back to the decoder."""
         return tuple(t.name for t in self.encoder_outputs)
+
+    @property
+    def session_model(self) -> str:
+        """Default Triton model name of the server-side embedding session (``sam2_session``)."""
+        return f"{self.family}_session"
 
 
 @dataclass(frozen=True)

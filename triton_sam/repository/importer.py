@@ -1,0 +1,153 @@
+"""Import a pre-exported ONNX encoder/decoder pair (e.g. onnx-community/sam3-tracker-ONNX).
+
+The graphs are taken as they are (no re-export, no weight rewrite); what Triton needs is
+read from them: tensor names, dtypes and shapes (dim 0 is the batch; other symbolic dims
+become -1). They are checked against a registered family's contract, by name, so the
+client knows how to talk to them; then both models are written like an export, with their
+external-data sidecars, for either repository target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from triton_sam.errors import RepositoryError
+from triton_sam.models.spec import FamilySpec, TensorSpec
+from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.writer import write_pair
+
+
+def graph_tensors(path: str | os.PathLike[str]) -> tuple[tuple[TensorSpec, ...], ...]:
+    """(inputs, outputs) of an ONNX graph as TensorSpecs, without loading its weights.
+
+    Shapes drop dim 0 (the batch); symbolic or unknown dims become -1.
+
+    Raises:
+        RepositoryError: unreadable graph, or a tensor without a shape or a batch dim.
+    """
+    import onnx
+
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # onnx raises DecodeError, OSError...
+        raise RepositoryError(f"{path}: not a readable ONNX model: {e}") from e
+    return _specs(model.graph.input, path), _specs(model.graph.output, path)
+
+
+def batch_dim(path: str | os.PathLike[str]) -> int | None:
+    """Dim 0 of the graph's first input: None when symbolic, else its fixed size."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    return dim.dim_value if dim.HasField("dim_value") else None
+
+
+def _specs(values: object, path: Path) -> tuple[TensorSpec, ...]:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    specs = []
+    for value in values:
+        tensor = value.type.tensor_type
+        dims = list(tensor.shape.dim)
+        if not tensor.HasField("shape") or not dims:
+            raise RepositoryError(f"{path}: tensor {value.name!r} has no batched shape")
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims[1:])
+        dtype = tensor_dtype_to_np_dtype(tensor.elem_type).name
+        specs.append(TensorSpec(value.name, dtype, shape))
+    return tuple(specs)
+
+
+def family_from_graphs(
+    family: FamilySpec,
+    encoder_onnx: str | os.PathLike[str],
+    decoder_onnx: str | os.PathLike[str],
+) -> FamilySpec:
+    """``family`` with its tensor contract replaced by what the two graphs declare.
+
+    Raises:
+        RepositoryError: the graphs' tensor names differ from the family's (lists them).
+    """
+    enc_in, enc_out = graph_tensors(encoder_onnx)
+    dec_in, dec_out = graph_tensors(decoder_onnx)
+    problems = []
+    for label, declared, expected in (
+        ("encoder inputs", enc_in, family.encoder_inputs),
+        ("encoder outputs", enc_out, family.encoder_outputs),
+        ("decoder inputs", dec_in, family.decoder_inputs),
+        ("decoder outputs", dec_out, family.decoder_outputs),
+    ):
+        got, want = {t.name for t in declared}, {t.name for t in expected}
+        if got != want:
+            problems.append(f"{label}: got {sorted(got)}, expected {sorted(want)}")
+    if problems:
+        raise RepositoryError(
+            f"{encoder_onnx} / {decoder_onnx} do not have the {family.family!r} tensor "
+            f"contract: {'; '.join(problems)}"
+        )
+    return dataclasses.replace(
+        family,
+        encoder_inputs=enc_in,
+        encoder_outputs=enc_out,
+        decoder_inputs=dec_in,
+        decoder_outputs=dec_out,
+    )
+
+
+def import_onnx_pair(
+    repo_dir: str | os.PathLike[str],
+    family: FamilySpec,
+    *,
+    encoder_onnx: str | os.PathLike[str],
+    decoder_onnx: str | os.PathLike[str],
+    options: RepositoryOptions,
+    encoder_name: str | None = None,
+    decoder_name: str | None = None,
+) -> tuple[str, str]:
+    """Write a pre-exported pair into ``repo_dir`` as ``family``'s encoder and decoder models.
+
+    Graphs with a fixed batch of 1 get ``max_batch_size: 1`` (Triton cannot batch them).
+
+    Returns:
+        The two Triton model names, encoder first.
+
+    Raises:
+        RepositoryError: missing files, or graphs that do not match ``family``.
+    """
+    for path in (encoder_onnx, decoder_onnx):
+        if not Path(path).is_file():
+            raise RepositoryError(f"{path}: file not found")
+    fam = family_from_graphs(family, encoder_onnx, decoder_onnx)
+    if batch_dim(encoder_onnx) is not None:
+        options = dataclasses.replace(options, encoder_max_batch_size=1)
+    if batch_dim(decoder_onnx) is not None:
+        options = dataclasses.replace(options, decoder_max_batch_size=1)
+    return write_pair(
+        repo_dir,
+        fam,
+        encoder_onnx=encoder_onnx,
+        decoder_onnx=decoder_onnx,
+        options=options,
+        encoder_name=encoder_name,
+        decoder_name=decoder_name,
+    )
+
+
+def find_pair(directory: str | os.PathLike[str], encoder: str, decoder: str) -> tuple[Path, Path]:
+    """Locate ``encoder`` and ``decoder`` in ``directory`` or its ``onnx/`` subfolder (the Hub
+    layout).
+
+    Raises:
+        RepositoryError: either file is missing; the message names where it looked.
+    """
+    root = Path(directory)
+    for folder in (root, root / "onnx"):
+        if (folder / encoder).is_file() and (folder / decoder).is_file():
+            return folder / encoder, folder / decoder
+    raise RepositoryError(
+        f"{root}: no {encoder} + {decoder} here or in {root / 'onnx'}; "
+        "download them with `triton-sam download-onnx`"
+    )
