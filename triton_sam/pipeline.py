@@ -17,6 +17,7 @@ from triton_sam.export import ExportOptions, ExportResult, export_model, save_ra
 from triton_sam.models.checkpoints import download_checkpoint, resolve_checkpoint
 from triton_sam.models.spec import ModelSpec
 from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.session_config import SessionOptions, write_session
 from triton_sam.repository.writer import write_pair
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,14 @@ class RepositoryBuild:
         models: Triton model names written, encoder first.
         onnx_bytes: size of each model's ONNX file(s) in bytes, by model name.
         checkpoint: the checkpoint used, or None for random init.
+        session_model: the server-side embedding session model written, or None.
     """
 
     export: ExportResult
     models: tuple[str, str]
     onnx_bytes: dict[str, int]
     checkpoint: Path | None
+    session_model: str | None = None
 
 
 def obtain_checkpoint(
@@ -54,9 +57,29 @@ def obtain_checkpoint(
     Raises:
         CheckpointError / DownloadError / IntegrityError: with what to do next.
     """
+    if spec.checkpoint.hf_repo:
+        return _obtain_hf_checkpoint(spec, checkpoint, checkpoints_dir, download, progress)
     if checkpoint is not None or not download:
         return resolve_checkpoint(spec.checkpoint, checkpoint, checkpoints_dir)
     return download_checkpoint(spec.checkpoint, checkpoints_dir, progress=progress)
+
+
+def _obtain_hf_checkpoint(
+    spec: ModelSpec, checkpoint: Path | None, checkpoints_dir: Path, download: bool, progress: bool
+) -> Path:
+    """A Hugging Face model directory: the given one, a cached snapshot, or a download."""
+    from triton_sam.errors import CheckpointError
+    from triton_sam.models.hf_hub import download_hf_checkpoint
+
+    local = checkpoint if checkpoint is not None else checkpoints_dir / spec.checkpoint.filename
+    if (local / "config.json").is_file() and (checkpoint is not None or not download):
+        return local
+    if checkpoint is not None or not download:
+        raise CheckpointError(
+            f"checkpoint: {local} is not a Hugging Face model directory (no config.json); "
+            f"run `triton-sam download {spec.name}` (gated: `hf auth login` first)"
+        )
+    return download_hf_checkpoint(spec.checkpoint, checkpoints_dir, progress=progress)
 
 
 def build_repository(
@@ -68,6 +91,7 @@ def build_repository(
     export_options: ExportOptions | None = None,
     repository_options: RepositoryOptions | None = None,
     work_dir: Path | None = None,
+    session: SessionOptions | None = SessionOptions(),  # noqa: B008 - frozen, immutable
 ) -> RepositoryBuild:
     """Export ``spec`` and write its encoder/decoder models into ``repository``.
 
@@ -81,6 +105,8 @@ def build_repository(
         export_options / repository_options: see their classes.
         work_dir: scratch parent for the export (default: the repository's parent; never
             the repository itself, where Triton would try to load the scratch directory).
+        session: bounds of the ``<family>_session`` model (server-side embeddings, see
+            ``repository/session_model.py``), written beside the pair; None writes none.
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -105,18 +131,28 @@ def build_repository(
         else:
             used = checkpoint
         result = export_model(spec, checkpoint, scratch / "onnx", export_options)
+        options = repository_options or RepositoryOptions()
         names = write_pair(
             repository,
             spec.family,
             encoder_onnx=result.encoder,
             decoder_onnx=result.decoder,
-            options=repository_options or RepositoryOptions(),
+            options=options,
+        )
+        session_model = (
+            None if session is None else write_session(repository, spec.family, options, session)
         )
         sizes = {
             name: sum(p.stat().st_size for p in _graph_files(result, graph))
             for name, graph in zip(names, ("encoder", "decoder"), strict=True)
         }
-        return RepositoryBuild(export=result, models=names, onnx_bytes=sizes, checkpoint=used)
+        return RepositoryBuild(
+            export=result,
+            models=names,
+            onnx_bytes=sizes,
+            checkpoint=used,
+            session_model=session_model,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

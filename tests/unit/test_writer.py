@@ -280,6 +280,57 @@ def test_write_pair_carries_external_data(tmp_path: Path) -> None:
     assert parse_config(repo / "sam2_decoder" / "config.pbtxt").backend == "python"
 
 
+def _write_versioned_pair(repo: Path, tmp_path: Path, tag: bytes) -> None:
+    encoder = _tiny_onnx(tmp_path / "encoder.onnx")
+    decoder = _tiny_onnx(tmp_path / "decoder.onnx")
+    write_pair(repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=PYTHON)
+    for name in ("sam2_encoder", "sam2_decoder"):
+        (repo / name / "1" / "model.onnx").write_bytes(tag)  # mark which write this was
+
+
+def test_a_pair_whose_decoder_fails_to_copy_leaves_both_old_models(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    _write_versioned_pair(repo, tmp_path, b"old")
+    real_copy = writer._copy
+
+    def disk_full_on_the_decoder(source: Path, dest: Path) -> None:
+        if source.name == "decoder.onnx":
+            raise OSError(28, "No space left on device")
+        real_copy(source, dest)
+
+    monkeypatch.setattr(writer, "_copy", disk_full_on_the_decoder)
+    encoder = _tiny_onnx(tmp_path / "encoder.onnx")
+    decoder = _tiny_onnx(tmp_path / "decoder.onnx")
+    with pytest.raises(RepositoryError, match="sam2_decoder.*No space left"):
+        write_pair(repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=PYTHON)
+    # the encoder was fully staged, yet neither model changed: never a mismatched pair
+    for name in ("sam2_encoder", "sam2_decoder"):
+        assert (repo / name / "1" / "model.onnx").read_bytes() == b"old"
+    assert _hidden(repo) == []
+
+
+def test_a_pair_whose_second_rename_fails_puts_the_first_back(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    _write_versioned_pair(repo, tmp_path, b"old")
+    real_rename, calls = os.rename, []
+
+    def fail_the_decoder_swap(src, dst) -> None:
+        calls.append(Path(dst).name)
+        if Path(dst).name == "sam2_decoder" and ".staging-" in Path(src).name:
+            raise OSError(5, "Input/output error")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(writer.os, "rename", fail_the_decoder_swap)
+    encoder = _tiny_onnx(tmp_path / "encoder.onnx")
+    decoder = _tiny_onnx(tmp_path / "decoder.onnx")
+    with pytest.raises(RepositoryError, match="sam2_decoder.*left unchanged"):
+        write_pair(repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=PYTHON)
+    assert "sam2_encoder" in calls  # the encoder had been swapped in, then put back
+    for name in ("sam2_encoder", "sam2_decoder"):
+        assert (repo / name / "1" / "model.onnx").read_bytes() == b"old"
+    assert _hidden(repo) == []
+
+
 def test_embedded_twin_of_a_gpu_repository(tmp_path: Path) -> None:
     encoder = _tiny_onnx(tmp_path / "encoder.onnx", external=True)
     decoder = _tiny_onnx(tmp_path / "decoder.onnx")

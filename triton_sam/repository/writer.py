@@ -27,6 +27,7 @@ from triton_sam.models.spec import FamilySpec
 from triton_sam.repository.config import (
     ONNX_FILENAME,
     TARGETS,
+    ModelConfig,
     RepositoryOptions,
     Target,
     check_model_name,
@@ -36,6 +37,7 @@ from triton_sam.repository.config import (
     render_config,
     to_python_target,
 )
+from triton_sam.repository.session_config import SESSION_SOURCE, is_session_config, session_twin
 
 CONFIG_FILENAME = "config.pbtxt"
 VERSION = "1"
@@ -76,7 +78,27 @@ def write_model(
         RepositoryError: a missing source file, a config that disagrees with ``name`` or
             ``target``, or a filesystem error (the message names the path).
     """
-    repo_dir, onnx_path = Path(repo_dir), Path(onnx_path)
+    repo_dir = Path(repo_dir)
+    sources = _model_sources(name, onnx_path, config_text, target, external_data_files)
+    staging = _stage(repo_dir, name, config_text, sources, link=link)
+    dest = repo_dir / name
+    try:
+        _swap(staging, dest)
+    except OSError as e:
+        raise RepositoryError(f"{dest}: writing the model failed, left unchanged: {e}") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def _model_sources(
+    name: str,
+    onnx_path: str | os.PathLike[str],
+    config_text: str,
+    target: Target,
+    external_data_files: Sequence[str | os.PathLike[str]],
+) -> dict[str, Path]:
+    """What goes into ``<name>/1/``: file name there -> source file (checked to exist)."""
     check_model_name(name)
     _check_target(name, config_text, target)
     sidecars = {Path(p).name: Path(p) for p in external_data_files}
@@ -85,11 +107,17 @@ def write_model(
             f"{name}: an external-data file is named {ONNX_FILENAME} or {RUNNER_NAME}: "
             f"{sorted(sidecars)}; those names are the model's own files"
         )
-    sources = {ONNX_FILENAME: onnx_path} | sidecars
+    sources = {ONNX_FILENAME: Path(onnx_path)} | sidecars
     if target == "python":
         sources[RUNNER_NAME] = RUNNER_SOURCE
     _check_sources(sources)
-    dest = repo_dir / name
+    return sources
+
+
+def _stage(
+    repo_dir: Path, name: str, config_text: str, sources: dict[str, Path], *, link: bool
+) -> Path:
+    """A complete model directory beside the repository, ready to be renamed into it."""
     try:
         repo_dir.mkdir(parents=True, exist_ok=True)
         _recover(repo_dir, name)
@@ -100,6 +128,34 @@ def write_model(
         raise RepositoryError(f"{repo_dir}: cannot prepare the repository: {e}") from e
     try:
         _fill(staging, config_text, sources, link=link)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RepositoryError(
+            f"{repo_dir / name}: writing the model failed, left unchanged: {e}"
+        ) from e
+    return staging
+
+
+def write_python_model(
+    repo_dir: str | os.PathLike[str],
+    name: str,
+    config_text: str,
+    source: str | os.PathLike[str],
+) -> Path:
+    """Write a python-backend model with no ONNX file (``<name>/{config.pbtxt, 1/model.py}``),
+    atomically like :func:`write_model`; ``source`` is copied to ``1/model.py``.
+
+    Raises:
+        InputValidationError / RepositoryError: as :func:`write_model`.
+    """
+    repo_dir = Path(repo_dir)
+    check_model_name(name)
+    _check_target(name, config_text, "python")
+    sources = {RUNNER_NAME: Path(source)}
+    _check_sources(sources)
+    staging = _stage(repo_dir, name, config_text, sources, link=False)
+    dest = repo_dir / name
+    try:
         _swap(staging, dest)
     except OSError as e:
         raise RepositoryError(f"{dest}: writing the model failed, left unchanged: {e}") from e
@@ -128,19 +184,44 @@ def write_pair(
     Raises:
         RepositoryError / InputValidationError: as :func:`write_model`.
     """
-    names = []
-    for graph, onnx_path, name in (
-        ("encoder", Path(encoder_onnx), encoder_name),
-        ("decoder", Path(decoder_onnx), decoder_name),
-    ):
-        name = default_model_name(family, graph) if name is None else name
-        text = render_config(family, graph, options, name)
-        sidecars = _sidecars(onnx_path)
-        write_model(
-            repo_dir, name, onnx_path, text, target=options.target, external_data_files=sidecars
-        )
-        names.append(name)
-    return names[0], names[1]
+    repo_dir = Path(repo_dir)
+    staged: list[tuple[Path, Path]] = []  # (staging, dest)
+    try:
+        for graph, onnx_path, name in (
+            ("encoder", Path(encoder_onnx), encoder_name),
+            ("decoder", Path(decoder_onnx), decoder_name),
+        ):
+            name = default_model_name(family, graph) if name is None else name
+            text = render_config(family, graph, options, name)
+            sources = _model_sources(name, onnx_path, text, options.target, _sidecars(onnx_path))
+            staged.append((_stage(repo_dir, name, text, sources, link=False), repo_dir / name))
+        # Both copies are complete before either model changes: the slow, failure-prone part
+        # is over, so a full disk or a bad file can never leave a new encoder beside an old
+        # decoder. What remains is four renames.
+        _swap_all(staged)
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging, ignore_errors=True)
+    return staged[0][1].name, staged[1][1].name
+
+
+def _swap_all(staged: Sequence[tuple[Path, Path]]) -> None:
+    """Swap every (staging, dest) in; on a failure, put back the ones already swapped."""
+    done: list[tuple[Path, Path | None]] = []  # (dest, retired old model)
+    try:
+        for staging, dest in staged:
+            done.append((dest, _swap_in(staging, dest)))
+    except OSError as e:
+        for dest, retired in reversed(done):
+            shutil.rmtree(dest, ignore_errors=True)
+            if retired is not None:
+                os.rename(retired, dest)
+        raise RepositoryError(
+            f"{staged[len(done)][1]}: writing the models failed, left unchanged: {e}"
+        ) from e
+    for _, retired in done:
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
 
 
 def list_models(repo_dir: str | os.PathLike[str]) -> list[str]:
@@ -176,10 +257,13 @@ def embedded_repository(
     if not names:
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
     configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
-    if all(c.backend == "python" for c in configs.values()):
+    if all(c.backend == "python" and c == _cpu_twin(c) for c in configs.values()):
         return repo_dir
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     for name, config in configs.items():
+        if is_session_config(config):  # a BLS model, no ONNX: its CPU twin, same model.py
+            write_python_model(twin_dir, name, config_to_text(session_twin(config)), SESSION_SOURCE)
+            continue
         version_dir = repo_dir / name / VERSION
         files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
         main = version_dir / (config.default_model_filename or ONNX_FILENAME)
@@ -196,6 +280,11 @@ def embedded_repository(
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
+
+
+def _cpu_twin(config: ModelConfig) -> ModelConfig:
+    """A session model's embedded twin (KIND_CPU); any other config as it is."""
+    return session_twin(config) if is_session_config(config) else config
 
 
 def _check_target(name: str, config_text: str, target: Target) -> None:
@@ -237,6 +326,15 @@ def _copy(source: Path, dest: Path) -> None:
 
 def _swap(staging: Path, dest: Path) -> None:
     """Put ``staging`` at ``dest``: old aside, new in, old deleted; old restored on failure."""
+    retired = _swap_in(staging, dest)
+    if retired is not None:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def _swap_in(staging: Path, dest: Path) -> Path | None:
+    """Old aside, new in; returns where the old model now is (None: there was none).
+
+    On failure the old model is back at ``dest`` and the error propagates."""
     retired = None
     if dest.exists():
         retired = Path(
@@ -252,8 +350,7 @@ def _swap(staging: Path, dest: Path) -> None:
         if retired is not None:
             os.rename(retired, dest)
         raise
-    if retired is not None:
-        shutil.rmtree(retired, ignore_errors=True)
+    return retired
 
 
 def _side_dir(repo_dir: Path) -> Path:

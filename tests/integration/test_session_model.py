@@ -1,0 +1,370 @@
+"""Server-side embeddings (``<family>_session``) against the embedded Triton, random-init models.
+
+What is checked, each against the stateless decoder path on the same server:
+
+- a click is at most 4 KiB on the wire (counted by a TCP proxy between client and server,
+  framing and headers included), over gRPC and HTTP, for SAM2 and SAM1;
+- same masks and scores for the prompt matrix (click, clicks with a negative, box, box +
+  click, multimask, mask_input refinement, the mask sent by reference), exactly (the same
+  decoder graph runs on the same features: tolerance 0);
+- the LRU bound: with capacity 2 the cached images/bytes gauges stop at 2 images and the
+  stub's RSS stops growing; a click on an evicted image is re-encoded transparently;
+- 8 sessions on 8 images with interleaved clicks each get their own image's masks (within
+  1e-5: there the encoder and decoder run batched, the reference alone);
+- a server restarted between two clicks: the client re-encodes and gives the same mask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prompt_matrix import prompt_matrix
+
+from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client
+from triton_sam.models import get_family
+from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.session_config import SessionOptions, embedding_bytes, write_session
+from triton_sam.sample import sample_image
+from triton_sam.server import EmbeddedTriton
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
+
+MAX_CLICK_BYTES = 4096
+BATCHED_ATOL = 1e-5  # batched vs single ORT runs of the same graph (measured <= 1e-7)
+IMAGE = sample_image(640, 427)
+H, W = IMAGE.shape[:2]
+PROMPTS = prompt_matrix(W, H)  # the parity tests' matrix
+CLICK = PROMPTS["click"]["point_coords"]
+BOX = PROMPTS["box"]["box"]
+
+
+def other_image(seed: int, size: tuple[int, int] = (96, 64)) -> np.ndarray:
+    """A small distinct image (the encoder cost is the same at any size)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+
+
+def url_of(server: EmbeddedTriton, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+def assert_same(ours, ref) -> None:
+    np.testing.assert_array_equal(ours.iou_predictions, ref.iou_predictions)
+    np.testing.assert_array_equal(ours.low_res_logits, ref.low_res_logits)
+    np.testing.assert_array_equal(ours.masks, ref.masks)
+
+
+def metrics(server: EmbeddedTriton) -> dict[str, float]:
+    """The session model's gauges and counters, by short name."""
+    with urllib.request.urlopen(f"{server.metrics_url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("triton_sam_session_"):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0].removeprefix("triton_sam_session_")] = float(value)
+    return values
+
+
+class CountingProxy:
+    """TCP proxy to a server that counts the bytes clients send (what a click costs on the
+    wire: request, protocol framing, HTTP headers)."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if count:
+                    with self._lock:
+                        self.sent += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def wire_bytes_of_click(proxy: CountingProxy, client, **prompt) -> int:
+    client.predict(**prompt)  # warm: connection set up, HPACK tables filled
+    before = proxy.sent
+    client.predict(**prompt)
+    time.sleep(0.05)  # let the proxy threads count the last bytes
+    return proxy.sent - before
+
+
+# -- bytes on the wire -------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("family", ["sam2", "sam1"])
+def test_a_click_is_at_most_4_kib_on_the_wire(family, protocol, request):
+    server = request.getfixturevalue(
+        "sam2_tiny_server" if family == "sam2" else "sam1_vit_b_server"
+    )
+    address = server.grpc_address if protocol == "grpc" else server.http_address
+    proxy = CountingProxy(address)
+    prompt = PROMPTS["box_and_click"]
+    try:
+        with (
+            SAM2TritonClient(proxy.address, model_type=family, protocol=protocol) as session,
+            SAM2TritonClient(
+                proxy.address, model_type=family, protocol=protocol, use_server_embeddings=False
+            ) as stateless,
+        ):
+            assert session.uses_server_embeddings and not stateless.uses_server_embeddings
+            session.set_image(IMAGE)
+            stateless.set_image(IMAGE)
+            wire = wire_bytes_of_click(proxy, session, **prompt)
+            serialised = session.last_request_bytes
+            stateless_wire = wire_bytes_of_click(proxy, stateless, **prompt)
+            assert_same(session.predict_full(**prompt), stateless.predict_full(**prompt))
+    finally:
+        proxy.close()
+    print(
+        f"{family}/{protocol}: click {wire} B on the wire ({serialised} B request), "
+        f"stateless {stateless_wire} B ({stateless_wire / wire:.0f}x)"
+    )
+    assert serialised <= wire <= MAX_CLICK_BYTES
+    assert stateless_wire > 1000 * wire  # the features no longer travel
+
+
+# -- same masks --------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["grpc", "http"])
+def pair(request, sam2_tiny_server):
+    """(session client, stateless client) on the same server, both with IMAGE set."""
+    url = url_of(sam2_tiny_server, request.param)
+    with (
+        SAM2TritonClient(url, protocol=request.param) as session,
+        SAM2TritonClient(url, protocol=request.param, use_server_embeddings=False) as stateless,
+    ):
+        session.set_image(IMAGE)
+        stateless.set_image(IMAGE)
+        yield session, stateless
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_prompt_matrix_same_as_stateless(pair, name):
+    session, stateless = pair
+    assert_same(session.predict_full(**PROMPTS[name]), stateless.predict_full(**PROMPTS[name]))
+    assert session.last_request_bytes <= MAX_CLICK_BYTES
+
+
+def test_mask_input_refinement_same_as_stateless(pair):
+    session, stateless = pair
+    first_ours = session.predict_full(**PROMPTS["click"])
+    first_ref = stateless.predict_full(**PROMPTS["click"])
+    refine = PROMPTS["clicks_with_negative"]
+    # the previous logits: sent by reference (kept on the server), a few bytes
+    ours = session.predict_full(mask_input=first_ours.low_res_logits[0, 0], **refine)
+    assert session.last_request_bytes <= MAX_CLICK_BYTES
+    ref = stateless.predict_full(mask_input=first_ref.low_res_logits[0, 0], **refine)
+    assert_same(ours, ref)
+    # a mask the server has never seen travels in full, with the same result
+    edited = first_ours.low_res_logits[0, 0] * 0.5
+    ours = session.predict_full(mask_input=edited, **refine)
+    assert session.last_request_bytes > 256 * 256 * 4
+    assert_same(ours, stateless.predict_full(mask_input=edited, **refine))
+    # the mask must matter, or this proves nothing about it
+    without = stateless.predict_full(**refine)
+    assert np.abs(without.low_res_logits - ref.low_res_logits).max() > 1e-3
+
+
+def test_multimask_refinement_by_reference(pair):
+    session, stateless = pair
+    ours = session.predict_full(**PROMPTS["multimask"])
+    ref = stateless.predict_full(**PROMPTS["multimask"])
+    refine = PROMPTS["clicks_with_negative"]
+    ours = session.predict_full(mask_input=ours.low_res_logits[0, 2], **refine)
+    assert session.last_request_bytes <= MAX_CLICK_BYTES
+    assert_same(ours, stateless.predict_full(mask_input=ref.low_res_logits[0, 2], **refine))
+
+
+def test_click_latency_stateless_vs_session(pair):
+    """Same server, same run, alternating: median of 15 clicks each (printed for the report)."""
+    session, stateless = pair
+    times: dict[str, list[float]] = {"session": [], "stateless": []}
+    for _ in range(15):
+        for name, client in (("session", session), ("stateless", stateless)):
+            t0 = time.perf_counter()
+            client.predict(**PROMPTS["click"])
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    p50 = {k: statistics.median(v) for k, v in times.items()}
+    protocol = session._transport.endpoint.protocol
+    print(
+        f"click p50 over {protocol}: session {p50['session']:.1f} ms, "
+        f"stateless {p50['stateless']:.1f} ms"
+    )
+    assert p50["session"] < p50["stateless"] * 1.5  # never notably slower, even on localhost
+
+
+# -- 8 sessions, interleaved -------------------------------------------------------------------
+def test_eight_sessions_on_eight_images_interleaved(sam2_tiny_server):
+    images = [other_image(seed) for seed in range(8)]
+    clicks = [[[10 + 9 * i, 20 + 4 * i]] for i in range(8)]
+
+    async def main():
+        clients = [SpeculativeSAM2Client(sam2_tiny_server.grpc_url) for _ in images]
+        try:
+            await asyncio.gather(
+                *(c.set_image_async(im) for c, im in zip(clients, images, strict=True))
+            )
+            assert all(c.uses_server_embeddings for c in clients)
+            rounds = []
+            for _ in range(3):  # every session clicks, all in flight at once, 3 times
+                tasks = [
+                    (await c.predict_async(clicks[i], [1], session_id=f"s{i}"))[1]
+                    for i, c in enumerate(clients)
+                ]
+                rounds.append(await asyncio.gather(*tasks))
+            return rounds
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    rounds = asyncio.run(main())
+    # Reference: each image alone, one click at a time (the features are cached: no encode;
+    # the session path equals the stateless one, see the prompt matrix).
+    with SAM2TritonClient(sam2_tiny_server.http_url) as reference:
+        for i, image in enumerate(images):
+            reference.set_image(image)
+            masks, scores = reference.predict(clicks[i], [1])
+            for r in rounds:
+                # The concurrent embeds and clicks ran in encoder/decoder batches, the
+                # reference alone: ORT's batched kernels reassociate (measured <= 1e-7).
+                np.testing.assert_allclose(r[i][0], masks, atol=BATCHED_ATOL, rtol=0)
+                np.testing.assert_allclose(r[i][1], scores, atol=BATCHED_ATOL, rtol=0)
+    firsts = [r[0] for r in rounds[0]]
+    assert len({m.tobytes() for m in firsts}) == 8  # eight different answers
+
+
+# -- LRU bound and restart: a server of our own, capacity 2 ------------------------------------
+@pytest.fixture(scope="module")
+def small_repository(sam2_tiny_repository, tmp_path_factory) -> Path:
+    """The tiny SAM2 pair (ONNX files symlinked) + a session model that keeps 2 images."""
+    repo = tmp_path_factory.mktemp("session_lru") / "model_repository"
+    for name in ("sam2_encoder", "sam2_decoder"):
+        shutil.copytree(sam2_tiny_repository / name, repo / name, copy_function=os.symlink)
+    options = RepositoryOptions(target="python")
+    write_session(repo, get_family("sam2"), options, SessionOptions(max_images=2))
+    return repo
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def stub_rss_bytes(server: EmbeddedTriton, model: str) -> int:
+    """Resident memory of the python-backend stub process serving ``model``."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if os.getpgid(int(pid)) != server.pid or not any(model.encode() in a for a in cmdline):
+                continue
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no stub process for {model}")
+
+
+def test_lru_bound_holds_and_evicted_images_are_reencoded(embedded_triton, small_repository):
+    server = embedded_triton(small_repository)
+    per_image = embedding_bytes(get_family("sam2"))  # 16 MiB
+    images = [other_image(100 + i) for i in range(6)]
+    seen = []
+    with (
+        SAM2TritonClient(server.http_url) as first,
+        SAM2TritonClient(server.grpc_url, protocol="grpc") as other,
+    ):
+        first.set_image(images[0])
+        before, _ = first.predict([[20, 20]], [1])
+        for image in images[1:]:  # capacity 2: images[0] goes at the second of these
+            other.set_image(image)
+            other.predict([[20, 20]], [1])
+            m = metrics(server)
+            rss = stub_rss_bytes(server, "sam2_session")
+            seen.append((m["cached_images"], m["cached_bytes"], rss))
+        print("(images, bytes, stub RSS) after each embed:", seen)
+        assert [s[0] for s in seen] == [2] * 5
+        assert all(s[1] <= 2 * (per_image + 4 * 256 * 256 * 4) for s in seen)
+        rss = [s[2] for s in seen]
+        # Memory stops growing: flat over the last three embeds (the python backend's shared
+        # memory pool may grow one step of 16 MiB early on, then reuses it).
+        assert max(rss[-3:]) - min(rss[-3:]) < per_image // 4, rss
+        assert rss[-1] - rss[0] < 2 * per_image, rss
+        assert metrics(server)["evictions"] == 4
+        # images[0] was evicted: the click misses, and predict re-encodes and answers
+        misses = metrics(server).get("misses", 0)
+        after, _ = first.predict([[20, 20]], [1])
+        assert metrics(server)["misses"] == misses + 1
+        np.testing.assert_array_equal(after, before)
+
+
+def test_server_restarted_between_two_clicks(small_repository, tmp_path):
+    http, grpc, metrics_port = free_ports(3)
+    # exit_timeout_s: the clients' open connections would hold the stop for the full time
+    ports = dict(http_port=http, grpc_port=grpc, metrics_port=metrics_port, exit_timeout_s=2)
+    clients, first = {}, {}
+    with EmbeddedTriton(small_repository, log_path=tmp_path / "a.log", **ports) as server:
+        for protocol in ("grpc", "http"):
+            clients[protocol] = SAM2TritonClient(url_of(server, protocol), protocol=protocol)
+            clients[protocol].set_image(IMAGE)
+            first[protocol] = clients[protocol].predict_full(**PROMPTS["click"])
+    try:
+        with EmbeddedTriton(small_repository, log_path=tmp_path / "b.log", **ports) as server:
+            for protocol, client in clients.items():
+                second = client.predict_full(**PROMPTS["click"])  # miss -> re-encode -> answer
+                assert_same(second, first[protocol])
+                # and a refinement by reference after the restart
+                client.predict_full(
+                    mask_input=second.low_res_logits[0, 0], **PROMPTS["clicks_with_negative"]
+                )
+                assert client.last_request_bytes <= MAX_CLICK_BYTES
+            # the first client's click missed and re-embedded; the second client's image has
+            # the same content id, so its click found the features already there
+            assert metrics(server)["misses"] == 1
+    finally:
+        for client in clients.values():
+            client.close()

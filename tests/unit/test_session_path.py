@@ -1,0 +1,204 @@
+"""Server-side embeddings without a server: the session model's LRU, its config, the writer,
+and the clients' pure request builders."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from triton_sam.client import session_path
+from triton_sam.client.prompts import build_decoder_prompts
+from triton_sam.client.transport import translate_error
+from triton_sam.errors import EmbeddingNotFoundError, InputValidationError
+from triton_sam.models import get_family
+from triton_sam.repository import session_config
+from triton_sam.repository.config import RepositoryOptions, parse_config
+from triton_sam.repository.session_config import (
+    SessionOptions,
+    build_session_config,
+    render_session_config,
+    write_session,
+)
+from triton_sam.repository.writer import embedded_repository, list_models
+
+SAM2 = get_family("sam2")
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+@pytest.fixture(scope="module")
+def model_module():
+    """session_model.py imported with a stand-in for triton_python_backend_utils."""
+    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("pb_utils"))
+    spec = importlib.util.spec_from_file_location("session_model", session_config.SESSION_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the LRU -----------------------------------------------------------------------------------
+def test_lru_keeps_at_most_max_images_and_evicts_the_oldest(model_module):
+    cache = model_module.EmbeddingCache(max_images=2)
+    assert cache.put("a", {}, 10) == [] and cache.put("b", {}, 10) == []
+    cache.get("a")  # a is now the most recent
+    assert cache.put("c", {}, 10) == ["b"]
+    assert cache.ids() == ["a", "c"] and cache.nbytes == 20 and cache.evictions == 1
+    with pytest.raises(model_module.EmbeddingMiss, match="'b'"):
+        cache.get("b")
+
+
+def test_lru_byte_bound_counts_kept_logits(model_module):
+    cache = model_module.EmbeddingCache(max_images=10, max_bytes=100, logits_per_image=2)
+    cache.put("a", {}, 40)
+    cache.put("b", {}, 40)
+    logits = np.zeros(5, np.float32)  # 20 bytes
+    assert cache.put_logits("b", "k1", logits) == []
+    assert cache.put_logits("b", "k2", logits) == ["a"]  # 40 + 40 + 40 > 100
+    cache.put_logits("b", "k3", logits)  # only 2 kept per image: k1 dropped
+    assert cache.nbytes == 80 and len(cache) == 1
+    with pytest.raises(model_module.EmbeddingMiss):
+        cache.get_logits("b", "k1")
+    assert cache.get_logits("b", "k3") is logits
+
+
+def test_lru_keeps_one_image_larger_than_the_byte_bound(model_module):
+    cache = model_module.EmbeddingCache(max_images=4, max_bytes=10)
+    cache.put("a", {}, 50)
+    assert cache.put("b", {}, 50) == ["a"] and cache.ids() == ["b"]
+
+
+def test_reembedding_an_id_replaces_its_bytes(model_module):
+    cache = model_module.EmbeddingCache(max_images=4)
+    cache.put("a", {}, 50)
+    cache.put("a", {}, 30)
+    assert cache.nbytes == 30 and len(cache) == 1
+
+
+def test_model_and_renderer_agree_on_names(model_module):
+    assert model_module.MISS_MARKER == "triton_sam.EmbeddingNotFound"
+    for name in ("IMAGE_ID", "ENCODED", "LOGITS_KEY", "PREVIOUS_KEY", "PREVIOUS_MASK_INDEX"):
+        assert getattr(model_module, name) == getattr(session_config, name)
+        assert getattr(model_module, name) == getattr(session_path, name)
+    source = session_config.SESSION_SOURCE.read_text()
+    for key in session_config.PARAM_KEYS:
+        assert f'"{key}"' in source, key
+
+
+# -- the config --------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["sam1", "sam2"])
+def test_session_config_follows_the_spec(family):
+    spec = get_family(family)
+    config = build_session_config(spec, RepositoryOptions(target="python"))
+    inputs = {t.name: t for t in config.input}
+    assert config.name == f"{family}_session" and config.backend == "python"
+    assert not inputs["image_id"].optional
+    assert all(t.optional for n, t in inputs.items() if n != "image_id")
+    for t in (*spec.encoder_inputs, *spec.decoder_inputs):
+        assert (t.name in inputs) == (t.name not in spec.embedding_names)
+    outputs = [t.name for t in config.output]
+    assert outputs == [t.name for t in spec.decoder_outputs] + ["encoded"]
+    (group,) = config.instance_group
+    assert group.count == 1 and group.kind == group.KIND_CPU
+    assert config.HasField("dynamic_batching")
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert set(params) == set(session_config.PARAM_KEYS)
+    assert params["embedding_names"] == ",".join(spec.embedding_names)
+
+
+def test_gpu_target_pins_one_instance_to_gpu_0():
+    config = build_session_config(SAM2, RepositoryOptions(instance_count=4))
+    (group,) = config.instance_group
+    assert group.kind == group.KIND_GPU and group.count == 1 and list(group.gpus) == [0]
+    assert config.backend == "python"  # BLS to the onnxruntime-backend encoder/decoder
+
+
+def test_committed_sam2_session_config_matches_the_renderer():
+    committed = (REPO / "sam2_session" / "config.pbtxt").read_text()
+    assert committed == render_session_config(SAM2, RepositoryOptions())
+
+
+def test_session_options_are_validated():
+    with pytest.raises(InputValidationError, match="max_images"):
+        SessionOptions(max_images=0)
+    assert session_config.embedding_bytes(SAM2) == 16 * 2**20
+    assert session_config.embedding_bytes(get_family("sam1")) == 4 * 2**20
+
+
+def test_write_session_and_its_embedded_twin(tmp_path):
+    repo = tmp_path / "model_repository"
+    name = write_session(repo, SAM2, RepositoryOptions(), SessionOptions(max_images=3))
+    assert name == "sam2_session" and list_models(repo) == ["sam2_session"]
+    assert (repo / name / "1" / "model.py").read_text() == session_config.SESSION_SOURCE.read_text()
+    twin = embedded_repository(repo)
+    config = parse_config(twin / name / "config.pbtxt")
+    (group,) = config.instance_group
+    assert group.kind == group.KIND_CPU and list(group.gpus) == []
+    assert config.parameters["max_images"].string_value == "3"
+    assert (twin / name / "1" / "model.py").is_file()
+
+
+# -- client-side builders ----------------------------------------------------------------------
+def test_image_id_is_a_content_hash():
+    image = np.zeros((4, 5, 3), np.uint8)
+    same = session_path.image_id(image.copy(), SAM2, "sam2_encoder")
+    assert same == session_path.image_id(image, SAM2, "sam2_encoder") and len(same) == 32
+    changed = image.copy()
+    changed[0, 0, 0] = 1
+    assert session_path.image_id(changed, SAM2, "sam2_encoder") != same
+    assert session_path.image_id(image, SAM2, "other_encoder") != same
+    assert session_path.image_id(image.reshape(5, 4, 3), SAM2, "sam2_encoder") != same
+
+
+def _prompts(mask_input=None):
+    return build_decoder_prompts(
+        point_coords=[[10, 10]],
+        point_labels=[1],
+        box=None,
+        mask_input=mask_input,
+        orig_hw=(100, 100),
+        family=SAM2,
+    )
+
+
+def test_a_click_carries_only_the_id_and_its_prompts():
+    image = session_path.SessionImage("abc", (100, 100))
+    key, inputs, fallback = image.click_inputs(_prompts(), None)
+    assert set(inputs) == {"image_id", "point_coords", "point_labels", "logits_key"}
+    assert inputs is fallback and inputs["logits_key"][0, 0] == key.encode()
+    assert sum(a.nbytes for a in inputs.values() if a.dtype != object) < 64
+    assert session_path.request_bytes("grpc", "sam2_session", inputs, ("masks", "iou")) < 400
+    assert session_path.request_bytes("http", "sam2_session", inputs, ("masks", "iou")) < 800
+
+
+def test_a_recent_mask_is_sent_by_reference_and_in_full_after_a_miss():
+    image = session_path.SessionImage("abc", (100, 100))
+    logits = np.random.default_rng(0).normal(size=(1, 3, 256, 256)).astype(np.float32)
+    first_key, _, _ = image.click_inputs(_prompts(), None)
+    image.remember(first_key, logits)
+    mask = logits[0, 2]
+    _, inputs, fallback = image.click_inputs(_prompts(mask), mask)
+    assert inputs["previous_key"][0, 0] == first_key.encode()
+    assert inputs["previous_mask_index"].tolist() == [[2]] and "mask_input" not in inputs
+    assert fallback["mask_input"].shape == (1, 1, 256, 256) and "previous_key" not in fallback
+    edited = mask + 1
+    _, inputs, _ = image.click_inputs(_prompts(edited), edited)
+    assert "previous_key" not in inputs and inputs["has_mask_input"].tolist() == [[1.0]]
+
+
+def test_an_image_without_pixels_cannot_be_reembedded():
+    with pytest.raises(EmbeddingNotFoundError, match="set_image"):
+        session_path.SessionImage("abc", (100, 100)).embed_inputs(SAM2)
+
+
+def test_the_miss_error_is_typed():
+    from tritonclient.utils import InferenceServerException
+
+    e = InferenceServerException(
+        msg="triton_sam.EmbeddingNotFound: image_id 'x' is not cached",
+        status="StatusCode.NOT_FOUND",
+    )
+    assert isinstance(translate_error(e, what="infer on sam2_session"), EmbeddingNotFoundError)

@@ -1,0 +1,227 @@
+"""Server-side embeddings, client side: pure request builders shared by both clients (no I/O).
+
+With the ``<family>_session`` model on the server (``repository/session_model.py``), an image
+is sent once (``embed``: image id + preprocessed image) and its features stay on the server;
+a click then carries the image id and the prompt tensors only (a few hundred bytes instead of
+4-21 MiB of features). This module builds those requests; :class:`SessionImage` is the
+client-side state of one embedded image. The sync and async clients only add the I/O and the
+one retry: on :class:`~triton_sam.errors.EmbeddingNotFoundError` (evicted, server restarted)
+they embed again (:meth:`SessionImage.embed_inputs`) and resend
+:meth:`SessionImage.fallback_inputs`.
+
+The image id is a content hash: blake2b-128 over the encoder model name, the family's
+preprocessing and the RGB pixels (with their shape). Preprocessing is a deterministic function
+of those, so equal ids mean equal encoder inputs, and hashing the uint8 image (0.8 MB for
+640x427) is 15x cheaper than hashing the float32 encoder input (12 MiB).
+
+Refinement without resending the mask: every click asks the server to keep its low-res
+logits under a fresh ``logits_key``; when a later ``mask_input`` is exactly one of the masks of
+a recent prediction of this image, the click names it (``previous_key`` + index) instead of
+sending 256 KiB. If the server no longer has it, the retry sends the mask itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from triton_sam.models.spec import FamilySpec
+
+IMAGE_ID = "image_id"
+ENCODED = "encoded"
+LOGITS_KEY = "logits_key"
+PREVIOUS_KEY = "previous_key"
+PREVIOUS_MASK_INDEX = "previous_mask_index"
+MASK_INPUT = "mask_input"
+HAS_MASK_INPUT = "has_mask_input"
+# Recent predictions remembered per image for refinement by reference; the server keeps
+# ``logits_per_image`` (SessionOptions, default 4) of them.
+RECENT_PREDICTIONS = 4
+# request_bytes serialises requests up to this payload size to count them exactly.
+_EXACT_LIMIT = 1 << 20
+
+
+def image_id(rgb: np.ndarray, family: FamilySpec, encoder_model: str) -> str:
+    """Content id of an image for ``encoder_model``: 32 hex chars of blake2b-128.
+
+    Args:
+        rgb: HxWx3 uint8 RGB image (``transforms.load_image``'s output).
+        family: the family (its preprocessing is part of the id).
+        encoder_model: the Triton encoder the features come from.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{encoder_model}\0{family.family}\0{family.preprocessing!r}\0".encode())
+    rgb = np.ascontiguousarray(rgb)
+    digest.update(f"{rgb.shape}{rgb.dtype.str}".encode())
+    digest.update(memoryview(rgb).cast("B"))
+    return digest.hexdigest()
+
+
+def bytes_tensor(value: str) -> np.ndarray:
+    """A [1, 1] BYTES tensor (numpy object array) holding ``value`` as utf-8."""
+    return np.array([[value.encode("utf-8")]], dtype=np.object_)
+
+
+def probe_inputs(image: str) -> dict[str, np.ndarray]:
+    """Inputs asking whether the server holds ``image`` (answers ``encoded`` = 0, or a miss)."""
+    return {IMAGE_ID: bytes_tensor(image)}
+
+
+def embed_inputs(image: str, tensor: np.ndarray, family: FamilySpec) -> dict[str, np.ndarray]:
+    """Inputs that embed ``tensor`` (the preprocessed [1, 3, S, S] image) under ``image``."""
+    return {IMAGE_ID: bytes_tensor(image), family.encoder_inputs[0].name: tensor}
+
+
+def matching_mask(mask_input: Any, low_res_logits: np.ndarray) -> int | None:
+    """Index i such that ``mask_input`` equals ``low_res_logits[0, i]`` exactly, else None.
+
+    Args:
+        mask_input: what the user passed as ``mask_input`` (any accepted shape).
+        low_res_logits: [1, M, S, S] logits of a previous prediction.
+    """
+    if not isinstance(mask_input, np.ndarray) or mask_input.dtype != low_res_logits.dtype:
+        return None
+    size = low_res_logits.shape[-2:]
+    if mask_input.size != size[0] * size[1]:
+        return None
+    mask = mask_input.reshape(size)
+    for i in range(low_res_logits.shape[1]):
+        if np.array_equal(mask, low_res_logits[0, i]):
+            return i
+    return None
+
+
+@dataclass
+class SessionImage:
+    """One image embedded on the server, from a client's side.
+
+    Attributes:
+        image_id: the id the server keeps its features under.
+        orig_hw: (H, W) of the original image.
+        rgb: the image, kept to embed it again after a miss (the server restarted or evicted
+            it); None when it cannot be re-embedded.
+        client_key: prefix of this client's logits keys (unique per client object).
+    """
+
+    image_id: str
+    orig_hw: tuple[int, int]
+    rgb: np.ndarray | None = None
+    client_key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    _recent: deque[tuple[str, np.ndarray]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_PREDICTIONS), repr=False
+    )
+    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
+
+    def click_inputs(
+        self, decoder_prompts: dict[str, np.ndarray], mask_input: Any
+    ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Session-model inputs of one click.
+
+        Args:
+            decoder_prompts: ``prompts.build_decoder_prompts`` output (validated prompts).
+            mask_input: the user's ``mask_input`` argument, as given (or None).
+
+        Returns:
+            ``(logits_key, inputs, fallback)``: the key the server keeps this click's logits
+            under (pass it to :meth:`remember`), the request, and the request to resend after
+            a miss (the mask itself instead of a reference to it).
+        """
+        key = f"{self.client_key}-{next(self._counter)}"
+        base = {
+            IMAGE_ID: bytes_tensor(self.image_id),
+            "point_coords": decoder_prompts["point_coords"],
+            "point_labels": decoder_prompts["point_labels"],
+            LOGITS_KEY: bytes_tensor(key),
+        }
+        has_mask = bool(decoder_prompts[HAS_MASK_INPUT].reshape(-1)[0])
+        full = dict(base)
+        if has_mask:  # a zero mask with has_mask_input = 0 is the server's default
+            full[MASK_INPUT] = decoder_prompts[MASK_INPUT]
+            full[HAS_MASK_INPUT] = decoder_prompts[HAS_MASK_INPUT]
+        reference = self._reference(mask_input) if has_mask else None
+        if reference is None:
+            return key, full, full
+        previous_key, index = reference
+        inputs = dict(base)
+        inputs[PREVIOUS_KEY] = bytes_tensor(previous_key)
+        inputs[PREVIOUS_MASK_INDEX] = np.array([[index]], dtype=np.int32)
+        return key, inputs, full
+
+    def remember(self, key: str, low_res_logits: np.ndarray) -> None:
+        """Record the (clipped) low-res logits the server kept under ``key``."""
+        self._recent.append((key, low_res_logits))
+
+    def embed_inputs(self, family: FamilySpec) -> dict[str, np.ndarray]:
+        """Inputs that embed this image again (preprocesses the kept RGB image).
+
+        Raises:
+            EmbeddingNotFoundError: the image was not kept (cannot be re-embedded).
+        """
+        from triton_sam import transforms
+        from triton_sam.errors import EmbeddingNotFoundError
+
+        if self.rgb is None:
+            raise EmbeddingNotFoundError(
+                f"image_id {self.image_id!r}: not on the server any more, and the client kept "
+                "no copy of the image to embed it again; call set_image again"
+            )
+        tensor = transforms.preprocess(self.rgb, family.preprocessing)
+        return embed_inputs(self.image_id, tensor, family)
+
+    def _reference(self, mask_input: Any) -> tuple[str, int] | None:
+        for key, logits in reversed(self._recent):
+            index = matching_mask(mask_input, logits)
+            if index is not None:
+                return key, index
+        return None
+
+
+def request_bytes(
+    protocol: str, model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
+) -> int:
+    """Size of the serialised inference request as tritonclient sends it (no I/O).
+
+    gRPC: ``ModelInferRequest.ByteSize()`` of the message tritonclient builds; HTTP: the body
+    (JSON header + binary tensors). Transport framing (HTTP/2 frames, HTTP headers) comes on
+    top (tests/integration/test_session_model.py measures it on the wire). Requests whose
+    tensors exceed 1 MiB (an embed) are not serialised again: their tensor bytes are returned.
+    """
+    from triton_sam.client.transport import build_infer_inputs
+
+    payload = sum(np.asarray(a).nbytes for a in inputs.values())
+    if payload > _EXACT_LIMIT:  # an image: its tensor bytes dominate; do not serialise it twice
+        return payload
+    if protocol == "http":
+        import tritonclient.http as module
+
+        requested = [module.InferRequestedOutput(n, binary_data=True) for n in outputs]
+        infer_inputs = build_infer_inputs(module, inputs, http=True)
+        body, _ = module.InferenceServerClient.generate_request_body(
+            infer_inputs, outputs=requested
+        )
+        return len(body)
+    import tritonclient.grpc as grpc_module
+    from tritonclient.grpc import _utils
+
+    infer_inputs = build_infer_inputs(grpc_module, inputs, http=False)
+    requested = [grpc_module.InferRequestedOutput(n) for n in outputs]
+    request = _utils._get_inference_request(
+        model_name=model,
+        inputs=infer_inputs,
+        model_version="",
+        request_id="",
+        outputs=requested,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
+    return request.ByteSize()
