@@ -91,3 +91,71 @@ def sam1_vit_b_server(sam1_vit_b_build):
     repo, _ = sam1_vit_b_build
     with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def sam3_spec():
+    from triton_sam.models import get_model
+
+    return get_model("sam3_tracker")
+
+
+@pytest.fixture(scope="session")
+def sam3_small_checkpoint(sam3_spec, tmp_path_factory) -> Path:
+    """A small random-init Sam3TrackerModel directory with the real tensor contract."""
+    from triton_sam.export import sam3
+
+    path = tmp_path_factory.mktemp("ckpt") / "sam3_small"
+    return sam3.save_random_checkpoint(sam3_spec, path, seed=1, config=sam3.small_config())
+
+
+@pytest.fixture(scope="session")
+def sam3_onnx_community_pair(sam3_spec, sam3_small_checkpoint, tmp_path_factory) -> Path:
+    """The small model exported in the onnx-community layout: ``<dir>/onnx/*.onnx(_data)``."""
+    from triton_sam.export import sam3
+
+    out = tmp_path_factory.mktemp("sam3-tracker-ONNX")
+    sam3.export_onnx_community_pair(sam3_spec, sam3_small_checkpoint, out / "onnx")
+    return out
+
+
+@pytest.fixture(scope="session")
+def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_path_factory):
+    """(repository, RepositoryBuild): our export as sam3_encoder/sam3_decoder and the imported
+    onnx-community pair as sam3c_encoder/sam3c_decoder, python target, one repository."""
+    from triton_sam.models.sam3 import (
+        ONNX_COMMUNITY_DECODER,
+        ONNX_COMMUNITY_ENCODER,
+        SAM3_ONNX_COMMUNITY_FAMILY,
+    )
+    from triton_sam.pipeline import build_repository
+    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.importer import find_pair, import_onnx_pair
+
+    repo = tmp_path_factory.mktemp("sam3") / "model_repository"
+    options = RepositoryOptions(target="python")
+    build = build_repository(
+        sam3_spec, repo, checkpoint=sam3_small_checkpoint, repository_options=options
+    )
+    encoder, decoder = find_pair(
+        sam3_onnx_community_pair, ONNX_COMMUNITY_ENCODER, ONNX_COMMUNITY_DECODER
+    )
+    import_onnx_pair(
+        repo,
+        SAM3_ONNX_COMMUNITY_FAMILY,
+        encoder_onnx=encoder,
+        decoder_onnx=decoder,
+        options=options,
+        encoder_name="sam3c_encoder",
+        decoder_name="sam3c_decoder",
+    )
+    return repo, build
+
+
+@pytest.fixture(scope="session")
+def sam3_server(sam3_build):
+    from triton_sam.server import EmbeddedTriton
+
+    repo, _ = sam3_build
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        yield server

@@ -68,12 +68,78 @@ def download_cmd(
     model: ModelArg,
     checkpoints: Annotated[Path, typer.Option(help="Checkpoint directory.")] = Path("checkpoints"),
 ) -> None:
-    """Download a checkpoint (resumable, sha256-verified; skipped when already valid)."""
-    from triton_sam.models.checkpoints import download_checkpoint
-    from triton_sam.models.registry import get_model
+    """Download a checkpoint (resumable, sha256-verified; skipped when already valid).
 
-    path = download_checkpoint(get_model(model).checkpoint, checkpoints, progress=True)
+    Hugging Face checkpoints (SAM3: gated facebook/sam3) need `hf auth login` or HF_TOKEN.
+    """
+    from triton_sam.models.registry import get_model
+    from triton_sam.pipeline import obtain_checkpoint
+
+    path = obtain_checkpoint(get_model(model), checkpoint=None, checkpoints_dir=checkpoints)
     typer.echo(f"checkpoint ready: {path}")
+
+
+@app.command("download-onnx")
+def download_onnx_cmd(
+    dest: Annotated[Path, typer.Option(help="Download directory.")] = Path(
+        "checkpoints/sam3-tracker-ONNX"
+    ),
+    repo: Annotated[str, typer.Option(help="Hugging Face repository.")] = (
+        "onnx-community/sam3-tracker-ONNX"
+    ),
+    suffix: Annotated[str, typer.Option(help="Precision suffix: '' (fp32), _fp16, _q4...")] = "",
+) -> None:
+    """Download the pre-exported SAM3 tracker ONNX pair (graphs + .onnx_data), no token needed."""
+    from triton_sam.models import sam3
+    from triton_sam.models.hf_hub import download_hf_files
+
+    names = [
+        f"onnx/{Path(graph).stem}{suffix}.onnx{ext}"
+        for graph in (sam3.ONNX_COMMUNITY_ENCODER, sam3.ONNX_COMMUNITY_DECODER)
+        for ext in ("", "_data")
+    ]
+    for path in download_hf_files(repo, names, dest):
+        typer.echo(f"downloaded {path}")
+    typer.echo(f"next: `triton-sam import-onnx {dest}`")
+
+
+@app.command("import-onnx")
+def import_onnx_cmd(
+    directory: Annotated[Path, typer.Argument(help="Folder with the pair (or its onnx/).")] = Path(
+        "checkpoints/sam3-tracker-ONNX"
+    ),
+    family: Annotated[str, typer.Option(help="Tensor contract of the pair.")] = (
+        "sam3_onnx_community"
+    ),
+    suffix: Annotated[str, typer.Option(help="Precision suffix of the files.")] = "",
+    target: Annotated[str, typer.Option(help="onnxruntime (GPU container) | python.")] = (
+        "onnxruntime"
+    ),
+    repository: RepositoryOpt = None,
+) -> None:
+    """Write a pre-exported pair (onnx-community layout) into the repository, as is."""
+    from triton_sam.models import sam3
+    from triton_sam.models.registry import get_family
+    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.importer import find_pair, import_onnx_pair
+
+    fam = get_family(family)
+    encoder, decoder = find_pair(
+        directory,
+        f"{Path(sam3.ONNX_COMMUNITY_ENCODER).stem}{suffix}.onnx",
+        f"{Path(sam3.ONNX_COMMUNITY_DECODER).stem}{suffix}.onnx",
+    )
+    repo = repository or Path("model_repository")
+    names = import_onnx_pair(
+        repo,
+        fam,
+        encoder_onnx=encoder,
+        decoder_onnx=decoder,
+        options=RepositoryOptions(target=target),  # type: ignore[arg-type]
+    )
+    for name in names:
+        typer.echo(f"wrote {repo / name}")
+    typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")
 
 
 @app.command("export")
@@ -194,7 +260,7 @@ def serve_cmd(
 def check_cmd(
     url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
     protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
-    model_type: Annotated[str, typer.Option(help="sam2 | sam1")] = "sam2",
+    model_type: Annotated[str, typer.Option(help="sam2 | sam1 | sam3")] = "sam2",
     image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
 ) -> None:
     """Smoke-test a running server: encode an image, predict a click, print timings."""
@@ -406,6 +472,78 @@ def stress_cmd(
     with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         target = server.grpc_url if protocol == "grpc" else server.http_url
         run(target, server.http_url, server.metrics_url, spec.family.family, spec.name)
+
+
+@app.command("soak")
+def soak_cmd(
+    model: Annotated[
+        str, typer.Option(help="Variant served by the embedded server.")
+    ] = "sam2.1_hiera_tiny",
+    url: Annotated[
+        str | None, typer.Option(help="A running server instead of an embedded one.")
+    ] = None,
+    protocol: Annotated[str, typer.Option(help="grpc | http")] = "grpc",
+    model_type: Annotated[str, typer.Option(help="Model family of --url's models.")] = "sam2",
+    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 16,
+    duration: Annotated[float, typer.Option(min=1, help="Seconds of prompting.")] = 60.0,
+    warmup: Annotated[
+        float, typer.Option(min=0, help="Seconds of prompting before memory growth counts.")
+    ] = 0.0,
+    images: Annotated[
+        int, typer.Option(min=0, help="Distinct images encoded (0 = one per session).")
+    ] = 0,
+    encode_every: Annotated[
+        int, typer.Option(min=0, help="Re-encode after this many prompts (0 = never).")
+    ] = 0,
+    server_embeddings: Annotated[
+        bool,
+        typer.Option(
+            "--server-embeddings/--stateless",
+            help="Keep each image's features on the server (the <family>_session model, "
+            "what the clients use by default) or send them with every click.",
+        ),
+    ] = True,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/soak"),
+) -> None:
+    """Many concurrent sessions for a while: failures, latency p50/p95/p99, and client and
+    server memory (RSS) sampled throughout (JSON + markdown). Exits 1 on any failure."""
+    from triton_sam.bench.soak import SoakSettings, run_soak_on_server, write_report
+
+    settings = SoakSettings(
+        sessions=sessions,
+        duration_s=duration,
+        warmup_s=warmup,
+        images=images,
+        encode_every=encode_every,
+        server_embeddings=server_embeddings,
+    )
+
+    def run(target: str, family: str, name: str, pid: int | None) -> None:
+        report = run_soak_on_server(
+            target,
+            settings=settings,
+            protocol=protocol,
+            model_type=family,
+            server_pid=pid,
+            model_name=name,
+            progress=typer.echo,
+        )
+        paths = write_report(report, output)
+        typer.echo(paths["md"].read_text())
+        typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+        if report.failures:
+            raise typer.Exit(1)
+
+    if url:
+        run(url, model_type, model_type, None)
+        return
+    from triton_sam.demo import build_local_repository
+    from triton_sam.server import EmbeddedTriton
+
+    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".soak"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        target = server.grpc_url if protocol == "grpc" else server.http_url
+        run(target, spec.family.family, spec.name, server.pid)
 
 
 def main() -> None:

@@ -72,12 +72,39 @@ class ServerError(TritonSamError):
     """The server answered with an error (bad request, model failure)."""
 
 
+class EmbeddingNotFoundError(ServerError):
+    """The server-side session model holds no features for this image id (never embedded,
+    evicted by its LRU bound, or the server restarted). The clients re-embed and retry once."""
+
+
 class ServerUnavailableError(ServerError):
     """The server cannot be reached, is not live, or a model is not ready."""
 
 
 class ServerStartError(ServerUnavailableError):
     """The embedded tritonserver failed to start or to become ready."""
+
+
+class ModelNotReadyError(ServerUnavailableError):
+    """The server answers, but the named model is unknown, unloaded or not ready.
+
+    Attributes:
+        model: the Triton model name.
+    """
+
+    def __init__(self, model: str, message: str) -> None:
+        self.model = model
+        super().__init__(message)
+
+
+class ServerOverloadedError(ServerUnavailableError):
+    """The server rejected a request because its queue is full or the request waited in it
+    longer than the model's queue timeout (Triton's ``default_queue_policy``)."""
+
+
+class InvalidRequestError(ServerError, ValueError):
+    """The server refused a request as malformed: an unknown, missing or extra input, or a
+    tensor of the wrong shape or datatype (the message is the server's, naming the input)."""
 
 
 class InferenceTimeoutError(ServerError, TimeoutError):

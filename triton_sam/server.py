@@ -21,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -367,13 +368,29 @@ def _server_env() -> dict[str, str]:
 def _spawn(cmd: list[str], log: IO[bytes], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Own process group: stop() can reach the python-backend stubs even if the server dies.
     return subprocess.Popen(
-        cmd,
+        _die_with_parent(cmd),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
     )
+
+
+def _die_with_parent(cmd: list[str]) -> list[str]:
+    """``cmd`` under ``setpriv --pdeathsig TERM`` where that exists: the server gets SIGTERM
+    (and stops its stubs) when this process dies.
+
+    Without it a SIGKILLed parent (a timed-out test run, a killed notebook kernel) leaves a
+    tritonserver holding ports, shared memory and gigabytes of RAM. setpriv execs the
+    server in place (same pid); a preexec_fn would do the same but can deadlock in a
+    threaded parent. Linux ties the signal to the creating *thread*, so it is only asked for
+    from the main thread, whose end is the process's.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return cmd
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd]
 
 
 def _terminate(process: subprocess.Popen[bytes], grace_s: float, shm_prefix: str) -> None:

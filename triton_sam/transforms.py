@@ -16,6 +16,7 @@ Coordinates are (X, Y) pixels; sizes are (H, W). Parity with upstream is measure
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
@@ -24,12 +25,20 @@ from PIL import Image, ImageOps
 from triton_sam.errors import ConfigError, InputValidationError
 from triton_sam.models.spec import Preprocessing
 
-ImageLike = str | os.PathLike[str] | Image.Image | np.ndarray
+ImageLike = str | os.PathLike[str] | bytes | Image.Image | np.ndarray
+
+# Images above this many pixels are refused (SAM resizes to ~1024 px anyway, while a huge
+# image costs 12 bytes per pixel in preprocessing and 4 per mask pixel in postprocessing).
+# Override per call (load_image(max_pixels=...)) or for every client with this variable;
+# 0 means no limit. PIL's own decompression-bomb guard still refuses image files above
+# 2 * PIL.Image.MAX_IMAGE_PIXELS (~179 MP) before they are decoded.
+DEFAULT_MAX_IMAGE_PIXELS = 64_000_000
+MAX_PIXELS_ENV = "TRITON_SAM_MAX_IMAGE_PIXELS"
 
 # SAM2ImagePredictor clamps the low-res logits it returns for refinement to this range.
 LOW_RES_LOGIT_LIMIT = 32.0
 
-_EXPECTED_IMAGE = "a path, a PIL.Image, or an HxWx3 uint8 RGB numpy array"
+_EXPECTED_IMAGE = "a path, encoded bytes, a PIL.Image, or an HxWx3 uint8 RGB numpy array"
 _EXPECTED_ARRAY = "an HxWx3 uint8 RGB array with H, W >= 1"
 # Errors PIL raises for missing, unreadable, truncated or hostile files.
 _READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
@@ -37,17 +46,24 @@ _SIXTEEN_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
 
 
 # -- images ---------------------------------------------------------------------------------
-def load_image(image: ImageLike) -> np.ndarray:
+def load_image(image: ImageLike, *, max_pixels: int | None = None) -> np.ndarray:
     """Load an image as a contiguous HxWx3 uint8 RGB array.
 
-    Files get their EXIF orientation applied (what a viewer shows is what is segmented).
+    Files (and encoded bytes: PNG, JPEG, TIFF...) get their EXIF orientation applied (what a
+    viewer shows is what is segmented).
     PIL images are taken as they are; grayscale, palette, CMYK, ... are converted to RGB,
     alpha is dropped (not composited), and 16-bit images (``I;16*``, ``I``) are scaled from
     0..65535 to 0..255. Arrays must already be HxWx3 uint8 RGB and are not copied when
     contiguous.
 
+    Images larger than ``max_pixels`` are refused before they are decoded or copied (see
+    :data:`DEFAULT_MAX_IMAGE_PIXELS`): downscale them first, SAM works at ~1024 px.
+
     Args:
-        image: a path (str or os.PathLike), a PIL.Image, or an HxWx3 uint8 RGB array.
+        image: a path (str or os.PathLike), the bytes of an encoded image file, a
+            PIL.Image, or an HxWx3 uint8 RGB array.
+        max_pixels: largest accepted H * W; None reads ``$TRITON_SAM_MAX_IMAGE_PIXELS``,
+            else :data:`DEFAULT_MAX_IMAGE_PIXELS`; 0 = no limit.
 
     Returns:
         HxWx3 uint8 RGB array, C-contiguous.
@@ -55,31 +71,82 @@ def load_image(image: ImageLike) -> np.ndarray:
     Raises:
         InputValidationError: (field ``"image"``) the file is missing, unreadable or corrupt,
             the type is unsupported, the array has the wrong ndim/channels/dtype, a PIL mode
-            has no sensible RGB conversion (``F``), or the image is empty.
+            has no sensible RGB conversion (``F``), the image is empty, or it is larger than
+            the pixel limit (the message says how to downscale or raise it).
     """
+    limit = _max_pixels(max_pixels)
     if isinstance(image, (str, os.PathLike)):
-        return _pil_to_rgb(_open_file(image))
+        return _pil_to_rgb(_open_file(image, limit))
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return _pil_to_rgb(_open_file(io.BytesIO(bytes(image)), limit))
     if isinstance(image, Image.Image):
+        _check_pixels(image.size, limit)
         return _pil_to_rgb(image)
     if isinstance(image, np.ndarray):
+        if image.ndim >= 2:
+            _check_pixels((image.shape[1], image.shape[0]), limit)
         return np.ascontiguousarray(_check_rgb_array(image))
     raise InputValidationError(
         "image", f"got an object of type {type(image).__name__}; expected {_EXPECTED_IMAGE}"
     )
 
 
-def _open_file(path: str | os.PathLike[str]) -> Image.Image:
-    """Decode a file fully (so truncation surfaces here) and apply its EXIF orientation."""
+def _max_pixels(max_pixels: int | None) -> int:
+    """The pixel limit in force: the argument, else the environment, else the default."""
+    if max_pixels is None:
+        text = os.environ.get(MAX_PIXELS_ENV, "").strip()
+        try:
+            max_pixels = int(text) if text else DEFAULT_MAX_IMAGE_PIXELS
+        except ValueError:
+            raise InputValidationError(
+                MAX_PIXELS_ENV, f"got {text!r}; expected an integer number of pixels (0 = no limit)"
+            ) from None
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 0:
+        raise InputValidationError("max_pixels", f"got {max_pixels!r}; expected an integer >= 0")
+    return max_pixels
+
+
+def _check_pixels(size_wh: tuple[int, int], limit: int) -> None:
+    """Refuse an image of ``size_wh`` (W, H) above ``limit`` pixels, saying what to do."""
+    w, h = size_wh
+    if limit and w * h > limit:
+        raise InputValidationError("image", _too_large(w, h, limit))
+
+
+def _too_large(w: int, h: int, limit: int) -> str:
+    return (
+        f"{w}x{h} (W x H) is {w * h / 1e6:.1f} megapixels, above the limit of "
+        f"{limit / 1e6:.1f}; downscale it first (SAM works at ~1024 px, e.g. PIL's "
+        f"img.thumbnail((4096, 4096))), or raise the limit with load_image(..., max_pixels=N) "
+        f"or the {MAX_PIXELS_ENV} environment variable (0 = no limit)"
+    )
+
+
+def _open_file(source: str | os.PathLike[str] | io.BytesIO, limit: int) -> Image.Image:
+    """Decode a file fully (so truncation surfaces here) and apply its EXIF orientation.
+
+    The size is checked from the header, before any pixel is decoded.
+    """
+    name = "the given bytes" if isinstance(source, io.BytesIO) else repr(os.fspath(source))
     try:
-        with Image.open(path) as opened:
+        with Image.open(source) as opened:
+            _check_pixels(opened.size, limit)
             opened.load()
             # exif_transpose returns a new image, or a copy when there is nothing to do,
             # so the result outlives the closed file.
             return ImageOps.exif_transpose(opened)
+    except Image.DecompressionBombError as e:
+        # PIL refuses before we can read the size: its guard is 2 * Image.MAX_IMAGE_PIXELS.
+        raise InputValidationError(
+            "image",
+            f"{name} is refused by PIL's decompression-bomb guard ({e}); downscale it "
+            "first (SAM works at ~1024 px), or raise PIL.Image.MAX_IMAGE_PIXELS and "
+            f"{MAX_PIXELS_ENV} if you trust the file",
+        ) from e
     except _READ_ERRORS as e:
         raise InputValidationError(
             "image",
-            f"cannot read an image from {os.fspath(path)!r} ({e}); expected {_EXPECTED_IMAGE}",
+            f"cannot read an image from {name} ({e}); expected {_EXPECTED_IMAGE}",
         ) from e
 
 
@@ -182,6 +249,15 @@ def transform_coords(
             "coords", f"got shape {points.shape}; expected ...x2 (X, Y) pixels"
         )
     h, w = _check_hw(orig_hw)
+    if _resize_rule(pre) == "square" and pre.coord_rule == "ratio":
+        # transformers' processors (return_tensors="pt"): the ratio is S / original size with
+        # the size an int64 tensor, which torch computes in float32 as S * (1 / size); then
+        # a float32 product.
+        out = points.astype(np.float32)
+        one, size = np.float32(1), np.float32(pre.image_size)
+        out[..., 0] = out[..., 0] * (size * (one / np.float32(w)))
+        out[..., 1] = out[..., 1] * (size * (one / np.float32(h)))
+        return out
     if _resize_rule(pre) == "square":
         out = points.astype(np.float32)  # upstream casts to float32 before scaling
         out[..., 0] = out[..., 0] / np.float32(w)
@@ -271,6 +347,9 @@ def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
             "image", f"got {type(image).__name__}; expected {_EXPECTED_ARRAY} (see load_image)"
         )
     rgb = _check_rgb_array(image)
+    if _resize_rule(pre) == "square" and pre.resize_dtype == "uint8":
+        resized = _resize_square_uint8(np.ascontiguousarray(rgb.transpose(2, 0, 1)), pre.image_size)
+        return _normalize(_scale_pixels(resized.transpose(1, 2, 0), pre.pixel_scale), pre)[None]
     if _resize_rule(pre) == "square":
         chw = _resize_square(_scale_pixels(rgb, pre.pixel_scale), pre.image_size)
         return _normalize(chw, pre)[None]
@@ -308,6 +387,55 @@ def _resize_square(chw: np.ndarray, size: int) -> np.ndarray:
     _, h, w = chw.shape
     along_w = _resample(chw, _antialias_taps(w, size), axis=-1)
     return _resample(along_w, _antialias_taps(h, size), axis=-2)
+
+
+def _resize_square_uint8(chw: np.ndarray, size: int) -> np.ndarray:
+    """3xHxW uint8 -> 3xSxS uint8, as torchvision ``resize`` (bilinear, antialias) on uint8.
+
+    Torch's uint8 kernel (Pillow-SIMD's algorithm): float64 triangle weights normalised per
+    output, quantised to int16 with the largest precision that fits, accumulated in integers
+    and rounded back to uint8 after each pass (W first, then H).
+    """
+    along_w = _resample_uint8(chw, size, axis=-1)
+    return _resample_uint8(along_w, size, axis=-2)
+
+
+def _resample_uint8(x: np.ndarray, out_size: int, axis: int) -> np.ndarray:
+    in_size = x.shape[axis]
+    if in_size == out_size:
+        return x  # torch skips a pass whose size does not change
+    start, weights, precision = _antialias_taps_uint8(in_size, out_size)
+    moved = np.moveaxis(x, axis, -1).astype(np.int64)
+    padded = np.concatenate([moved, np.zeros((*moved.shape[:-1], weights.shape[1]), np.int64)], -1)
+    out = np.empty((*moved.shape[:-1], out_size), np.uint8)
+    for j0 in range(0, out_size, _BLOCK):  # bounded memory: _BLOCK outputs at a time
+        j1 = min(j0 + _BLOCK, out_size)
+        index = start[j0:j1, None] + np.arange(weights.shape[1])
+        acc = np.einsum("...jk,jk->...j", padded[..., index], weights[j0:j1])
+        out[..., j0:j1] = np.clip((acc + (1 << (precision - 1))) >> precision, 0, 255)
+    return np.moveaxis(out, -1, axis)
+
+
+def _antialias_taps_uint8(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(start, int16-valued weights, precision bits) of torch's uint8 antialiased bilinear."""
+    scale = in_size / out_size
+    support = scale if scale >= 1.0 else 1.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    center = scale * (np.arange(out_size) + 0.5)
+    start = np.maximum((center - support + 0.5).astype(np.int64), 0)
+    stop = np.minimum((center + support + 0.5).astype(np.int64), in_size)
+    k = np.arange(int(np.ceil(support)) * 2 + 1)
+    weights = np.clip(
+        1.0 - np.abs((start[:, None] + k - center[:, None] + 0.5) * invscale), 0, None
+    )
+    weights[k >= (stop - start)[:, None]] = 0
+    weights /= weights.sum(axis=1, keepdims=True)
+    precision = 0
+    while precision < 22 and int(0.5 + weights.max() * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    scaled = weights * (1 << precision)
+    quantised = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5))
+    return start, quantised.astype(np.int64), precision
 
 
 def _normalize(chw: np.ndarray, pre: Preprocessing) -> np.ndarray:

@@ -34,7 +34,8 @@ DRAG = DragSettings(events=50, rate_hz=100.0, sessions=1)
 @pytest.fixture(scope="module")
 def embedding(sam2_tiny_server):
     """The image encoded once for the module: (embeddings, (H, W))."""
-    with SAM2TritonClient(sam2_tiny_server.http_url) as client:
+    # Stateless: these tests measure the decoder fed with embeddings by the client.
+    with SAM2TritonClient(sam2_tiny_server.http_url, use_server_embeddings=False) as client:
         client.set_image(IMAGE)
         return client.get_image_embedding(), client.original_size
 

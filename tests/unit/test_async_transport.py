@@ -15,6 +15,7 @@ from triton_sam.client.async_transport import AsyncTransport, encode_infer_reque
 from triton_sam.client.transport import Endpoint, build_infer_inputs, translate_error
 from triton_sam.errors import (
     InferenceTimeoutError,
+    InvalidRequestError,
     RequestCancelledError,
     ServerError,
     ServerUnavailableError,
@@ -105,7 +106,8 @@ class _RpcError(grpc.RpcError):
         (grpc.StatusCode.DEADLINE_EXCEEDED, InferenceTimeoutError),
         (grpc.StatusCode.CANCELLED, RequestCancelledError),
         (grpc.StatusCode.UNAVAILABLE, ServerUnavailableError),
-        (grpc.StatusCode.INVALID_ARGUMENT, ServerError),
+        (grpc.StatusCode.INVALID_ARGUMENT, InvalidRequestError),
+        (grpc.StatusCode.INTERNAL, ServerError),
     ],
 )
 def test_raw_grpc_errors_go_through_the_one_translator(code, expected):

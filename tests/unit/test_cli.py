@@ -62,7 +62,17 @@ def test_sam1_pixi_tasks_follow_the_reference():
         assert tasks[f"download-sam1-{size}"] == f"triton-sam download sam1_vit_{size}"
     assert tasks["setup-sam1"] == "triton-sam setup sam1_vit_h"  # ViT-H, as the reference
     assert tasks["export-sam1"] == "triton-sam export sam1_vit_h"
-    assert set(tasks["setup-all"]["depends-on"]) == {"setup-sam1", "setup-sam2"}
+    assert {"setup-sam1", "setup-sam2"} <= set(tasks["setup-all"]["depends-on"])
+
+
+def test_sam3_pixi_tasks_follow_the_reference():
+    tasks = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pixi"]["tasks"]
+    assert "setup-sam3" in tasks["setup-all"]["depends-on"]
+    assert tasks["setup-sam3"]["depends-on"] == ["download-sam3-onnx"]
+    assert tasks["setup-sam3"]["cmd"].startswith("triton-sam import-onnx ")
+    assert tasks["download-sam3-onnx"].startswith("triton-sam download-onnx")
+    assert tasks["test-sam3"] == "triton-sam check --model-type sam3"
+    assert tasks["benchmark-sam3"].startswith("triton-sam bench")
 
 
 def test_config_applies_overrides():

@@ -38,7 +38,7 @@ class FakeSync:
     ready = True
     instances: list[FakeSync] = []
 
-    def __init__(self, endpoint: Any, *, timeout_s: float) -> None:
+    def __init__(self, endpoint: Any, *, timeout_s: float, **options: Any) -> None:
         self.endpoint, self.closed = endpoint, False
         FakeSync.instances.append(self)
 
@@ -46,9 +46,12 @@ class FakeSync:
         return FakeSync.ready
 
     def is_model_ready(self, model: str) -> bool:
-        return True
+        # No <family>_session model: these tests drive the stateless decoder path.
+        return not model.endswith("_session")
 
-    def infer(self, model: str, inputs: dict, outputs: Any) -> dict[str, np.ndarray]:
+    def infer(
+        self, model: str, inputs: dict, outputs: Any, **options: Any
+    ) -> dict[str, np.ndarray]:
         if "image" in inputs:
             return {n: np.zeros((1, 2), np.float32) for n in outputs}
         assert "point_coords" in inputs and len(inputs) > 4  # prompts and the embeddings
@@ -74,7 +77,7 @@ class FakeAsync:
 
     instances: list[FakeAsync] = []
 
-    def __init__(self, endpoint: Any, *, timeout_s: float) -> None:
+    def __init__(self, endpoint: Any, *, timeout_s: float, **options: Any) -> None:
         self.calls: list[Call] = []
         self.models: list[tuple[str, tuple[str, ...]]] = []
         self.prepared = 0
@@ -85,7 +88,9 @@ class FakeAsync:
         self.prepared += 1
         return PreparedInputs(tuple(inputs))
 
-    async def infer(self, model, inputs, outputs, *, prepared=None, request_id=""):
+    async def infer(
+        self, model, inputs, outputs, *, prepared=None, request_id="", idempotent=False
+    ):
         assert prepared is not None  # the embeddings, encoded once per image
         self.models.append((model, prepared.names))
         call = Call(_click_x(inputs))
@@ -442,7 +447,11 @@ def test_set_image_embedding_reuses_embeddings_and_checks_them():
     client.close()
 
 
-@pytest.mark.parametrize("family", family_names())
+# The fake decoder reads clicks back in the 1024 frame; SAM3 (1008 frame, and a second prompt
+# layout the speculative client does not build yet) is covered by tests/parity/test_sam3_parity.py.
+@pytest.mark.parametrize(
+    "family", [f for f in family_names() if get_family(f).preprocessing.image_size == 1024]
+)
 def test_every_family_uses_its_own_models_and_embeddings(family):
     spec = get_family(family)
 

@@ -8,6 +8,7 @@ from triton_sam.client.transport import resolve_endpoint, translate_error
 from triton_sam.errors import (
     InferenceTimeoutError,
     InputValidationError,
+    InvalidRequestError,
     ServerError,
     ServerUnavailableError,
 )
@@ -59,7 +60,10 @@ def test_translate_error_maps_tritonclient_statuses():
         translate_error(exc("x", "StatusCode.UNAVAILABLE"), what="w"), ServerUnavailableError
     )
     err = translate_error(exc("unexpected shape for input 'image'", "400"), what="infer on m")
-    assert type(err) is ServerError and "unexpected shape" in str(err) and "infer on m" in str(err)
+    assert type(err) is InvalidRequestError
+    assert "unexpected shape" in str(err) and "infer on m" in str(err)
+    err = translate_error(exc("model failed: boom", "500"), what="infer on m")
+    assert type(err) is ServerError and "boom" in str(err)
     assert isinstance(
         translate_error(ConnectionRefusedError("no"), what="w"), ServerUnavailableError
     )

@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, acall_with_retry
 from triton_sam.client.transport import (
     _NUMPY_TO_TRITON,
     Endpoint,
+    TlsOptions,
     build_infer_inputs,
     translate_error,
 )
@@ -86,26 +88,56 @@ class AsyncTransport:
     Args:
         endpoint: where the server is.
         timeout_s: per-request timeout (gRPC deadline; HTTP connection and read timeout).
+        retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
+            uses ``DEFAULT_RETRY``.
+        tls: certificates for an ``https://`` / ``grpcs://`` endpoint.
     """
 
-    def __init__(self, endpoint: Endpoint, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        tls: TlsOptions | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.retry = DEFAULT_RETRY if retry is None else retry
+        self.tls = tls or TlsOptions()
+        self._client, self._module = self._connect()
+        self._raw_infer = self._raw_infer_call()
+
+    def _connect(self) -> tuple[Any, Any]:
+        endpoint = self.endpoint
         try:
             if endpoint.protocol == "http":
                 import tritonclient.http.aio as module
 
-                self._client: Any = module.InferenceServerClient(
-                    endpoint.address, ssl=endpoint.ssl, conn_timeout=timeout_s
+                context = {"ssl_context": self.tls.ssl_context()} if endpoint.ssl else {}
+                client: Any = module.InferenceServerClient(
+                    endpoint.address, ssl=endpoint.ssl, conn_timeout=self.timeout_s, **context
                 )
             else:
                 import tritonclient.grpc.aio as module
 
-                self._client = module.InferenceServerClient(endpoint.address, ssl=endpoint.ssl)
+                tls = self.tls.grpc_options() if endpoint.ssl else {}
+                client = module.InferenceServerClient(endpoint.address, ssl=endpoint.ssl, **tls)
         except Exception as e:
             raise translate_error(e, what=f"connect to {endpoint.address}") from e
-        self._module = module
+        return client, module
+
+    async def reconnect(self) -> None:
+        """Close the connection and open a fresh one (see ``Transport.reconnect``)."""
+        old = self._client
+        self._client, self._module = self._connect()
         self._raw_infer = self._raw_infer_call()
+        with contextlib.suppress(Exception):
+            await old.close()
+
+    async def _reconnect_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # the next attempt reports what is wrong
+            await self.reconnect()
 
     def _raw_infer_call(self) -> Any:
         """ModelInfer on tritonclient's own channel taking pre-serialised bytes (gRPC)."""
@@ -140,8 +172,14 @@ class AsyncTransport:
             return False
 
     async def is_model_ready(self, model: str) -> bool:
-        """True when ``model`` is loaded and ready."""
-        return bool(await self._call(f"readiness of {model}", self._client.is_model_ready(model)))
+        """True when ``model`` is loaded and ready (retried per :attr:`retry`)."""
+        ready = await acall_with_retry(
+            lambda: self._call(f"readiness of {model}", self._client.is_model_ready(model)),
+            self.retry,
+            deadline_s=self.timeout_s,
+            before_retry=self._reconnect_quietly,
+        )
+        return bool(ready)
 
     def prepare_inputs(self, inputs: Mapping[str, np.ndarray]) -> PreparedInputs:
         """Encode tensors reused by many requests (the embeddings) once, for :meth:`infer`."""
@@ -159,6 +197,7 @@ class AsyncTransport:
         *,
         prepared: PreparedInputs | None = None,
         request_id: str = "",
+        idempotent: bool = False,
     ) -> dict[str, np.ndarray]:
         """Run ``model`` and return the requested ``outputs`` by name.
 
@@ -168,13 +207,32 @@ class AsyncTransport:
             outputs: output names to request (only those cross the wire).
             prepared: inputs from :meth:`prepare_inputs`, sent before ``inputs``.
             request_id: Triton request id (shows in the server's log and traces).
+            idempotent: the call may safely run twice (encoder, stateless decoder): retry
+                it per :attr:`retry` when the server is unreachable.
 
         Raises:
             TritonSamError: the translated tritonclient/grpc/aiohttp error.
             asyncio.CancelledError: the awaiting task was cancelled (the RPC is cancelled).
         """
+        if not idempotent:
+            return await self._infer_once(model, inputs, outputs, prepared, request_id)
+        return await acall_with_retry(
+            lambda: self._infer_once(model, inputs, outputs, prepared, request_id),
+            self.retry,
+            deadline_s=self.timeout_s,
+            before_retry=self._reconnect_quietly,
+        )
+
+    async def _infer_once(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        prepared: PreparedInputs | None,
+        request_id: str,
+    ) -> dict[str, np.ndarray]:
         what = f"infer on {model}"
-        if prepared is not None and prepared.wire is not None:
+        if prepared is not None and prepared.wire is not None and self._raw_infer is not None:
             body = prepared.wire + encode_infer_request(
                 inputs, model=model, outputs=outputs, request_id=request_id
             )

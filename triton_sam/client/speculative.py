@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,12 +30,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import prompts
+from triton_sam.client import prompts, session_path
 from triton_sam.client.async_transport import AsyncTransport
 from triton_sam.client.prediction import Prediction, make_prediction
+from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.sessions import LatestWins, RequestRecord, SessionBook, TrackedEvent
-from triton_sam.client.transport import Endpoint, Transport, resolve_endpoint
+from triton_sam.client.transport import Endpoint, TlsOptions, Transport, resolve_endpoint
 from triton_sam.errors import (
+    EmbeddingNotFoundError,
     ImageNotSetError,
     InferenceTimeoutError,
     InputValidationError,
@@ -55,6 +58,7 @@ class _Image:
     features: dict[str, np.ndarray]
     orig_hw: tuple[int, int]
     prepared: dict[int, list[Any]] = field(default_factory=dict)  # id(transport) -> inputs
+    session: session_path.SessionImage | None = None  # features kept by the server instead
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class _Request:
     image: _Image
     inputs: dict[str, np.ndarray]
     outputs: tuple[str, str]
+    logits_key: str = ""  # session path: where the server keeps this click's logits
+    fallback: dict[str, np.ndarray] | None = None  # session path: the request after a miss
 
 
 class SpeculativeSAM2Client:
@@ -79,6 +85,16 @@ class SpeculativeSAM2Client:
             cancelling stops the wait, the server still runs the request).
         encoder_model / decoder_model: Triton model names; default to the family's.
         timeout_s: per-request timeout in seconds.
+        retry: backoff for idempotent calls (health, encoder, stateless decoder); None uses
+            ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
+        tls: certificates for a ``grpcs://`` / ``https://`` server.
+        use_server_embeddings: keep each image's features on the server (the
+            ``<family>_session`` model): ``set_image`` sends the image once, a click sends
+            the image id and its prompts (a few hundred bytes instead of 4-21 MiB). None
+            (default) uses it when the server offers it; False forces the stateless decoder.
+            A click on an image the server lost (evicted, restarted) re-embeds it and retries
+            once, transparently.
+        session_model: Triton name of the session model (default ``<family>_session``).
 
     Raises:
         UnsupportedModelError: unknown ``model_type``.
@@ -102,14 +118,21 @@ class SpeculativeSAM2Client:
         encoder_model: str | None = None,
         decoder_model: str | None = None,
         timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        tls: TlsOptions | None = None,
+        session_model: str | None = None,
+        use_server_embeddings: bool | None = None,
     ) -> None:
         self.family: FamilySpec = get_family(model_type)
+        self.session_model = session_model or self.family.session_model
+        self.uses_server_embeddings = False
         self.model_type = model_type
         self.encoder_model = encoder_model or self.family.encoder_model
         self.decoder_model = decoder_model or self.family.decoder_model
         self.timeout_s = timeout_s
         self.endpoint: Endpoint = resolve_endpoint(url, protocol)
-        self._sync = Transport(self.endpoint, timeout_s=timeout_s)
+        self.retry, self.tls = retry, tls
+        self._sync = Transport(self.endpoint, timeout_s=timeout_s, retry=retry, tls=tls)
         self._aio: AsyncTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._image: _Image | None = None
@@ -119,6 +142,7 @@ class SpeculativeSAM2Client:
         self._closed = False
         try:
             self._check_ready()
+            self.uses_server_embeddings = self._session_offered(use_server_embeddings)
         except BaseException:
             self.close()
             raise
@@ -140,6 +164,22 @@ class SpeculativeSAM2Client:
                     f"model: {model!r} is not ready on {address}; export it with "
                     "`triton-sam setup` and check the server log"
                 )
+
+    def _session_offered(self, wanted: bool | None) -> bool:
+        """Whether to keep features on the server (``wanted``; None: if the server offers it)."""
+        if wanted is False:
+            return False
+        try:
+            ready = self._sync.is_model_ready(self.session_model)
+        except ServerUnavailableError:  # unknown model (ModelNotReadyError)
+            ready = False
+        if wanted and not ready:
+            raise ServerUnavailableError(
+                f"model: {self.session_model!r} is not ready on {self.endpoint.address}; "
+                "rebuild the repository with `triton-sam setup` (it writes the session model) "
+                "or pass use_server_embeddings=False"
+            )
+        return ready
 
     async def __aenter__(self) -> SpeculativeSAM2Client:
         try:
@@ -207,7 +247,9 @@ class SpeculativeSAM2Client:
             raise ServerUnavailableError("client: closed; create a new SpeculativeSAM2Client")
         if self._aio is None or self._loop is not loop:
             # A transport is bound to the loop that made it (grpc.aio, aiohttp).
-            self._aio = AsyncTransport(self.endpoint, timeout_s=self.timeout_s)
+            self._aio = AsyncTransport(
+                self.endpoint, timeout_s=self.timeout_s, retry=self.retry, tls=self.tls
+            )
             self._loop = loop
         return self._aio
 
@@ -227,26 +269,48 @@ class SpeculativeSAM2Client:
             image: a path, a PIL image, or an HxWx3 uint8 RGB array.
 
         Returns:
-            The encoder outputs by name (e.g. ``image_embed`` [1, 256, 64, 64]).
+            The encoder outputs by name (e.g. ``image_embed`` [1, 256, 64, 64]); an empty
+            dict with server-side embeddings, where the features stay on the server (pass
+            ``use_server_embeddings=False`` to get them here).
 
         Raises:
             InputValidationError: the image cannot be read or has the wrong shape/dtype.
             ServerError: the encoder failed.
         """
         rgb = transforms.load_image(image)
+        if self.uses_server_embeddings:
+            session = self._session_image(rgb)
+            try:  # a probe of a few bytes saves sending the image when the server has it
+                self._sync.infer(self.session_model, *self._probe(session), idempotent=True)
+            except EmbeddingNotFoundError:
+                self._sync.infer(self.session_model, *self._embed(session), idempotent=True)
+            self._image = _Image({}, session.orig_hw, session=session)
+            return {}
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
         name = self.family.encoder_inputs[0].name
-        features = self._sync.infer(self.encoder_model, {name: tensor}, self.family.embedding_names)
+        features = self._sync.infer(
+            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
+        )
         self._image = _Image(features, (int(rgb.shape[0]), int(rgb.shape[1])))
         return dict(features)
 
     async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
         rgb = await asyncio.to_thread(transforms.load_image, image)
+        if self.uses_server_embeddings:
+            session = await asyncio.to_thread(self._session_image, rgb)
+            transport = self._transport()
+            try:
+                await transport.infer(self.session_model, *self._probe(session), idempotent=True)
+            except EmbeddingNotFoundError:
+                inputs, outputs = await asyncio.to_thread(self._embed, session)
+                await transport.infer(self.session_model, inputs, outputs, idempotent=True)
+            self._image = _Image({}, session.orig_hw, session=session)
+            return {}
         tensor = await asyncio.to_thread(transforms.preprocess, rgb, self.family.preprocessing)
         name = self.family.encoder_inputs[0].name
         features = await self._transport().infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names
+            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
         )
         self._image = _Image(features, (int(rgb.shape[0]), int(rgb.shape[1])))
         return dict(features)
@@ -316,9 +380,62 @@ class SpeculativeSAM2Client:
             orig_hw=image.orig_hw,
             family=self.family,
         )
+        if image.session is not None:
+            key, click, fallback = image.session.click_inputs(inputs, mask_input)
+            return _Request(image, click, outputs, logits_key=key, fallback=fallback)
         return _Request(image, inputs, outputs)
 
+    # -- server-side embeddings (the <family>_session model) ------------------------------
+    def _session_image(self, rgb: np.ndarray) -> session_path.SessionImage:
+        image_id = session_path.image_id(rgb, self.family, self.encoder_model)
+        return session_path.SessionImage(image_id, (int(rgb.shape[0]), int(rgb.shape[1])), rgb)
+
+    def _probe(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
+        return session_path.probe_inputs(session.image_id), (session_path.ENCODED,)
+
+    def _embed(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
+        return session.embed_inputs(self.family), (session_path.ENCODED,)
+
+    def _session_prediction(self, request: _Request, out: dict[str, np.ndarray]) -> Prediction:
+        image = request.image
+        masks, scores = (out[n] for n in request.outputs)
+        prediction = make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
+        assert image.session is not None
+        image.session.remember(request.logits_key, prediction.low_res_logits)
+        return prediction
+
+    async def _decode_on_server(self, request: _Request, request_id: str) -> Prediction:
+        """One click through the session model; re-embeds once if the server lost the image.
+
+        Idempotent (retried when the server is unreachable): a click only (re)writes its own
+        logits key."""
+        transport = self._transport()
+        call = functools.partial(transport.infer, self.session_model, request_id=request_id)
+        try:
+            out = await call(request.inputs, request.outputs, idempotent=True)
+        except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
+            assert request.image.session is not None and request.fallback is not None
+            inputs, outputs = await asyncio.to_thread(self._embed, request.image.session)
+            await call(inputs, outputs, idempotent=True)
+            out = await call(request.fallback, request.outputs, idempotent=True)
+        return self._session_prediction(request, out)
+
+    def _decode_on_server_sync(self, request: _Request) -> Prediction:
+        try:
+            out = self._sync.infer(
+                self.session_model, request.inputs, request.outputs, idempotent=True
+            )
+        except EmbeddingNotFoundError:
+            assert request.image.session is not None and request.fallback is not None
+            self._sync.infer(self.session_model, *self._embed(request.image.session))
+            out = self._sync.infer(
+                self.session_model, request.fallback, request.outputs, idempotent=True
+            )
+        return self._session_prediction(request, out)
+
     async def _decode(self, request: _Request, request_id: str) -> Prediction:
+        if request.image.session is not None:
+            return await self._decode_on_server(request, request_id)
         transport = self._transport()
         image = request.image
         prepared = image.prepared.get(id(transport))
@@ -332,6 +449,7 @@ class SpeculativeSAM2Client:
             request.outputs,
             prepared=prepared,
             request_id=request_id,
+            idempotent=True,
         )
         masks, scores = (out[n] for n in request.outputs)
         return make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
@@ -442,8 +560,10 @@ class SpeculativeSAM2Client:
     ) -> Prediction:
         """Like :meth:`predict_sync`, returning the :class:`Prediction` (with low-res logits)."""
         request = self._request(point_coords, point_labels, box, mask_input, multimask_output)
+        if request.image.session is not None:
+            return self._decode_on_server_sync(request)
         inputs = {**request.image.features, **request.inputs}
-        out = self._sync.infer(self.decoder_model, inputs, request.outputs)
+        out = self._sync.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
         masks, scores = (out[n] for n in request.outputs)
         return make_prediction(masks, scores, request.image.orig_hw, self.family.preprocessing)
 

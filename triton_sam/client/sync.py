@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import prompts
+from triton_sam.client import prompts, session_path
 from triton_sam.client.prediction import Prediction, make_prediction
-from triton_sam.client.transport import Transport, resolve_endpoint
-from triton_sam.errors import ImageNotSetError, ServerUnavailableError
+from triton_sam.client.retry import RetryPolicy
+from triton_sam.client.transport import TlsOptions, Transport, resolve_endpoint
+from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError, ServerUnavailableError
 from triton_sam.models.registry import get_family
 from triton_sam.models.spec import FamilySpec
 
@@ -25,11 +26,23 @@ class SAM2TritonClient:
     Args:
         url: ``host:port`` or ``https://host:port``; defaults to ``$TRITON_URL``, else
             ``localhost:8000`` (HTTP) / ``localhost:8001`` (gRPC).
-        model_type: model family: ``"sam2"`` or ``"sam1"`` (``"sam3"`` when it is added).
+        model_type: model family: ``"sam2"``, ``"sam1"`` or ``"sam3"`` (the SAM3 tracker,
+            exported by triton-sam or imported from onnx-community; the client reads which
+            from the server's decoder).
         protocol: ``"http"`` or ``"grpc"``.
         encoder_model / decoder_model: Triton model names; default to the family's
             (``sam2_encoder`` / ``sam2_decoder``, ``sam1_encoder`` / ``sam1_decoder``).
         timeout_s: per-request timeout in seconds.
+        retry: backoff for idempotent calls (health, encoder, stateless decoder; never
+            calls on server-side state); None uses ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
+        tls: certificates for an ``https://`` server (see README, "Remote use and TLS").
+        use_server_embeddings: keep each image's features on the server (the
+            ``<family>_session`` model): ``set_image`` sends the image once, a click sends
+            the image id and its prompts (a few hundred bytes instead of 4-21 MiB). None
+            (default) uses it when the server offers it; False forces the stateless decoder.
+            A click on an image the server lost (evicted, restarted) re-embeds it and retries
+            once, transparently.
+        session_model: Triton name of the session model (default ``<family>_session``).
 
     Raises:
         UnsupportedModelError: unknown ``model_type``.
@@ -51,18 +64,29 @@ class SAM2TritonClient:
         encoder_model: str | None = None,
         decoder_model: str | None = None,
         timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        tls: TlsOptions | None = None,
+        session_model: str | None = None,
+        use_server_embeddings: bool | None = None,
     ) -> None:
         self.family: FamilySpec = get_family(model_type)
+        self.session_model = session_model or self.family.session_model
+        self.uses_server_embeddings = False
+        self._session: session_path.SessionImage | None = None
         self.model_type = model_type
         self.encoder_model = encoder_model or self.family.encoder_model
         self.decoder_model = decoder_model or self.family.decoder_model
-        self._transport = Transport(resolve_endpoint(url, protocol), timeout_s=timeout_s)
+        self._transport = Transport(
+            resolve_endpoint(url, protocol), timeout_s=timeout_s, retry=retry, tls=tls
+        )
         self._features: dict[str, np.ndarray] | None = None
         self._orig_hw: tuple[int, int] | None = None
         self.last_request_bytes = 0
         self.last_timings_ms: dict[str, float] = {}
         try:
             self._check_ready()
+            self._resolve_layout()
+            self.uses_server_embeddings = self._session_offered(use_server_embeddings)
         except BaseException:
             self.close()
             raise
@@ -82,6 +106,35 @@ class SAM2TritonClient:
                     f"model: {model!r} is not ready on {address}; export it with "
                     f"`triton-sam setup` and check the server log"
                 )
+
+    def _resolve_layout(self) -> None:
+        """Families served under several tensor contracts (SAM3: our export or the imported
+        onnx-community pair): use the one whose decoder inputs the server reports."""
+        if not self.family.alternates:
+            return
+        meta = self._transport.model_metadata(self.decoder_model)
+        names = {t["name"] for t in meta.get("inputs", [])}
+        resolved = prompts.resolve_family(self.family, names)
+        if resolved is not self.family and self.session_model == self.family.session_model:
+            self.session_model = resolved.session_model  # the default one belongs to a layout
+        self.family = resolved
+
+    def _session_offered(self, wanted: bool | None) -> bool:
+        """Whether to keep features on the server (``wanted``; None: if the server offers it)."""
+        if wanted is False:
+            return False
+        try:
+            ready = self._transport.is_model_ready(self.session_model)
+        except ServerUnavailableError:  # unknown model (ModelNotReadyError)
+            ready = False
+        if wanted and not ready:
+            raise ServerUnavailableError(
+                f"model: {self.session_model!r} is not ready on "
+                f"{self._transport.endpoint.address}; rebuild the repository with "
+                "`triton-sam setup` (it writes the session model) or pass "
+                "use_server_embeddings=False"
+            )
+        return ready
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -106,12 +159,15 @@ class SAM2TritonClient:
         """
         self.reset_image()
         rgb = transforms.load_image(image)
+        if self.uses_server_embeddings:
+            self._set_image_on_server(rgb)
+            return
         t0 = time.perf_counter()
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
         t1 = time.perf_counter()
         name = self.family.encoder_inputs[0].name
         self._features = self._transport.infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names
+            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
         )
         t2 = time.perf_counter()
         self._orig_hw = (int(rgb.shape[0]), int(rgb.shape[1]))
@@ -122,11 +178,12 @@ class SAM2TritonClient:
         """Forget the current image and its embeddings."""
         self._features = None
         self._orig_hw = None
+        self._session = None
 
     @property
     def is_image_set(self) -> bool:
         """True once :meth:`set_image` has succeeded."""
-        return self._features is not None
+        return self._features is not None or self._session is not None
 
     @property
     def original_size(self) -> tuple[int, int]:
@@ -136,13 +193,24 @@ class SAM2TritonClient:
         return self._orig_hw
 
     def get_image_embedding(self) -> dict[str, np.ndarray]:
-        """The current image's encoder outputs by name (e.g. ``image_embed`` [1,256,64,64])."""
+        """The current image's encoder outputs by name (e.g. ``image_embed`` [1,256,64,64]).
+
+        With server-side embeddings the features live on the server: the first call runs the
+        stateless encoder once to fetch them (and keeps them for later calls).
+        """
         self._require_image()
+        if self._features is None and self._session is not None:
+            assert self._session.rgb is not None
+            tensor = transforms.preprocess(self._session.rgb, self.family.preprocessing)
+            name = self.family.encoder_inputs[0].name
+            self._features = self._transport.infer(
+                self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
+            )
         assert self._features is not None
         return dict(self._features)
 
     def _require_image(self) -> None:
-        if self._features is None:
+        if self._features is None and self._session is None:
             raise ImageNotSetError("an image must be set with set_image(...) before predict")
 
     # -- decoding --------------------------------------------------------------------
@@ -193,9 +261,13 @@ class SAM2TritonClient:
         """Like :meth:`predict`, returning a :class:`Prediction` that also holds the
         low-resolution logits to pass back as ``mask_input``."""
         self._require_image()
+        if self._session is not None:
+            return self._predict_on_server(
+                point_coords, point_labels, box, mask_input, multimask_output
+            )
         assert self._features is not None and self._orig_hw is not None
         pre = self.family.preprocessing
-        mask_name, score_name = prompts.output_names(multimask_output)
+        names = prompts.output_names(multimask_output, self.family)
         inputs = {
             **self._features,
             **prompts.build_decoder_prompts(
@@ -208,10 +280,76 @@ class SAM2TritonClient:
             ),
         }
         t0 = time.perf_counter()
-        out = self._transport.infer(self.decoder_model, inputs, (mask_name, score_name))
+        out = self._transport.infer(self.decoder_model, inputs, names, idempotent=True)
         t1 = time.perf_counter()
-        prediction = make_prediction(out[mask_name], out[score_name], self._orig_hw, pre)
+        low_res, scores = prompts.select_outputs(out, multimask_output, self.family)
+        prediction = make_prediction(low_res, scores, self._orig_hw, pre)
         t2 = time.perf_counter()
         self.last_request_bytes = sum(a.nbytes for a in inputs.values())
         self.last_timings_ms = {"decode": (t1 - t0) * 1e3, "postprocess": (t2 - t1) * 1e3}
         return prediction
+
+    # -- server-side embeddings (the <family>_session model) --------------------------------
+    def _set_image_on_server(self, rgb: np.ndarray) -> None:
+        """Embed ``rgb`` on the server under its content id (skipped when already there)."""
+        t0 = time.perf_counter()
+        image = session_path.SessionImage(
+            session_path.image_id(rgb, self.family, self.encoder_model),
+            (int(rgb.shape[0]), int(rgb.shape[1])),
+            rgb,
+        )
+        try:  # a probe of a few bytes saves sending the image when the server has it
+            self._session_infer(session_path.probe_inputs(image.image_id), (session_path.ENCODED,))
+            timings = {"probe": (time.perf_counter() - t0) * 1e3}
+        except EmbeddingNotFoundError:
+            t1 = time.perf_counter()
+            inputs = image.embed_inputs(self.family)
+            t2 = time.perf_counter()
+            self._session_infer(inputs, (session_path.ENCODED,))
+            t3 = time.perf_counter()
+            timings = {"probe": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3}
+            timings["encode"] = (t3 - t2) * 1e3
+        self._session, self._orig_hw = image, image.orig_hw
+        self.last_timings_ms = timings
+
+    def _predict_on_server(
+        self, point_coords: Any, point_labels: Any, box: Any, mask_input: Any, multimask: bool
+    ) -> Prediction:
+        """One click through the session model; re-embeds once if the server lost the image."""
+        image = self._session
+        assert image is not None
+        outputs = prompts.output_names(multimask)
+        decoder_prompts = prompts.build_decoder_prompts(
+            point_coords=point_coords,
+            point_labels=point_labels,
+            box=box,
+            mask_input=mask_input,
+            orig_hw=image.orig_hw,
+            family=self.family,
+        )
+        key, inputs, fallback = image.click_inputs(decoder_prompts, mask_input)
+        t0 = time.perf_counter()
+        try:
+            out = self._session_infer(inputs, outputs)
+        except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
+            self._session_infer(image.embed_inputs(self.family), (session_path.ENCODED,))
+            inputs = fallback
+            out = self._session_infer(inputs, outputs)
+        t1 = time.perf_counter()
+        prediction = make_prediction(
+            out[outputs[0]], out[outputs[1]], image.orig_hw, self.family.preprocessing
+        )
+        image.remember(key, prediction.low_res_logits)
+        t2 = time.perf_counter()
+        self.last_timings_ms = {"decode": (t1 - t0) * 1e3, "postprocess": (t2 - t1) * 1e3}
+        return prediction
+
+    def _session_infer(
+        self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
+    ) -> dict[str, np.ndarray]:
+        # Idempotent: embed and probe are, and a click only (re)writes its own logits key.
+        out = self._transport.infer(self.session_model, inputs, outputs, idempotent=True)
+        self.last_request_bytes = session_path.request_bytes(
+            self._transport.endpoint.protocol, self.session_model, inputs, outputs
+        )
+        return out

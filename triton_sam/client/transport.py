@@ -9,21 +9,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from triton_sam.errors import (
+    EmbeddingNotFoundError,
     InferenceTimeoutError,
     InputValidationError,
+    InvalidRequestError,
+    ModelNotReadyError,
     RequestCancelledError,
     ServerError,
+    ServerOverloadedError,
     ServerUnavailableError,
 )
 
 Protocol = Literal["http", "grpc"]
+# Start of the session model's error for an image id it does not hold (session_model.py).
+EMBEDDING_MISS_MARKER = "triton_sam.EmbeddingNotFound"
+# Triton's messages (2.51) for a request rejected by the queue policy (max_queue_size,
+# default_timeout_microseconds with timeout_action REJECT), lowercased.
+_OVERLOAD_MESSAGES = ("exceeds maximum queue size", "request timeout expired")
+# "Request for unknown model: 'm' is not found" / "... has no available versions" /
+# "... version 1 is not at ready state".
+_UNKNOWN_MODEL = re.compile(r"[Rr]equest for unknown model: '(?P<model>[^']+)'")
+# Connection lost mid-request, as geventhttpclient (sync HTTP) and aiohttp name it; neither is
+# an OSError.
+_DISCONNECTED = frozenset({"HTTPConnectionClosed", "ServerDisconnectedError"})
+# Triton's own input checks (HTTP answers them with status 400 and no gRPC status name).
+_INVALID_MESSAGES = (
+    "unexpected shape",
+    "unexpected datatype",
+    "data-type is",
+    "unexpected inference input",
+    "unexpected inference output",
+    "missing required input",
+    "onnxruntime failed",
+)
 DEFAULT_PORTS: dict[str, int] = {"http": 8000, "grpc": 8001}
 
 _NUMPY_TO_TRITON = {
@@ -33,6 +60,7 @@ _NUMPY_TO_TRITON = {
     "int64": "INT64",
     "uint8": "UINT8",
     "bool": "BOOL",
+    "object": "BYTES",  # numpy object arrays of bytes (the session model's image_id)
 }
 
 
@@ -84,12 +112,31 @@ def translate_error(e: Exception, *, what: str) -> Exception:
     if isinstance(e, InferenceServerException):
         status = str(e.status() or "")
         message = e.message() or str(e)
+        lowered = message.lower()
+        if EMBEDDING_MISS_MARKER in message:
+            return EmbeddingNotFoundError(f"{what}: {message}")
         if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
             return InferenceTimeoutError(f"{what}: timed out ({message})")
         if "CANCELLED" in status or "Cancelled" in message:
             return RequestCancelledError(f"{what}: cancelled ({message})")
-        if "UNAVAILABLE" in status or "failed to connect" in message.lower():
+        if any(needle in lowered for needle in _OVERLOAD_MESSAGES):
+            return ServerOverloadedError(
+                f"{what}: the server is overloaded and rejected the request ({message}); "
+                "retry later, lower the request rate, or raise the model's max_queue_size"
+            )
+        match = _UNKNOWN_MODEL.search(message)
+        if match is not None:
+            name = match["model"]
+            return ModelNotReadyError(
+                name,
+                f"model: {name!r} is not loaded or not ready on the server ({what}: {message}); "
+                "check `curl <server>/v2/models/<model>/ready` and the server log",
+            )
+        if "UNAVAILABLE" in status or "failed to connect" in lowered:
             return ServerUnavailableError(f"{what}: server unavailable ({message})")
+        invalid = status in ("400", "StatusCode.INVALID_ARGUMENT")  # HTTP 400 / gRPC
+        if invalid or any(n in lowered for n in _INVALID_MESSAGES):
+            return InvalidRequestError(f"{what}: the server rejected the request: {message}")
         return ServerError(f"{what}: server error: {message}")
     # asyncio.TimeoutError is not the builtin TimeoutError before Python 3.11
     if isinstance(e, TimeoutError | asyncio.TimeoutError) or type(e).__name__ in {
@@ -97,8 +144,8 @@ def translate_error(e: Exception, *, what: str) -> Exception:
         "Timeout",
     }:
         return InferenceTimeoutError(f"{what}: timed out ({e})")
-    if isinstance(e, ConnectionError | OSError):
-        return ServerUnavailableError(f"{what}: cannot reach the server ({e})")
+    if isinstance(e, ConnectionError | OSError) or type(e).__name__ in _DISCONNECTED:
+        return ServerUnavailableError(f"{what}: cannot reach the server ({type(e).__name__}: {e})")
     return ServerError(f"{what}: {type(e).__name__}: {e}")
 
 
@@ -115,40 +162,131 @@ def _from_grpc(e: Exception) -> Exception:
     return e
 
 
+@dataclass(frozen=True)
+class TlsOptions:
+    """Client-side TLS for a server behind TLS (``https://`` / ``grpcs://`` URLs).
+
+    Attributes:
+        root_certificates: PEM file of the CA that signed the server's certificate (None:
+            the system's trust store).
+        private_key / certificate_chain: PEM files of a client certificate, for servers
+            that require mutual TLS (``--grpc-use-ssl-mutual``).
+        insecure: HTTP only: skip verifying the server's certificate (testing only).
+    """
+
+    root_certificates: str | None = None
+    private_key: str | None = None
+    certificate_chain: str | None = None
+    insecure: bool = False
+
+    def http_options(self) -> dict[str, Any]:
+        """``ssl_options`` / ``insecure`` for ``tritonclient.http`` (geventhttpclient)."""
+        files = {
+            "ca_certs": self.root_certificates,
+            "certfile": self.certificate_chain,
+            "keyfile": self.private_key,
+        }
+        return {
+            "ssl_options": {k: v for k, v in files.items() if v} or None,
+            "insecure": self.insecure,
+        }
+
+    def grpc_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``tritonclient.grpc`` (sync and aio): file paths."""
+        return {
+            "root_certificates": self.root_certificates,
+            "private_key": self.private_key,
+            "certificate_chain": self.certificate_chain,
+        }
+
+    def ssl_context(self) -> Any:
+        """An ``ssl.SSLContext`` for ``tritonclient.http.aio`` (aiohttp)."""
+        import ssl
+
+        context = ssl.create_default_context(cafile=self.root_certificates)
+        if self.certificate_chain:
+            context.load_cert_chain(self.certificate_chain, self.private_key)
+        if self.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
 class Transport:
     """Synchronous inference over HTTP or gRPC with numpy in and out.
 
     Args:
         endpoint: where the server is.
         timeout_s: per-request timeout (connect + network for HTTP, deadline for gRPC).
+        retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
+            uses ``DEFAULT_RETRY``, ``NO_RETRY`` turns retries off.
+        tls: certificates for an ``https://`` endpoint (None: the system's trust store).
     """
 
-    def __init__(self, endpoint: Endpoint, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        tls: TlsOptions | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.retry = DEFAULT_RETRY if retry is None else retry
+        self.tls = tls or TlsOptions()
+        self._client, self._module = self._connect()
+
+    def _connect(self) -> tuple[Any, Any]:
+        endpoint = self.endpoint
         try:
             if endpoint.protocol == "http":
                 import tritonclient.http as module
 
-                self._client: Any = module.InferenceServerClient(
+                tls = self.tls.http_options() if endpoint.ssl else {}
+                client: Any = module.InferenceServerClient(
                     endpoint.address,
                     ssl=endpoint.ssl,
-                    connection_timeout=timeout_s,
-                    network_timeout=timeout_s,
+                    connection_timeout=self.timeout_s,
+                    network_timeout=self.timeout_s,
+                    **tls,
                 )
             else:
                 import tritonclient.grpc as module
 
-                self._client = module.InferenceServerClient(endpoint.address, ssl=endpoint.ssl)
+                tls = self.tls.grpc_options() if endpoint.ssl else {}
+                client = module.InferenceServerClient(endpoint.address, ssl=endpoint.ssl, **tls)
         except Exception as e:
             raise translate_error(e, what=f"connect to {endpoint.address}") from e
-        self._module = module
+        return client, module
+
+    def reconnect(self) -> None:
+        """Drop the connection(s) and open fresh ones (after a server restart: a pooled
+        HTTP connection is dead, and a gRPC channel may sit in reconnect backoff)."""
+        old = self._client
+        with contextlib.suppress(Exception):
+            old.close()
+        self._client, self._module = self._connect()
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as e:
             raise translate_error(e, what=what) from e
+
+    def _idempotent(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``self._client.<method>(...)``, retried per :attr:`retry` (looked up anew after a
+        reconnect)."""
+        return call_with_retry(
+            lambda: self._call(what, getattr(self._client, method), *args, **kwargs),
+            self.retry,
+            deadline_s=self.timeout_s,
+            before_retry=self._reconnect_quietly,
+        )
+
+    def _reconnect_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # the next attempt reports what is wrong
+            self.reconnect()
 
     def is_server_ready(self) -> bool:
         """True when the server answers and reports ready; False when unreachable."""
@@ -159,11 +297,11 @@ class Transport:
 
     def is_model_ready(self, model: str) -> bool:
         """True when ``model`` is loaded and ready."""
-        return bool(self._call(f"readiness of {model}", self._client.is_model_ready, model))
+        return bool(self._idempotent(f"readiness of {model}", "is_model_ready", model))
 
     def model_metadata(self, model: str) -> dict[str, Any]:
         """The model's metadata (inputs/outputs with shapes and datatypes) as a dict."""
-        meta = self._call(f"metadata of {model}", self._client.get_model_metadata, model)
+        meta = self._idempotent(f"metadata of {model}", "get_model_metadata", model)
         if self.endpoint.protocol == "grpc":
             from google.protobuf.json_format import MessageToDict
 
@@ -175,22 +313,36 @@ class Transport:
         model: str,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
+        *,
+        idempotent: bool = False,
     ) -> dict[str, np.ndarray]:
-        """Run ``model`` on ``inputs`` and return the requested ``outputs`` by name."""
+        """Run ``model`` on ``inputs`` and return the requested ``outputs`` by name.
+
+        Args:
+            model: Triton model name.
+            inputs: tensors by name.
+            outputs: output names to request.
+            idempotent: the call may safely run twice (encoder, stateless decoder): retry it
+                per :attr:`retry` when the server is unreachable. False never retries.
+
+        Raises:
+            TritonSamError: the translated error (see :func:`translate_error`).
+        """
         infer_inputs = build_infer_inputs(self._module, inputs, http=self._is_http)
         requested = [
             self._module.InferRequestedOutput(n, **({"binary_data": True} if self._is_http else {}))
             for n in outputs
         ]
         kwargs: dict[str, Any] = {} if self._is_http else {"client_timeout": self.timeout_s}
-        result = self._call(
-            f"infer on {model}",
-            self._client.infer,
-            model,
-            infer_inputs,
-            outputs=requested,
-            **kwargs,
-        )
+        what = f"infer on {model}"
+        if idempotent:
+            result = self._idempotent(
+                what, "infer", model, infer_inputs, outputs=requested, **kwargs
+            )
+        else:
+            result = self._call(
+                what, self._client.infer, model, infer_inputs, outputs=requested, **kwargs
+            )
         return {n: result.as_numpy(n) for n in outputs}
 
     @property

@@ -75,6 +75,14 @@ class RepositoryOptions:
             a volume there to keep engines (minutes to build) across restarts.
         warmup: have Triton run one zero-filled batch-1 request per model at load time.
         intra_op_threads: onnxruntime intra-op threads per instance; 0 keeps ORT's default.
+        encoder_max_queue_size / decoder_max_queue_size: requests a model's queue holds;
+            beyond it Triton rejects new ones at once ("Exceeds maximum queue size": the
+            clients raise ``ServerOverloadedError``) instead of letting them pile up.
+            Each queued request holds its tensors (a SAM2 decoder request carries ~16 MiB of
+            embeddings), so this also bounds the server's memory. 0 = unbounded.
+        encoder_queue_timeout_us / decoder_queue_timeout_us: longest wait in the queue
+            before Triton rejects the request (a backstop; clients may ask for less per
+            request, ``allow_timeout_override``). 0 = no timeout.
     """
 
     target: Target = "onnxruntime"
@@ -87,6 +95,10 @@ class RepositoryOptions:
     trt_engine_cache_path: str = "/tmp/triton_sam_trt_cache"
     warmup: bool = False
     intra_op_threads: int = 0
+    encoder_max_queue_size: int = 16
+    decoder_max_queue_size: int = 64
+    encoder_queue_timeout_us: int = 60_000_000
+    decoder_queue_timeout_us: int = 10_000_000
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, TARGETS)
@@ -95,6 +107,13 @@ class RepositoryOptions:
             _check_int(field, getattr(self, field), minimum=1)
         _check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
         _check_int("intra_op_threads", self.intra_op_threads, minimum=0)
+        for graph in GRAPHS:
+            _check_int(
+                f"{graph}_max_queue_size", getattr(self, f"{graph}_max_queue_size"), minimum=0
+            )
+            _check_int(
+                f"{graph}_queue_timeout_us", getattr(self, f"{graph}_queue_timeout_us"), minimum=0
+            )
         if self.tensorrt_fp16 and self.target != "onnxruntime":
             raise InputValidationError(
                 "tensorrt_fp16",
@@ -164,6 +183,7 @@ def build_config(
     # batcher; the default scheduler hands requests straight to the backend. Speculative
     # clients depend on this, so every model gets one.
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    _set_queue_policy(config, options, graph)
     if options.target == "onnxruntime":
         _set_onnxruntime(config, options)
     else:
@@ -258,6 +278,21 @@ def _graph_tensors(
 
 def _tensor(spec: TensorSpec, message: type) -> object:
     return message(name=spec.name, data_type=triton_dtype(spec.dtype), dims=list(spec.shape))
+
+
+def _set_queue_policy(config: ModelConfig, options: RepositoryOptions, graph: Graph) -> None:
+    """Bound the queue so overload is rejected quickly instead of piling up (REJECT)."""
+    size = getattr(options, f"{graph}_max_queue_size")
+    timeout_us = getattr(options, f"{graph}_queue_timeout_us")
+    if not size and not timeout_us:
+        return
+    policy = config.dynamic_batching.default_queue_policy
+    policy.timeout_action = model_config_pb2.ModelQueuePolicy.REJECT
+    policy.allow_timeout_override = True
+    if size:
+        policy.max_queue_size = size
+    if timeout_us:
+        policy.default_timeout_microseconds = timeout_us
 
 
 def _set_onnxruntime(config: ModelConfig, options: RepositoryOptions) -> None:

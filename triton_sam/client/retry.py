@@ -1,0 +1,146 @@
+"""Retries with exponential backoff, for idempotent calls only.
+
+Policy:
+
+- **What is retried**: calls that can run twice without changing the result: health and
+  metadata queries, the encoder, and the stateless decoder (embeddings + prompts in, masks
+  out). The transports retry only when the caller says a call is idempotent; a call on
+  server-side state (e.g. a session that accumulates prompts) is never retried.
+- **On which errors**: only when the request cannot have been answered: the server cannot be
+  reached or refused it as unavailable (:class:`~triton_sam.errors.ServerUnavailableError`,
+  which includes :class:`~triton_sam.errors.ServerOverloadedError`). Never on a validation
+  error (ours or the server's), a timeout (the per-request timeout is the caller's budget), a
+  cancellation, an unknown or unloaded model (:class:`~triton_sam.errors.ModelNotReadyError`:
+  waiting will not load it), or any other server error.
+- **How**: attempt ``n`` (from 1) waits ``initial_backoff_s * multiplier ** (n - 1)``, capped
+  at ``max_backoff_s``, with up to ``jitter`` of it added at random so that many clients do not
+  retry in lockstep. The transport reconnects (a fresh connection, see
+  ``Transport.reconnect``) before each retry, so a restarted server is reached at once.
+  No retry starts once the total time would exceed ``deadline_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from triton_sam.errors import InputValidationError, ModelNotReadyError, ServerUnavailableError
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How idempotent calls are retried (see the module docstring).
+
+    Attributes:
+        max_attempts: attempts in all, the first included (1 = no retry).
+        initial_backoff_s: wait before the first retry.
+        multiplier: factor between consecutive waits.
+        max_backoff_s: longest single wait.
+        jitter: fraction of each wait added at random (0 = none).
+        deadline_s: no retry starts after this many seconds since the first attempt
+            (None: the transport's per-request timeout).
+    """
+
+    max_attempts: int = 4
+    initial_backoff_s: float = 0.2
+    multiplier: float = 2.0
+    max_backoff_s: float = 2.0
+    jitter: float = 0.1
+    deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise InputValidationError(
+                "max_attempts", f"got {self.max_attempts!r}, expected an integer >= 1"
+            )
+        for field in ("initial_backoff_s", "max_backoff_s", "jitter"):
+            if not getattr(self, field) >= 0:
+                raise InputValidationError(field, f"got {getattr(self, field)!r}, expected >= 0")
+        if not self.multiplier >= 1:
+            raise InputValidationError("multiplier", f"got {self.multiplier!r}, expected >= 1")
+
+    def backoff_s(self, retry: int) -> float:
+        """Wait before retry number ``retry`` (1 = the first retry), without jitter."""
+        return min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (retry - 1))
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+DEFAULT_RETRY = RetryPolicy()
+
+
+def is_retryable(error: BaseException) -> bool:
+    """True for errors that mean the request was not answered (see the module docstring)."""
+    return isinstance(error, ServerUnavailableError) and not isinstance(error, ModelNotReadyError)
+
+
+def _wait_s(policy: RetryPolicy, retry: int, started: float, deadline_s: float | None) -> float:
+    """Seconds to wait before ``retry``, or -1 when no retry may start."""
+    wait = policy.backoff_s(retry) * (1 + policy.jitter * random.random())
+    limit = policy.deadline_s if policy.deadline_s is not None else deadline_s
+    if limit is not None and time.monotonic() - started + wait > limit:
+        return -1.0
+    return wait
+
+
+def call_with_retry(
+    fn: Callable[[], _T],
+    policy: RetryPolicy,
+    *,
+    deadline_s: float | None = None,
+    before_retry: Callable[[], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> _T:
+    """Call ``fn``; on a retryable error, wait, call ``before_retry`` and try again.
+
+    Args:
+        fn: the idempotent call.
+        policy: attempts and backoff.
+        deadline_s: default for ``policy.deadline_s`` (the transport's timeout).
+        before_retry: e.g. reconnect; its own errors are left to the next attempt.
+        sleep: injectable for tests.
+
+    Raises:
+        The last error of ``fn`` (unchanged) once attempts or time run out, or at once for a
+        non-retryable error.
+    """
+    started = time.monotonic()
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            return fn()
+        except Exception as e:
+            wait = _wait_s(policy, attempt, started, deadline_s)
+            if not is_retryable(e) or attempt == policy.max_attempts or wait < 0:
+                raise
+        sleep(wait)
+        if before_retry is not None:
+            before_retry()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def acall_with_retry(
+    fn: Callable[[], Awaitable[_T]],
+    policy: RetryPolicy,
+    *,
+    deadline_s: float | None = None,
+    before_retry: Callable[[], Awaitable[None]] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> _T:
+    """The asyncio twin of :func:`call_with_retry`; cancellation propagates untouched."""
+    started = time.monotonic()
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            return await fn()
+        except Exception as e:  # never BaseException: CancelledError passes
+            wait = _wait_s(policy, attempt, started, deadline_s)
+            if not is_retryable(e) or attempt == policy.max_attempts or wait < 0:
+                raise
+        await sleep(wait)
+        if before_retry is not None:
+            await before_retry()
+    raise AssertionError("unreachable")  # pragma: no cover
