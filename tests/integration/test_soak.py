@@ -26,10 +26,17 @@ CLIENT_GROWTH_MIB = 300
 SERVER_GROWTH_MIB = 500
 
 
-@pytest.fixture(scope="module")
-def report(sam2_tiny_server):
+@pytest.fixture(scope="module", params=["server_embeddings", "stateless"])
+def report(request, sam2_tiny_server):
+    """Both paths: the clients' default (features kept by ``sam2_session``) and the
+    stateless one (every click carries ~16 MiB of features)."""
     settings = SoakSettings(
-        sessions=SESSIONS, duration_s=DURATION_S, warmup_s=WARMUP_S, images=2, timeout_s=120
+        sessions=SESSIONS,
+        duration_s=DURATION_S,
+        warmup_s=WARMUP_S,
+        images=2,
+        timeout_s=120,
+        server_embeddings=request.param == "server_embeddings",
     )
     return run_soak_on_server(
         sam2_tiny_server.grpc_url, settings=settings, server_pid=sam2_tiny_server.pid

@@ -14,7 +14,6 @@ short run's time on the decoder, where interactive load is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import threading
@@ -46,7 +45,7 @@ class SoakSettings:
         warmup_s: prompting before memory growth is measured (pools and arenas of the
             server grow to the load's batch sizes first); counted in the requests.
         server_embeddings: keep the embeddings on the server (the ``<family>_session``
-            model) where the client and server offer it; False (default) measures the
+            model, the clients' default) where the server offers it; False measures the
             stateless path, where each request carries the embeddings.
     """
 
@@ -56,7 +55,7 @@ class SoakSettings:
     encode_every: int = 0
     sample_every_s: float = 0.5
     timeout_s: float = 120.0
-    server_embeddings: bool = False
+    server_embeddings: bool = True
     warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -318,8 +317,7 @@ async def run_soak(
                 if embeddings[k] is None:
                     continue
                 if clients[i].uses_server_embeddings:  # the server has it: a probe, no upload
-                    with contextlib.suppress(_Failed):  # counted; that session cannot prompt
-                        await _record(report, clients[i].set_image_async(pictures[k]))
+                    await _encode(clients[i], pictures[k], report, gate)
                 else:
                     clients[i].set_image_embedding(embeddings[k], pictures[k].shape[:2])
             # a session whose image failed to encode (a counted failure) cannot prompt
