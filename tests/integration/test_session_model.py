@@ -130,11 +130,10 @@ def wire_bytes_of_click(proxy: CountingProxy, client, **prompt) -> int:
 
 # -- bytes on the wire -------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-@pytest.mark.parametrize("family", ["sam2", "sam1"])
+@pytest.mark.parametrize("family", ["sam2", "sam1", "sam3"])
 def test_a_click_is_at_most_4_kib_on_the_wire(family, protocol, request):
-    server = request.getfixturevalue(
-        "sam2_tiny_server" if family == "sam2" else "sam1_vit_b_server"
-    )
+    servers = {"sam2": "sam2_tiny_server", "sam1": "sam1_vit_b_server", "sam3": "sam3_server"}
+    server = request.getfixturevalue(servers[family])
     address = server.grpc_address if protocol == "grpc" else server.http_address
     proxy = CountingProxy(address)
     prompt = PROMPTS["box_and_click"]
