@@ -282,6 +282,14 @@ def check_cmd(
 
 
 @app.command("demo")
+def _size(n: int) -> str:
+    """Bytes for people: a click's few hundred bytes must not print as 0.00 MiB."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
 def demo_cmd(
     model: Annotated[str, typer.Option(help="Variant to run.")] = "sam2.1_hiera_tiny",
     protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
@@ -300,7 +308,7 @@ def demo_cmd(
     for stage, ms in report.latency_ms.items():
         typer.echo(f"  {stage:28s} {ms:8.1f} ms")
     for what, n in report.request_bytes.items():
-        typer.echo(f"  bytes sent {what:17s} {n / 2**20:8.2f} MiB")
+        typer.echo(f"  bytes sent {what:17s} {_size(n):>12s}")
     for name, n in report.onnx_bytes.items():
         typer.echo(f"  onnx {name:23s} {n / 2**20:8.1f} MiB")
     typer.echo(f"  overlay: {report.overlay}")

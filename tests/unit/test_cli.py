@@ -125,3 +125,9 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make demo" in readme
     assert "make test" in ci and "make demo" in ci
+
+
+def test_demo_prints_sizes_in_a_readable_unit():
+    from triton_sam.cli import _size
+
+    assert [_size(n) for n in (367, 4096, 12 * 2**20)] == ["367 B", "4.00 KiB", "12.00 MiB"]
