@@ -219,3 +219,29 @@ def test_transforms_match_sam3_tracker_processor_exactly(hw):
     np.testing.assert_array_equal(coords, ref["input_points"][0, 0].numpy())
     corners = transforms.transform_boxes(np.array([box]), (h, w), PREPROCESSING)
     np.testing.assert_array_equal(corners.reshape(1, 4), ref["input_boxes"][0].numpy())
+
+
+@pytest.mark.parametrize("layout", ["ours", "onnx_community"])
+def test_speculative_client_talks_to_either_layout(sam3_server, upstream, layout):
+    """The async client resolves the layout like the sync one, on both paths it takes."""
+    import asyncio
+
+    from triton_sam.client import SpeculativeSAM2Client
+
+    models = {}
+    if layout == "onnx_community":
+        models = dict(encoder_model="sam3c_encoder", decoder_model="sam3c_decoder")
+    kwargs = dict(PROMPTS["box_and_click"], multimask_output=True)
+
+    async def main():
+        async with SpeculativeSAM2Client(sam3_server.grpc_url, model_type="sam3", **models) as c:
+            await c.set_image_async(IMAGE)
+            _, task = await c.predict_async(session_id="s", **kwargs)
+            return c.family.prompt_layout, await task, c.predict_full_sync(**kwargs)
+
+    prompt_layout, streamed, direct = asyncio.run(main())
+    assert prompt_layout == ("point_list" if layout == "ours" else "hf_points_boxes")
+    ref = upstream.predict(**kwargs)
+    assert_same(direct, *ref)
+    np.testing.assert_allclose(streamed[0], direct.masks, atol=LOGIT_ATOL, rtol=0)
+    np.testing.assert_allclose(streamed[1], direct.iou_predictions, atol=SCORE_ATOL, rtol=0)

@@ -8,6 +8,7 @@ SAM2, box corners (labels 2, 3) first, then clicks, then one padding point (labe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -253,6 +254,26 @@ def resolve_family(family: FamilySpec, decoder_inputs: set[str]) -> FamilySpec:
         f"model_type: the server's decoder takes {sorted(decoder_inputs)}; "
         f"{family.family!r} expects one of {expected}"
     )
+
+
+def layout_on_server(
+    family: FamilySpec, session_model: str, decoder_inputs: Callable[[], set[str]]
+) -> tuple[FamilySpec, str]:
+    """(family, session model) for the tensor contract the server's decoder has.
+
+    Families served under several contracts (SAM3: our export or the imported onnx-community
+    pair) are resolved with ``decoder_inputs()`` (the names the server reports; only asked
+    for such families); the default session model follows the resolved layout.
+
+    Raises:
+        UnsupportedModelError: the server's decoder matches none of them.
+    """
+    if not family.alternates:
+        return family, session_model
+    resolved = resolve_family(family, decoder_inputs())
+    if resolved is not family and session_model == family.session_model:
+        session_model = resolved.session_model
+    return resolved, session_model
 
 
 def _point_list_outputs(multimask: bool) -> tuple[str, str]:

@@ -66,6 +66,7 @@ class _Request:
     image: _Image
     inputs: dict[str, np.ndarray]
     outputs: tuple[str, str]
+    multimask: bool = False
     logits_key: str = ""  # session path: where the server keeps this click's logits
     fallback: dict[str, np.ndarray] | None = None  # session path: the request after a miss
 
@@ -142,6 +143,9 @@ class SpeculativeSAM2Client:
         self._closed = False
         try:
             self._check_ready()
+            self.family, self.session_model = prompts.layout_on_server(
+                self.family, self.session_model, self._decoder_input_names
+            )
             self.uses_server_embeddings = self._session_offered(use_server_embeddings)
         except BaseException:
             self.close()
@@ -164,6 +168,10 @@ class SpeculativeSAM2Client:
                     f"model: {model!r} is not ready on {address}; export it with "
                     "`triton-sam setup` and check the server log"
                 )
+
+    def _decoder_input_names(self) -> set[str]:
+        meta = self._sync.model_metadata(self.decoder_model)
+        return {t["name"] for t in meta.get("inputs", [])}
 
     def _session_offered(self, wanted: bool | None) -> bool:
         """Whether to keep features on the server (``wanted``; None: if the server offers it)."""
@@ -371,7 +379,7 @@ class SpeculativeSAM2Client:
     ) -> _Request:
         """Validate prompts and build the decoder request (raises before anything is sent)."""
         image = self._require_image()
-        outputs = prompts.output_names(multimask)
+        outputs = prompts.output_names(multimask, self.family)
         inputs = prompts.build_decoder_prompts(
             point_coords=point_coords,
             point_labels=point_labels,
@@ -382,8 +390,8 @@ class SpeculativeSAM2Client:
         )
         if image.session is not None:
             key, click, fallback = image.session.click_inputs(inputs, mask_input)
-            return _Request(image, click, outputs, logits_key=key, fallback=fallback)
-        return _Request(image, inputs, outputs)
+            return _Request(image, click, outputs, multimask, logits_key=key, fallback=fallback)
+        return _Request(image, inputs, outputs, multimask)
 
     # -- server-side embeddings (the <family>_session model) ------------------------------
     def _session_image(self, rgb: np.ndarray) -> session_path.SessionImage:
@@ -398,7 +406,7 @@ class SpeculativeSAM2Client:
 
     def _session_prediction(self, request: _Request, out: dict[str, np.ndarray]) -> Prediction:
         image = request.image
-        masks, scores = (out[n] for n in request.outputs)
+        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
         prediction = make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
         assert image.session is not None
         image.session.remember(request.logits_key, prediction.low_res_logits)
@@ -451,7 +459,7 @@ class SpeculativeSAM2Client:
             request_id=request_id,
             idempotent=True,
         )
-        masks, scores = (out[n] for n in request.outputs)
+        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
         return make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
 
     # -- the reference API -----------------------------------------------------------------
@@ -564,7 +572,7 @@ class SpeculativeSAM2Client:
             return self._decode_on_server_sync(request)
         inputs = {**request.image.features, **request.inputs}
         out = self._sync.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
-        masks, scores = (out[n] for n in request.outputs)
+        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
         return make_prediction(masks, scores, request.image.orig_hw, self.family.preprocessing)
 
     def cancel_session_requests(self, session_id: str, *, keep_latest: bool = True) -> int:

@@ -110,14 +110,13 @@ class SAM2TritonClient:
     def _resolve_layout(self) -> None:
         """Families served under several tensor contracts (SAM3: our export or the imported
         onnx-community pair): use the one whose decoder inputs the server reports."""
-        if not self.family.alternates:
-            return
+        self.family, self.session_model = prompts.layout_on_server(
+            self.family, self.session_model, self._decoder_input_names
+        )
+
+    def _decoder_input_names(self) -> set[str]:
         meta = self._transport.model_metadata(self.decoder_model)
-        names = {t["name"] for t in meta.get("inputs", [])}
-        resolved = prompts.resolve_family(self.family, names)
-        if resolved is not self.family and self.session_model == self.family.session_model:
-            self.session_model = resolved.session_model  # the default one belongs to a layout
-        self.family = resolved
+        return {t["name"] for t in meta.get("inputs", [])}
 
     def _session_offered(self, wanted: bool | None) -> bool:
         """Whether to keep features on the server (``wanted``; None: if the server offers it)."""
