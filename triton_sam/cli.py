@@ -281,7 +281,6 @@ def check_cmd(
         )
 
 
-@app.command("demo")
 def _size(n: int) -> str:
     """Bytes for people: a click's few hundred bytes must not print as 0.00 MiB."""
     for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
@@ -290,6 +289,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+@app.command("demo")
 def demo_cmd(
     model: Annotated[str, typer.Option(help="Variant to run.")] = "sam2.1_hiera_tiny",
     protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
