@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.client.transport import Transport
+from triton_sam.errors import ServerUnavailableError
 from triton_sam.models.spec import FamilySpec
 
 IMAGE_ID = "image_id"
@@ -225,3 +227,25 @@ def request_bytes(
         parameters=None,
     )
     return request.ByteSize()
+
+
+def session_offered(transport: Transport, session_model: str, wanted: bool | None) -> bool:
+    """Whether a client keeps features on the server: ``wanted``, or (None) whether the
+    server has ``session_model`` ready.
+
+    Raises:
+        ServerUnavailableError: ``wanted`` is True and the server has no such model.
+    """
+    if wanted is False:
+        return False
+    try:
+        ready = transport.is_model_ready(session_model)
+    except ServerUnavailableError:  # unknown model (ModelNotReadyError)
+        ready = False
+    if wanted and not ready:
+        raise ServerUnavailableError(
+            f"model: {session_model!r} is not ready on {transport.endpoint.address}; "
+            "rebuild the repository with `triton-sam setup` (it writes the session model) "
+            "or pass use_server_embeddings=False"
+        )
+    return ready

@@ -146,7 +146,9 @@ class SpeculativeSAM2Client:
             self.family, self.session_model = prompts.layout_on_server(
                 self.family, self.session_model, self._decoder_input_names
             )
-            self.uses_server_embeddings = self._session_offered(use_server_embeddings)
+            self.uses_server_embeddings = session_path.session_offered(
+                self._sync, self.session_model, use_server_embeddings
+            )
         except BaseException:
             self.close()
             raise
@@ -172,22 +174,6 @@ class SpeculativeSAM2Client:
     def _decoder_input_names(self) -> set[str]:
         meta = self._sync.model_metadata(self.decoder_model)
         return {t["name"] for t in meta.get("inputs", [])}
-
-    def _session_offered(self, wanted: bool | None) -> bool:
-        """Whether to keep features on the server (``wanted``; None: if the server offers it)."""
-        if wanted is False:
-            return False
-        try:
-            ready = self._sync.is_model_ready(self.session_model)
-        except ServerUnavailableError:  # unknown model (ModelNotReadyError)
-            ready = False
-        if wanted and not ready:
-            raise ServerUnavailableError(
-                f"model: {self.session_model!r} is not ready on {self.endpoint.address}; "
-                "rebuild the repository with `triton-sam setup` (it writes the session model) "
-                "or pass use_server_embeddings=False"
-            )
-        return ready
 
     async def __aenter__(self) -> SpeculativeSAM2Client:
         try:

@@ -86,7 +86,9 @@ class SAM2TritonClient:
         try:
             self._check_ready()
             self._resolve_layout()
-            self.uses_server_embeddings = self._session_offered(use_server_embeddings)
+            self.uses_server_embeddings = session_path.session_offered(
+                self._transport, self.session_model, use_server_embeddings
+            )
         except BaseException:
             self.close()
             raise
@@ -117,23 +119,6 @@ class SAM2TritonClient:
     def _decoder_input_names(self) -> set[str]:
         meta = self._transport.model_metadata(self.decoder_model)
         return {t["name"] for t in meta.get("inputs", [])}
-
-    def _session_offered(self, wanted: bool | None) -> bool:
-        """Whether to keep features on the server (``wanted``; None: if the server offers it)."""
-        if wanted is False:
-            return False
-        try:
-            ready = self._transport.is_model_ready(self.session_model)
-        except ServerUnavailableError:  # unknown model (ModelNotReadyError)
-            ready = False
-        if wanted and not ready:
-            raise ServerUnavailableError(
-                f"model: {self.session_model!r} is not ready on "
-                f"{self._transport.endpoint.address}; rebuild the repository with "
-                "`triton-sam setup` (it writes the session model) or pass "
-                "use_server_embeddings=False"
-            )
-        return ready
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
