@@ -5,17 +5,24 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+# Free disk the install needs (venv ~6.2 GB + pip's unpacking at its peak); see check_disk.sh.
+NEED_GB ?= 8
+
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
 .PHONY: install demo test test-fast lint clean perf-analyzer
 
+# --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
+PIP := $(BIN)/python -m pip install -q --no-cache-dir
+
 $(STAMP): pyproject.toml Makefile
+	@bash scripts/check_disk.sh $(dir $(abspath $(VENV))) $(NEED_GB)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e ".[export,serve,bench,dev]"
+	$(PIP) --upgrade pip setuptools wheel
+	$(PIP) -e ".[export,serve,bench,dev]"
 	# sam2 is an sdist whose build imports torch: build it against the torch just installed,
 	# without its optional CUDA extension (only used for post-processing hole filling).
-	SAM2_BUILD_CUDA=0 $(BIN)/python -m pip install -q --no-build-isolation "sam2==1.1.0"
+	SAM2_BUILD_CUDA=0 $(PIP) --no-build-isolation "sam2==1.1.0"
 	touch $@
 
 install: $(STAMP)
