@@ -4,6 +4,7 @@
 # usage: check_disk.sh DIR NEED_GB
 set -euo pipefail
 dir="$1"; need_gb="$2"
+while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done  # the venv's parent may not exist yet
 avail_kb=$(df -Pk "$dir" | awk 'NR==2 {print $4}')
 need_kb=$((need_gb * 1024 * 1024))
 if [ "$avail_kb" -lt "$need_kb" ]; then
