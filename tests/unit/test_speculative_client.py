@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_sam.client import speculative
+from triton_sam.client import async_decode
 from triton_sam.client.async_transport import PreparedInputs
 from triton_sam.client.speculative import (
     SpeculativeSAM2Client,
@@ -135,8 +135,8 @@ def value_of(masks: np.ndarray) -> int:
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch):
     FakeSync.ready, FakeSync.instances, FakeAsync.instances = True, [], []
-    monkeypatch.setattr(speculative, "Transport", FakeSync)
-    monkeypatch.setattr(speculative, "AsyncTransport", FakeAsync)
+    monkeypatch.setattr(async_decode, "Transport", FakeSync)
+    monkeypatch.setattr(async_decode, "AsyncTransport", FakeAsync)
 
 
 def run(coro_fn):

@@ -22,56 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam import transforms
-from triton_sam.client import prompts, session_path
-from triton_sam.client.async_transport import AsyncTransport
+from triton_sam.client import prompts
+from triton_sam.client.async_decode import AsyncDecoder, DecodeRequest
 from triton_sam.client.prediction import Prediction, make_prediction
-from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.sessions import LatestWins, RequestRecord, SessionBook, TrackedEvent
-from triton_sam.client.transport import Endpoint, TlsOptions, Transport, resolve_endpoint
 from triton_sam.errors import (
-    EmbeddingNotFoundError,
-    ImageNotSetError,
     InferenceTimeoutError,
     InputValidationError,
     RequestCancelledError,
-    ServerUnavailableError,
 )
-from triton_sam.models.registry import get_family
-from triton_sam.models.spec import FamilySpec
 
 DEFAULT_SESSION = "default"
 _T = TypeVar("_T")
 
 
-@dataclass(eq=False)
-class _Image:
-    """One encoded image: what every request made for it needs (immutable once set)."""
-
-    features: dict[str, np.ndarray]
-    orig_hw: tuple[int, int]
-    prepared: dict[int, list[Any]] = field(default_factory=dict)  # id(transport) -> inputs
-    session: session_path.SessionImage | None = None  # features kept by the server instead
-
-
-@dataclass(frozen=True)
-class _Request:
-    image: _Image
-    inputs: dict[str, np.ndarray]
-    outputs: tuple[str, str]
-    multimask: bool = False
-    logits_key: str = ""  # session path: where the server keeps this click's logits
-    fallback: dict[str, np.ndarray] | None = None  # session path: the request after a miss
-
-
-class SpeculativeSAM2Client:
+class SpeculativeSAM2Client(AsyncDecoder):
     """Asynchronous SAM client whose stale requests are really cancelled on the server.
 
     The image is encoded once (:meth:`set_image`, or :meth:`set_image_async` inside async
@@ -110,71 +80,12 @@ class SpeculativeSAM2Client:
         ...     prediction = await client.latest("drag")   # mask of the last position
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        model_type: str = "sam2",
-        protocol: str = "grpc",
-        *,
-        encoder_model: str | None = None,
-        decoder_model: str | None = None,
-        timeout_s: float = 60.0,
-        retry: RetryPolicy | None = None,
-        tls: TlsOptions | None = None,
-        session_model: str | None = None,
-        use_server_embeddings: bool | None = None,
-    ) -> None:
-        self.family: FamilySpec = get_family(model_type)
-        self.session_model = session_model or self.family.session_model
-        self.uses_server_embeddings = False
-        self.model_type = model_type
-        self.encoder_model = encoder_model or self.family.encoder_model
-        self.decoder_model = decoder_model or self.family.decoder_model
-        self.timeout_s = timeout_s
-        self.endpoint: Endpoint = resolve_endpoint(url, protocol)
-        self.retry, self.tls = retry, tls
-        self._sync = Transport(self.endpoint, timeout_s=timeout_s, retry=retry, tls=tls)
-        self._aio: AsyncTransport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._image: _Image | None = None
+    def _setup(self) -> None:
         self._book = SessionBook()
         self._tracks: dict[str, LatestWins] = {}
         self._changed: dict[str, asyncio.Event] = {}
-        self._closed = False
-        try:
-            self._check_ready()
-            self.family, self.session_model = prompts.layout_on_server(
-                self.family, self.session_model, self._decoder_input_names
-            )
-            self.uses_server_embeddings = session_path.session_offered(
-                self._sync, self.session_model, use_server_embeddings
-            )
-        except BaseException:
-            self.close()
-            raise
 
-    # -- lifecycle -----------------------------------------------------------------------
-    def _check_ready(self) -> None:
-        address, protocol = self.endpoint.address, self.endpoint.protocol
-        if not self._sync.is_server_ready():
-            hint = ""
-            if protocol == "grpc" and address.endswith(":8000"):
-                hint = " (8000 is Triton's HTTP port: use port 8001 or protocol='http')"
-            raise ServerUnavailableError(
-                f"url: no ready Triton server at {address} ({protocol}){hint}; start one "
-                "with `triton-sam serve` or `docker compose up -d`, or set TRITON_URL"
-            )
-        for model in (self.encoder_model, self.decoder_model):
-            if not self._sync.is_model_ready(model):
-                raise ServerUnavailableError(
-                    f"model: {model!r} is not ready on {address}; export it with "
-                    "`triton-sam setup` and check the server log"
-                )
-
-    def _decoder_input_names(self) -> set[str]:
-        meta = self._sync.model_metadata(self.decoder_model)
-        return {t["name"] for t in meta.get("inputs", [])}
-
+    # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> SpeculativeSAM2Client:
         try:
             self._transport()
@@ -197,11 +108,7 @@ class SpeculativeSAM2Client:
         tasks = self._cancel_everything()
         if tasks:
             await asyncio.wait(tasks)
-        if self._aio is not None:
-            await self._aio.close()
-            self._aio = None
-        self._sync.close()
-        self._closed = True
+        await self._aclose_transports()
 
     def close(self) -> None:
         """Synchronous close: cancel outstanding requests and close the connections.
@@ -210,12 +117,7 @@ class SpeculativeSAM2Client:
         the cancelled tasks and closes the gRPC channel cleanly.
         """
         self._cancel_everything()
-        if self._aio is not None:
-            aio, self._aio = self._aio, None
-            if self._loop is not None and self._loop.is_running() and self._in_loop_thread():
-                self._loop.create_task(aio.close())
-        self._sync.close()
-        self._closed = True
+        super().close()
 
     def _cancel_everything(self) -> list[asyncio.Task[Any]]:
         for session_id in list(self._tracks):
@@ -227,226 +129,6 @@ class SpeculativeSAM2Client:
                 record.handle.cancel()
                 tasks.append(record.handle)
         return tasks
-
-    def _transport(self) -> AsyncTransport:
-        """The asyncio transport of the running loop (created on first use in that loop)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                "SpeculativeSAM2Client: async methods and track() run inside an event loop "
-                "(async def / Jupyter); use predict_sync() from plain code"
-            ) from None
-        if self._closed:
-            raise ServerUnavailableError("client: closed; create a new SpeculativeSAM2Client")
-        if self._aio is None or self._loop is not loop:
-            # A transport is bound to the loop that made it (grpc.aio, aiohttp).
-            self._aio = AsyncTransport(
-                self.endpoint, timeout_s=self.timeout_s, retry=self.retry, tls=self.tls
-            )
-            self._loop = loop
-        return self._aio
-
-    def _in_loop_thread(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
-
-    # -- image -----------------------------------------------------------------------------
-    def set_image(self, image: Any) -> dict[str, np.ndarray]:
-        """Encode an image (synchronously, as the reference) and cache its embeddings.
-
-        Requests already sent keep the image they were made for.
-
-        Args:
-            image: a path, a PIL image, or an HxWx3 uint8 RGB array.
-
-        Returns:
-            The encoder outputs by name (e.g. ``image_embed`` [1, 256, 64, 64]); an empty
-            dict with server-side embeddings, where the features stay on the server (pass
-            ``use_server_embeddings=False`` to get them here).
-
-        Raises:
-            InputValidationError: the image cannot be read or has the wrong shape/dtype.
-            ServerError: the encoder failed.
-        """
-        rgb = transforms.load_image(image)
-        if self.uses_server_embeddings:
-            session = self._session_image(rgb)
-            try:  # a probe of a few bytes saves sending the image when the server has it
-                self._sync.infer(self.session_model, *self._probe(session), idempotent=True)
-            except EmbeddingNotFoundError:
-                self._sync.infer(self.session_model, *self._embed(session), idempotent=True)
-            self._image = _Image({}, session.orig_hw, session=session)
-            return {}
-        tensor = transforms.preprocess(rgb, self.family.preprocessing)
-        name = self.family.encoder_inputs[0].name
-        features = self._sync.infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
-        )
-        self._image = _Image(features, (int(rgb.shape[0]), int(rgb.shape[1])))
-        return dict(features)
-
-    async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
-        """:meth:`set_image` without blocking the event loop (same arguments and result)."""
-        rgb = await asyncio.to_thread(transforms.load_image, image)
-        if self.uses_server_embeddings:
-            session = await asyncio.to_thread(self._session_image, rgb)
-            transport = self._transport()
-            try:
-                await transport.infer(self.session_model, *self._probe(session), idempotent=True)
-            except EmbeddingNotFoundError:
-                inputs, outputs = await asyncio.to_thread(self._embed, session)
-                await transport.infer(self.session_model, inputs, outputs, idempotent=True)
-            self._image = _Image({}, session.orig_hw, session=session)
-            return {}
-        tensor = await asyncio.to_thread(transforms.preprocess, rgb, self.family.preprocessing)
-        name = self.family.encoder_inputs[0].name
-        features = await self._transport().infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
-        )
-        self._image = _Image(features, (int(rgb.shape[0]), int(rgb.shape[1])))
-        return dict(features)
-
-    def set_image_embedding(
-        self, embedding: Mapping[str, np.ndarray], original_size: tuple[int, int]
-    ) -> None:
-        """Use an image's embeddings encoded earlier instead of encoding it again (e.g. an
-        annotation tool's per-image cache).
-
-        Args:
-            embedding: the encoder outputs by name, as :meth:`set_image` returns them or
-                ``SAM2TritonClient.get_image_embedding()``: every output of the family's
-                encoder, float32 with batch dimension 1 (``image_embed`` [1, 256, 64, 64]...).
-            original_size: (H, W) of the image they were computed from.
-
-        Raises:
-            InputValidationError: naming ``embedding`` or ``original_size``.
-        """
-        features = {}
-        for spec in self.family.encoder_outputs:
-            if spec.name not in embedding:
-                raise InputValidationError(
-                    "embedding",
-                    f"missing {spec.name!r}; expected {list(self.family.embedding_names)}",
-                )
-            array = np.asarray(embedding[spec.name], dtype=np.float32)
-            if array.shape != (1, *spec.shape):
-                raise InputValidationError(
-                    "embedding",
-                    f"{spec.name!r} has shape {array.shape}, expected {(1, *spec.shape)}",
-                )
-            features[spec.name] = array
-        size = tuple(original_size)
-        if len(size) != 2 or not all(isinstance(v, int | np.integer) and v > 0 for v in size):
-            raise InputValidationError(
-                "original_size", f"got {original_size!r}, expected (H, W) positive integers"
-            )
-        self._image = _Image(features, (int(size[0]), int(size[1])))
-
-    @property
-    def is_image_set(self) -> bool:
-        """True once an image has been encoded."""
-        return self._image is not None
-
-    @property
-    def original_size(self) -> tuple[int, int]:
-        """(H, W) of the current image."""
-        return self._require_image().orig_hw
-
-    def _require_image(self) -> _Image:
-        if self._image is None:
-            raise ImageNotSetError("an image must be set with set_image(...) before predicting")
-        return self._image
-
-    def _request(
-        self, point_coords: Any, point_labels: Any, box: Any, mask_input: Any, multimask: bool
-    ) -> _Request:
-        """Validate prompts and build the decoder request (raises before anything is sent)."""
-        image = self._require_image()
-        outputs = prompts.output_names(multimask, self.family)
-        inputs = prompts.build_decoder_prompts(
-            point_coords=point_coords,
-            point_labels=point_labels,
-            box=box,
-            mask_input=mask_input,
-            orig_hw=image.orig_hw,
-            family=self.family,
-        )
-        if image.session is not None:
-            key, click, fallback = image.session.click_inputs(inputs, mask_input)
-            return _Request(image, click, outputs, multimask, logits_key=key, fallback=fallback)
-        return _Request(image, inputs, outputs, multimask)
-
-    # -- server-side embeddings (the <family>_session model) ------------------------------
-    def _session_image(self, rgb: np.ndarray) -> session_path.SessionImage:
-        image_id = session_path.image_id(rgb, self.family, self.encoder_model)
-        return session_path.SessionImage(image_id, (int(rgb.shape[0]), int(rgb.shape[1])), rgb)
-
-    def _probe(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
-        return session_path.probe_inputs(session.image_id), (session_path.ENCODED,)
-
-    def _embed(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
-        return session.embed_inputs(self.family), (session_path.ENCODED,)
-
-    def _session_prediction(self, request: _Request, out: dict[str, np.ndarray]) -> Prediction:
-        image = request.image
-        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
-        prediction = make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
-        assert image.session is not None
-        image.session.remember(request.logits_key, prediction.low_res_logits)
-        return prediction
-
-    async def _decode_on_server(self, request: _Request, request_id: str) -> Prediction:
-        """One click through the session model; re-embeds once if the server lost the image.
-
-        Idempotent (retried when the server is unreachable): a click only (re)writes its own
-        logits key."""
-        transport = self._transport()
-        call = functools.partial(transport.infer, self.session_model, request_id=request_id)
-        try:
-            out = await call(request.inputs, request.outputs, idempotent=True)
-        except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
-            assert request.image.session is not None and request.fallback is not None
-            inputs, outputs = await asyncio.to_thread(self._embed, request.image.session)
-            await call(inputs, outputs, idempotent=True)
-            out = await call(request.fallback, request.outputs, idempotent=True)
-        return self._session_prediction(request, out)
-
-    def _decode_on_server_sync(self, request: _Request) -> Prediction:
-        try:
-            out = self._sync.infer(
-                self.session_model, request.inputs, request.outputs, idempotent=True
-            )
-        except EmbeddingNotFoundError:
-            assert request.image.session is not None and request.fallback is not None
-            self._sync.infer(self.session_model, *self._embed(request.image.session))
-            out = self._sync.infer(
-                self.session_model, request.fallback, request.outputs, idempotent=True
-            )
-        return self._session_prediction(request, out)
-
-    async def _decode(self, request: _Request, request_id: str) -> Prediction:
-        if request.image.session is not None:
-            return await self._decode_on_server(request, request_id)
-        transport = self._transport()
-        image = request.image
-        prepared = image.prepared.get(id(transport))
-        if prepared is None:
-            prepared = image.prepared.setdefault(
-                id(transport), transport.prepare_inputs(image.features)
-            )
-        out = await transport.infer(
-            self.decoder_model,
-            request.inputs,
-            request.outputs,
-            prepared=prepared,
-            request_id=request_id,
-            idempotent=True,
-        )
-        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
-        return make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
 
     # -- the reference API -----------------------------------------------------------------
     async def predict_async(
@@ -509,7 +191,9 @@ class SpeculativeSAM2Client:
                 error = _cancelled(record.session_id, event.seq)
                 self._settle(record.session_id, event, error=error)
 
-    async def _run(self, record: RequestRecord, request: _Request) -> tuple[np.ndarray, np.ndarray]:
+    async def _run(
+        self, record: RequestRecord, request: DecodeRequest
+    ) -> tuple[np.ndarray, np.ndarray]:
         try:
             prediction = await self._decode(request, record.request_id)
         except asyncio.CancelledError:

@@ -9,10 +9,11 @@ import numpy as np
 
 from triton_sam import transforms
 from triton_sam.client import prompts, session_path
+from triton_sam.client.connect import connect
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import TlsOptions, Transport, resolve_endpoint
-from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError, ServerUnavailableError
+from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError
 from triton_sam.models.registry import get_family
 from triton_sam.models.spec import FamilySpec
 
@@ -84,42 +85,21 @@ class SAM2TritonClient:
         self.last_request_bytes = 0
         self.last_timings_ms: dict[str, float] = {}
         try:
-            self._check_ready()
-            self._resolve_layout()
-            self.uses_server_embeddings = session_path.session_offered(
-                self._transport, self.session_model, use_server_embeddings
+            served = connect(
+                self._transport,
+                self.family,
+                self.encoder_model,
+                self.decoder_model,
+                self.session_model,
+                use_server_embeddings,
             )
         except BaseException:
             self.close()
             raise
+        self.family, self.session_model = served.family, served.session_model
+        self.uses_server_embeddings = served.uses_server_embeddings
 
     # -- lifecycle -------------------------------------------------------------------
-    def _check_ready(self) -> None:
-        address = self._transport.endpoint.address
-        if not self._transport.is_server_ready():
-            raise ServerUnavailableError(
-                f"url: no ready Triton server at {address} "
-                f"({self._transport.endpoint.protocol}); start one with `triton-sam serve` "
-                "or `docker compose up -d`, or set TRITON_URL"
-            )
-        for model in (self.encoder_model, self.decoder_model):
-            if not self._transport.is_model_ready(model):
-                raise ServerUnavailableError(
-                    f"model: {model!r} is not ready on {address}; export it with "
-                    f"`triton-sam setup` and check the server log"
-                )
-
-    def _resolve_layout(self) -> None:
-        """Families served under several tensor contracts (SAM3: our export or the imported
-        onnx-community pair): use the one whose decoder inputs the server reports."""
-        self.family, self.session_model = prompts.layout_on_server(
-            self.family, self.session_model, self._decoder_input_names
-        )
-
-    def _decoder_input_names(self) -> set[str]:
-        meta = self._transport.model_metadata(self.decoder_model)
-        return {t["name"] for t in meta.get("inputs", [])}
-
     def close(self) -> None:
         """Close the connection (idempotent)."""
         self._transport.close()
