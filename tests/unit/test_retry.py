@@ -171,14 +171,13 @@ class FakeResult:
 
 
 def _transport(monkeypatch, errors: list[Exception]) -> tuple[Transport, FakeClient, list]:
-    import tritonclient.http as module
 
     client = FakeClient(errors)
     connects: list[int] = []
 
     def connect(self):
         connects.append(1)
-        return client, module
+        return client
 
     monkeypatch.setattr(Transport, "_connect", connect)
     monkeypatch.setattr(retry_module.time, "sleep", lambda s: None)

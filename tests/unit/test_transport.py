@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from triton_sam.client.transport import resolve_endpoint, translate_error
+from triton_sam.client.transport import Transport, resolve_endpoint, translate_error
 from triton_sam.errors import (
     InferenceTimeoutError,
     InputValidationError,
@@ -67,3 +69,49 @@ def test_translate_error_maps_tritonclient_statuses():
     assert isinstance(
         translate_error(ConnectionRefusedError("no"), what="w"), ServerUnavailableError
     )
+
+
+# -- threads: one connection per thread ------------------------------------------------------
+class _Conn:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _threaded_transport(monkeypatch) -> tuple[Transport, list[_Conn]]:
+    made: list[_Conn] = []
+
+    def connect(self) -> _Conn:
+        made.append(_Conn())
+        return made[-1]
+
+    monkeypatch.setattr(Transport, "_connect", connect)
+    return Transport(resolve_endpoint("localhost:1", "http")), made
+
+
+def test_each_thread_gets_its_own_connection_and_close_reaches_them_all(monkeypatch):
+    transport, made = _threaded_transport(monkeypatch)
+    mine = transport._client
+    seen: list[object] = []
+    threads = [threading.Thread(target=lambda: seen.append(transport._client)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert mine is made[0] and transport._client is mine  # same thread, same connection
+    assert len(made) == 4 and len({id(c) for c in seen}) == 3 and mine not in seen
+    transport.close()
+    assert all(c.closed for c in made)
+    assert transport._client is made[4]  # a call after close() opens a fresh one
+
+
+def test_reconnect_replaces_only_the_calling_threads_connection(monkeypatch):
+    transport, made = _threaded_transport(monkeypatch)
+    other = threading.Thread(target=lambda: transport._client)
+    other.start()
+    other.join()
+    transport.reconnect()
+    assert made[0].closed and not made[1].closed
+    assert transport._client is made[2]

@@ -49,6 +49,9 @@ class SAM2TritonClient:
         UnsupportedModelError: unknown ``model_type``.
         ServerUnavailableError: server not reachable, or a model not ready.
 
+    Threads may share a client (each gets its own connection); :meth:`set_image` changes
+    the image for all of them, so use one client per image stream.
+
     Example:
         >>> client = SAM2TritonClient("localhost:8000", model_type="sam2")
         >>> client.set_image("image.jpg")

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -213,7 +214,12 @@ class TlsOptions:
 
 
 class Transport:
-    """Synchronous inference over HTTP or gRPC with numpy in and out.
+    """Synchronous inference over HTTP or gRPC with numpy in and out; safe to share between
+    threads.
+
+    Each thread gets its own tritonclient connection: tritonclient's clients are not
+    thread-safe, and the HTTP one (gevent) hangs when called from another thread than the
+    one that made it (triton-inference-server/server#4223).
 
     Args:
         endpoint: where the server is.
@@ -235,14 +241,33 @@ class Transport:
         self.timeout_s = timeout_s
         self.retry = DEFAULT_RETRY if retry is None else retry
         self.tls = tls or TlsOptions()
-        self._client, self._module = self._connect()
+        if endpoint.protocol == "http":
+            import tritonclient.http as module
+        else:
+            import tritonclient.grpc as module
+        self._module: Any = module
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: list[Any] = []  # every thread's connection, for close()
+        self._thread_client()  # a malformed address fails here, in the caller's thread
 
-    def _connect(self) -> tuple[Any, Any]:
-        endpoint = self.endpoint
+    @property
+    def _client(self) -> Any:
+        return self._thread_client()
+
+    def _thread_client(self) -> Any:
+        """This thread's connection (opened on its first call)."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._connect()
+            with self._lock:
+                self._open.append(client)
+        return client
+
+    def _connect(self) -> Any:
+        endpoint, module = self.endpoint, self._module
         try:
             if endpoint.protocol == "http":
-                import tritonclient.http as module
-
                 tls = self.tls.http_options() if endpoint.ssl else {}
                 client: Any = module.InferenceServerClient(
                     endpoint.address,
@@ -252,21 +277,24 @@ class Transport:
                     **tls,
                 )
             else:
-                import tritonclient.grpc as module
-
                 tls = self.tls.grpc_options() if endpoint.ssl else {}
                 client = module.InferenceServerClient(endpoint.address, ssl=endpoint.ssl, **tls)
         except Exception as e:
             raise translate_error(e, what=f"connect to {endpoint.address}") from e
-        return client, module
+        return client
 
     def reconnect(self) -> None:
-        """Drop the connection(s) and open fresh ones (after a server restart: a pooled
-        HTTP connection is dead, and a gRPC channel may sit in reconnect backoff)."""
-        old = self._client
-        with contextlib.suppress(Exception):
-            old.close()
-        self._client, self._module = self._connect()
+        """Drop this thread's connection and open a fresh one (after a server restart: a
+        pooled HTTP connection is dead, and a gRPC channel may sit in reconnect backoff).
+        Other threads reconnect on their own next failure."""
+        old = getattr(self._local, "client", None)
+        self._local.client = None
+        if old is not None:
+            with self._lock:
+                self._open = [c for c in self._open if c is not old]
+            with contextlib.suppress(Exception):
+                old.close()
+        self._thread_client()
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -350,10 +378,14 @@ class Transport:
         return self.endpoint.protocol == "http"
 
     def close(self) -> None:
-        """Close connections (idempotent)."""
-        # closing a broken connection must not mask the error that broke it
-        with contextlib.suppress(Exception):
-            self._client.close()
+        """Close every thread's connection (idempotent)."""
+        with self._lock:
+            clients, self._open = self._open, []
+        self._local = threading.local()
+        for client in clients:
+            # closing a broken connection must not mask the error that broke it
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 def build_infer_inputs(module: Any, inputs: Mapping[str, np.ndarray], *, http: bool) -> list[Any]:
