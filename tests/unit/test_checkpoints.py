@@ -279,7 +279,7 @@ def test_verify_records_on_first_use_then_detects_changes(tmp_path):
     ckpt = Checkpoint(url="http://unused.invalid/ckpt.pt", filename="ckpt.pt")
     assert verify_checkpoint(ckpt, path) == BODY_SHA
     assert sidecar_path(path).is_file()
-    path.write_bytes(BODY[:-1] + b"\0")
+    path.write_bytes(BODY[:-1] + bytes([BODY[-1] ^ 0xFF]))  # a changed byte, whatever it was
     with pytest.raises(IntegrityError, match=BODY_SHA):
         verify_checkpoint(ckpt, path)
 
