@@ -8,6 +8,8 @@ which event it belongs to; each call waits until the test releases it.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -200,6 +202,25 @@ def test_predict_async_returns_id_and_task_with_masks():
         assert value_of(masks) == 30 and float(iou[0, 0]) == 30
         assert client.get_session_status("s")["completed"] == 1
         assert t.prepared == 1  # embeddings encoded once per image, not per request
+
+    run(body)
+
+
+def test_a_finished_request_is_not_kept_alive_by_its_session():
+    """Sessions keep their records until cleanup_session(); a record must not keep the task,
+    whose result holds the masks (the soak's client memory climbed by them)."""
+
+    async def body(client, t):
+        _, task = await client.predict_async([[30, 20]], [1], session_id="s")
+        await until(lambda: t.calls)
+        t.calls[0].release()
+        result = weakref.ref((await task)[0])  # the masks array
+        gone = weakref.ref(task)
+        await asyncio.sleep(0)  # let the done-callbacks run
+        del task
+        gc.collect()
+        assert gone() is None and result() is None
+        assert client.get_session_status("s")["completed"] == 1  # the record is still there
 
     run(body)
 

@@ -190,6 +190,9 @@ class SpeculativeSAM2Client(AsyncDecoder):
             if event is not None:
                 error = _cancelled(record.session_id, event.seq)
                 self._settle(record.session_id, event, error=error)
+        # The book keeps a session's records until cleanup_session(); it must not keep the
+        # finished task, whose result holds the masks (megabytes per request).
+        record.handle = None
 
     async def _run(
         self, record: RequestRecord, request: DecodeRequest
