@@ -173,7 +173,7 @@ class AsyncDecoder:
         """
         rgb = transforms.load_image(image)
         if self.uses_server_embeddings:
-            session = self._session_image(rgb)
+            session = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
             try:  # a probe of a few bytes saves sending the image when the server has it
                 self._sync.infer(self.session_model, *self._probe(session), idempotent=True)
             except EmbeddingNotFoundError:
@@ -192,7 +192,9 @@ class AsyncDecoder:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
         rgb = await asyncio.to_thread(transforms.load_image, image)
         if self.uses_server_embeddings:
-            session = await asyncio.to_thread(self._session_image, rgb)
+            session = await asyncio.to_thread(
+                session_path.SessionImage.of, rgb, self.family, self.encoder_model
+            )
             transport = self._transport()
             try:
                 await transport.infer(self.session_model, *self._probe(session), idempotent=True)
@@ -282,10 +284,6 @@ class AsyncDecoder:
         return DecodeRequest(image, inputs, outputs, multimask)
 
     # -- server-side embeddings (the <family>_session model) ------------------------------
-    def _session_image(self, rgb: np.ndarray) -> session_path.SessionImage:
-        image_id = session_path.image_id(rgb, self.family, self.encoder_model)
-        return session_path.SessionImage(image_id, (int(rgb.shape[0]), int(rgb.shape[1])), rgb)
-
     def _probe(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
         return session_path.probe_inputs(session.image_id), (session_path.ENCODED,)
 

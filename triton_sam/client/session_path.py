@@ -120,6 +120,12 @@ class SessionImage:
     )
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
 
+    @classmethod
+    def of(cls, rgb: np.ndarray, family: FamilySpec, encoder_model: str) -> SessionImage:
+        """The session image of ``rgb`` (HxWx3 uint8) for ``encoder_model``."""
+        hw = (int(rgb.shape[0]), int(rgb.shape[1]))
+        return cls(image_id(rgb, family, encoder_model), hw, rgb)
+
     def click_inputs(
         self, decoder_prompts: dict[str, np.ndarray], mask_input: Any
     ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:

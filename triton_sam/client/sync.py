@@ -260,11 +260,7 @@ class SAM2TritonClient:
     def _set_image_on_server(self, rgb: np.ndarray) -> None:
         """Embed ``rgb`` on the server under its content id (skipped when already there)."""
         t0 = time.perf_counter()
-        image = session_path.SessionImage(
-            session_path.image_id(rgb, self.family, self.encoder_model),
-            (int(rgb.shape[0]), int(rgb.shape[1])),
-            rgb,
-        )
+        image = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
         try:  # a probe of a few bytes saves sending the image when the server has it
             self._session_infer(session_path.probe_inputs(image.image_id), (session_path.ENCODED,))
             timings = {"probe": (time.perf_counter() - t0) * 1e3}

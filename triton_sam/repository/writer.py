@@ -80,15 +80,7 @@ def write_model(
     """
     repo_dir = Path(repo_dir)
     sources = _model_sources(name, onnx_path, config_text, target, external_data_files)
-    staging = _stage(repo_dir, name, config_text, sources, link=link)
-    dest = repo_dir / name
-    try:
-        _swap(staging, dest)
-    except OSError as e:
-        raise RepositoryError(f"{dest}: writing the model failed, left unchanged: {e}") from e
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return dest
+    return _write_staged(repo_dir, name, config_text, sources, link=link)
 
 
 def _model_sources(
@@ -153,7 +145,14 @@ def write_python_model(
     _check_target(name, config_text, "python")
     sources = {RUNNER_NAME: Path(source)}
     _check_sources(sources)
-    staging = _stage(repo_dir, name, config_text, sources, link=False)
+    return _write_staged(repo_dir, name, config_text, sources, link=False)
+
+
+def _write_staged(
+    repo_dir: Path, name: str, config_text: str, sources: dict[str, Path], *, link: bool
+) -> Path:
+    """Stage one model beside the repository, then swap it in (or leave the old one)."""
+    staging = _stage(repo_dir, name, config_text, sources, link=link)
     dest = repo_dir / name
     try:
         _swap(staging, dest)
