@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:  `make demo` (the main job end to end)  and  `make test`.
-# Both bootstrap a virtualenv in .venv with everything they need (6.2 GB, mostly torch;
-# the install needs ~9 GB free at its peak).
+# Both bootstrap a virtualenv in .venv from the lock (requirements/lock*.txt: every package,
+# pinned with its sha256), so a fresh machine gets exactly what the tests ran against.
+# 6.2 GB, mostly torch; the install needs ~9 GB free at its peak.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,27 +11,69 @@ STAMP  := $(VENV)/.installed
 # then ~1.5 GB of test models under /tmp; see scripts/check_disk.sh.
 NEED_GB ?= 9
 
+LOCK        := requirements/lock.txt
+LOCK_SAM2   := requirements/lock-sam2.txt
+LOCK_TOOLS  := requirements/lock-tools.txt
+# The platform the lock is compiled for: CPython 3.11 on x86-64 Linux, glibc >= 2.35
+# (nvidia-pytriton ships manylinux_2_35 wheels only).
+LOCK_PYTHON   := 3.11
+LOCK_PLATFORM := x86_64-manylinux_2_35
+UV_VERSION    := 0.13.9
+
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer
+.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml $(LOCK) $(LOCK_SAM2) Makefile
+	@bash scripts/check_python.sh $(PYTHON) $(LOCK_PYTHON)
 	@bash scripts/check_disk.sh $(dir $(abspath $(VENV))) $(NEED_GB)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip setuptools wheel
-	$(PIP) -e ".[export,serve,bench,dev]"
-	# sam2 is an sdist whose build imports torch: build it against the torch just installed,
+	# Everything, hash-checked, no resolution: the lock already holds every dependency.
+	$(PIP) --require-hashes --no-deps -r $(LOCK)
+	# The project itself (editable), built with the locked setuptools.
+	$(PIP) --no-deps --no-build-isolation -e .
+	# sam2 is an sdist whose build imports torch: built against the torch just installed,
 	# without its optional CUDA extension (only used for post-processing hole filling).
-	SAM2_BUILD_CUDA=0 $(PIP) --no-build-isolation "sam2==1.1.0"
+	SAM2_BUILD_CUDA=0 $(PIP) --require-hashes --no-deps --no-build-isolation -r $(LOCK_SAM2)
+	$(BIN)/python -m pip check
 	touch $@
 
 install: $(STAMP)
 
+# Regenerate the lock (needs PyPI). Keeps every pin it can (uv prefers the existing lock);
+# `make lock UPGRADE=1` moves everything to the newest releases within pyproject's ranges and
+# requirements/constraints.txt. Then run `make test` (a fresh venv: `rm -rf .venv`) before
+# committing the new lock.
+# uv runs from its own small venv, so a broken project venv never blocks fixing the lock.
+UV := .venv-uv/bin/uv
+UV_FLAGS = --generate-hashes --python-version $(LOCK_PYTHON) \
+    --python-platform $(LOCK_PLATFORM) $(if $(UPGRADE),--upgrade,)
+
+lock:
+	[ -x $(UV) ] || ($(PYTHON) -m venv .venv-uv && .venv-uv/bin/pip install -q "uv==$(UV_VERSION)")
+	$(UV) pip compile pyproject.toml requirements/lock.in --all-extras \
+	    -c requirements/constraints.txt --no-emit-package sam2 $(UV_FLAGS) -o $(LOCK)
+	$(UV) pip compile requirements/sam2.in --no-deps $(UV_FLAGS) -o $(LOCK_SAM2)
+	$(UV) pip compile requirements/tools.in --no-deps $(UV_FLAGS) -o $(LOCK_TOOLS)
+
+# Non-blocking check before raising the lock: the parity tests against the newest releases
+# (torch, torchvision, onnxruntime, transformers...) in a separate venv. Needs PyPI, and
+# downloads torch (~3 GB): the pip cap of this machine is lifted for this venv only.
+LATEST := .venv-latest
+check-latest:
+	rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST)
+	PIP_CONSTRAINT= $(LATEST)/bin/python -m pip install -q --no-cache-dir -e ".[export,serve,dev]"
+	SAM2_BUILD_CUDA=0 $(LATEST)/bin/python -m pip install -q --no-cache-dir \
+	    --no-build-isolation --no-deps -r $(LOCK_SAM2)
+	$(LATEST)/bin/python -m pip list 2>/dev/null | grep -iE '^(torch|torchvision|onnx|onnxruntime|transformers|numpy) '
+	$(LATEST)/bin/pytest -q -p no:cacheprovider tests/parity || \
+	    echo "check-latest: parity FAILS against the newest releases (non-blocking; see above)"
+
 # Triton's perf_analyzer (C++), from the tritonclient wheel of the server's release.
-$(PERF_ANALYZER): $(STAMP) scripts/install_perf_analyzer.sh
+$(PERF_ANALYZER): $(STAMP) scripts/install_perf_analyzer.sh $(LOCK_TOOLS)
 	PYTHON=$(BIN)/python bash scripts/install_perf_analyzer.sh $(VENV)/tools/perf_analyzer
 
 perf-analyzer: $(PERF_ANALYZER)
