@@ -2,6 +2,8 @@
 
 ``sam2_tiny_checkpoint`` is an official-format checkpoint of the official config's random
 initialisation; ``sam2_tiny_server`` serves its export (python target) on free ports.
+Every export goes through ``obtain_checkpoint`` as ``--checkpoint FILE`` does: these seeded
+checkpoints are not the published files, so they stand for a user's fine-tuned checkpoint.
 ``sam1_vit_b_*`` is the same for SAM1 ViT-B, exported with external data forced on, so the
 ``.onnx_data`` sidecar path is what the embedded Triton loads.
 """
@@ -28,19 +30,33 @@ def sam2_tiny_checkpoint(sam2_tiny_spec, tmp_path_factory) -> Path:
     return save_random_checkpoint(sam2_tiny_spec, path, seed=1)
 
 
+def user_checkpoint(spec, path: Path, tmp_path_factory) -> Path:
+    """``path`` as the CLI's ``--checkpoint FILE`` resolves it (an empty checkpoints dir)."""
+    from triton_sam.pipeline import obtain_checkpoint
+
+    empty = tmp_path_factory.mktemp("no_checkpoints")
+    return obtain_checkpoint(spec, checkpoint=path, checkpoints_dir=empty, download=False)
+
+
 @pytest.fixture(scope="session")
-def sam2_tiny_repository(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory) -> Path:
+def sam2_tiny_build(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory):
+    """(repository, RepositoryBuild) of the one SAM2.1-tiny export of the session."""
     from triton_sam.pipeline import build_repository
     from triton_sam.repository.config import RepositoryOptions
 
     repo = tmp_path_factory.mktemp("sam2_tiny") / "model_repository"
-    build_repository(
+    build = build_repository(
         sam2_tiny_spec,
         repo,
-        checkpoint=sam2_tiny_checkpoint,
+        checkpoint=user_checkpoint(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory),
         repository_options=RepositoryOptions(target="python"),
     )
-    return repo
+    return repo, build
+
+
+@pytest.fixture(scope="session")
+def sam2_tiny_repository(sam2_tiny_build) -> Path:
+    return sam2_tiny_build[0]
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +93,7 @@ def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
     build = build_repository(
         sam1_vit_b_spec,
         repo,
-        checkpoint=sam1_vit_b_checkpoint,
+        checkpoint=user_checkpoint(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory),
         export_options=ExportOptions(external_data=True),
         repository_options=RepositoryOptions(target="python"),
     )
@@ -134,9 +150,8 @@ def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_p
 
     repo = tmp_path_factory.mktemp("sam3") / "model_repository"
     options = RepositoryOptions(target="python")
-    build = build_repository(
-        sam3_spec, repo, checkpoint=sam3_small_checkpoint, repository_options=options
-    )
+    checkpoint = user_checkpoint(sam3_spec, sam3_small_checkpoint, tmp_path_factory)
+    build = build_repository(sam3_spec, repo, checkpoint=checkpoint, repository_options=options)
     encoder, decoder = find_pair(
         sam3_onnx_community_pair, ONNX_COMMUNITY_ENCODER, ONNX_COMMUNITY_DECODER
     )

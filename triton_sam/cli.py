@@ -147,7 +147,12 @@ def export_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
     checkpoint: Annotated[
-        Path | None, typer.Option(help="Checkpoint file (default: the downloaded one).")
+        Path | None,
+        typer.Option(
+            help="Checkpoint file (a model directory for SAM3), e.g. a fine-tuned one "
+            "(MedSAM, micro-sam): checked against the variant's architecture, its sha256 "
+            "recorded in the ONNX metadata. Default: the downloaded, hash-verified one."
+        ),
     ] = None,
     random_init: Annotated[
         bool, typer.Option("--random-init", help="Export random weights (offline testing).")
@@ -158,7 +163,11 @@ def export_cmd(
     ] = None,
     repository: RepositoryOpt = None,
 ) -> None:
-    """Export a variant to ONNX, verify it against torch and write it into the repository."""
+    """Export a variant to ONNX, verify it against torch and write it into the repository.
+
+    Fine-tuned checkpoints need nothing special: `triton-sam export sam1_vit_b --checkpoint
+    medsam_vit_b.pth` (the variant must be the architecture it was fine-tuned from).
+    """
     _export(model, overrides, checkpoint, random_init, fp16, target, repository, download=False)
 
 
@@ -217,7 +226,14 @@ def _export(
         random_init=random_init,
         export_options=ExportOptions(**export_cfg),
         repository_options=RepositoryOptions(**section(cfg, "repository")),
+        checkpoints_dir=Path(cfg.paths.checkpoints),
     )
+    if ckpt is not None:
+        meta = build.metadata
+        typer.echo(
+            f"checkpoint {ckpt}: sha256 {meta['triton_sam.checkpoint_sha256']} "
+            f"({meta['triton_sam.checkpoint_origin']}; recorded in the ONNX metadata)"
+        )
     for name in build.models:
         typer.echo(f"wrote {repo / name}  ({build.onnx_bytes[name] / 2**20:.1f} MiB ONNX)")
     errs = ", ".join(f"{k}={v:.1e}" for k, v in build.export.max_abs_error.items())

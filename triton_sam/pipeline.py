@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError
 from triton_sam.export import ExportOptions, ExportResult, export_model, save_random_checkpoint
-from triton_sam.models.checkpoints import download_checkpoint, resolve_checkpoint
+from triton_sam.models.checkpoints import download_checkpoint, provenance, resolve_checkpoint
 from triton_sam.models.spec import ModelSpec
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.session_config import SessionOptions, write_session
@@ -35,6 +35,8 @@ class RepositoryBuild:
         onnx_bytes: size of each model's ONNX file(s) in bytes, by model name.
         checkpoint: the checkpoint used, or None for random init.
         session_model: the server-side embedding session model written, or None.
+        metadata: what was written into the graphs' ONNX ``metadata_props``: the variant and
+            the checkpoint's file name, sha256 and origin (published / recorded / user).
     """
 
     export: ExportResult
@@ -42,6 +44,7 @@ class RepositoryBuild:
     onnx_bytes: dict[str, int]
     checkpoint: Path | None
     session_model: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 def obtain_checkpoint(
@@ -92,6 +95,7 @@ def build_repository(
     repository_options: RepositoryOptions | None = None,
     work_dir: Path | None = None,
     session: SessionOptions | None = SessionOptions(),  # noqa: B008 - frozen, immutable
+    checkpoints_dir: Path = Path("checkpoints"),
 ) -> RepositoryBuild:
     """Export ``spec`` and write its encoder/decoder models into ``repository``.
 
@@ -107,6 +111,8 @@ def build_repository(
             the repository itself, where Triton would try to load the scratch directory).
         session: bounds of the ``<family>_session`` model (server-side embeddings, see
             ``repository/session_model.py``), written beside the pair; None writes none.
+        checkpoints_dir: the checkpoints directory, to tell a verified download from a
+            user's file in the recorded provenance.
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -128,9 +134,22 @@ def build_repository(
             log.warning("exporting %s with RANDOM weights: masks will be meaningless", spec.name)
             checkpoint = save_random_checkpoint(spec, scratch / spec.checkpoint.filename)
             used: Path | None = None
+            origin = {
+                "triton_sam.checkpoint": "random-init",
+                "triton_sam.checkpoint_origin": "random",
+            }
         else:
             used = checkpoint
-        result = export_model(spec, checkpoint, scratch / "onnx", export_options)
+            origin = provenance(spec.checkpoint, checkpoint, checkpoints_dir)
+            log.info(
+                "exporting %s from %s (sha256 %s, %s)",
+                spec.name,
+                checkpoint,
+                origin["triton_sam.checkpoint_sha256"],
+                origin["triton_sam.checkpoint_origin"],
+            )
+        metadata = {"triton_sam.variant": spec.name, **origin}
+        result = export_model(spec, checkpoint, scratch / "onnx", export_options, metadata=metadata)
         options = repository_options or RepositoryOptions()
         names = write_pair(
             repository,
@@ -152,6 +171,7 @@ def build_repository(
             onnx_bytes=sizes,
             checkpoint=used,
             session_model=session_model,
+            metadata=metadata,
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import logging
 import os
 import re
 import socket
@@ -23,6 +24,8 @@ from triton_sam.errors import CheckpointError, ConfigError, DownloadError, Integ
 from triton_sam.models import checkpoints as ck
 from triton_sam.models.checkpoints import (
     checkpoint_path,
+    checkpoint_sha256,
+    describe_user_checkpoint,
     download_checkpoint,
     resolve_checkpoint,
     sha256_file,
@@ -306,17 +309,50 @@ def test_resolve_user_path_must_exist(tmp_path):
         resolve_checkpoint(ckpt, missing, tmp_path / "checkpoints")
 
 
-def test_resolve_user_path_is_verified_without_writing_next_to_it(tmp_path):
+def test_a_user_file_that_is_not_the_published_one_is_accepted_as_fine_tuned(tmp_path, caplog):
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(BODY)
+    published = Checkpoint(url="http://unused.invalid/x", filename="ckpt.pt", sha256="1" * 64)
+    with caplog.at_level(logging.INFO, logger="triton_sam.models.checkpoints"):
+        assert resolve_checkpoint(published, mine, tmp_path / "checkpoints") == mine
+    assert BODY_SHA in caplog.text and "fine-tuned" in caplog.text
+    assert "download" not in caplog.text  # never advice to replace the user's own file
+    tofu = Checkpoint(url="http://unused.invalid/x", filename="ckpt.pt")
+    resolve_checkpoint(tofu, mine, tmp_path / "checkpoints")
+    assert not sidecar_path(mine).exists()  # nothing written next to a user's file
+
+
+def test_a_user_file_that_is_the_published_one_is_said_so(tmp_path, caplog):
     mine = tmp_path / "mine.pt"
     mine.write_bytes(BODY)
     good = Checkpoint(url="http://unused.invalid/x", filename="ckpt.pt", sha256=BODY_SHA)
-    assert resolve_checkpoint(good, mine, tmp_path / "checkpoints") == mine
+    with caplog.at_level(logging.INFO, logger="triton_sam.models.checkpoints"):
+        assert resolve_checkpoint(good, mine, tmp_path / "checkpoints") == mine
+    assert "is the published ckpt.pt" in caplog.text
+    assert describe_user_checkpoint(good, mine) == (BODY_SHA, True)
+
+
+def test_the_default_path_stays_verified_even_when_named_explicitly(tmp_path):
     bad = Checkpoint(url="http://unused.invalid/x", filename="ckpt.pt", sha256="1" * 64)
+    default = checkpoint_path(bad, tmp_path)
+    default.write_bytes(BODY)
     with pytest.raises(IntegrityError):
-        resolve_checkpoint(bad, mine, tmp_path / "checkpoints")
-    tofu = Checkpoint(url="http://unused.invalid/x", filename="ckpt.pt")
-    resolve_checkpoint(tofu, mine, tmp_path / "checkpoints")
-    assert not sidecar_path(mine).exists()
+        resolve_checkpoint(bad, None, tmp_path)
+    with pytest.raises(IntegrityError):
+        resolve_checkpoint(bad, default, tmp_path)
+
+
+def test_a_model_directory_hash_covers_its_files_and_names(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(BODY)
+    first = checkpoint_sha256(folder)
+    (folder / "model.safetensors").write_bytes(BODY + b"x")
+    second = checkpoint_sha256(folder)
+    (folder / "model.safetensors").rename(folder / "other.safetensors")
+    assert len({first, second, checkpoint_sha256(folder)}) == 3
+    assert checkpoint_sha256(folder / "config.json") == sha256_file(folder / "config.json")
 
 
 def test_resolve_default_path_missing_suggests_download_or_random_init(tmp_path):

@@ -50,7 +50,7 @@ def test_export_failing_midway_leaves_the_previous_models_and_no_scratch(tmp_pat
     repo = _previous_repository(tmp_path)
     before = _snapshot(repo)
 
-    def half_export(spec, checkpoint, out_dir, options=None):
+    def half_export(spec, checkpoint, out_dir, options=None, **kwargs):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "encoder.onnx").write_bytes(b"half an encoder")  # then it dies
         raise ExportError("torch.onnx.export failed: out of memory")

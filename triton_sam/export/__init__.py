@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -84,6 +85,8 @@ def export_model(
     checkpoint: Path | None,
     out_dir: Path,
     options: ExportOptions | None = None,
+    *,
+    metadata: Mapping[str, str] | None = None,
 ) -> ExportResult:
     """Export ``spec`` to ``out_dir/{encoder,decoder}.onnx`` and check them against torch.
 
@@ -92,6 +95,8 @@ def export_model(
         checkpoint: official-format checkpoint; None exports the random initialisation.
         out_dir: a scratch directory (the repository writer moves the files into place).
         options: export options.
+        metadata: written into both graphs' ``metadata_props`` (e.g. the checkpoint's
+            sha256, see ``triton_sam.pipeline``).
 
     Returns:
         Paths, timings and the measured ORT-vs-torch errors.
@@ -153,6 +158,8 @@ def export_model(
     if options.fp16:
         onnx_utils.convert_to_fp16(enc_path)
         onnx_utils.convert_to_fp16(dec_path)
+    for path in (enc_path, dec_path) if metadata else ():
+        onnx_utils.set_metadata(path, metadata)
     result = ExportResult(enc_path, dec_path, seconds, tolerance=(tolerance.atol, tolerance.rtol))
     if options.verify:
         t0 = time.perf_counter()

@@ -171,6 +171,25 @@ def convert_to_fp16(path: Path) -> None:
         onnx.save_model(model16, str(path))
 
 
+def set_metadata(path: Path, props: Mapping[str, str]) -> None:
+    """Write ``props`` into the graph's ``metadata_props`` (replacing equal keys), in place.
+
+    Readable with ``onnxruntime.InferenceSession(path).get_modelmeta().custom_metadata_map``.
+    External weights are left where they are (only the graph file is rewritten).
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    kept = [p for p in model.metadata_props if p.key not in props]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in props.items():
+        model.metadata_props.add(key=key, value=str(value))
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save_model(model, str(tmp))
+    os.replace(tmp, path)
+
+
 def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run an ONNX file once on CPU with onnxruntime and return outputs by name."""
     import onnxruntime as ort

@@ -24,7 +24,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from triton_sam.errors import CheckpointError, ConfigError
-from triton_sam.export.weights import load_checkpoint_file, load_state
+from triton_sam.export.weights import Structure, load_checkpoint_file, load_state, meta_structure
 from triton_sam.models.spec import ModelSpec
 
 
@@ -57,6 +57,13 @@ def build_model(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     return model.eval()
 
 
+def structure(spec: ModelSpec) -> Structure:
+    """``key -> shape`` of the variant's state dict, from a meta build (no weights allocated)."""
+    from segment_anything import sam_model_registry
+
+    return meta_structure(lambda: sam_model_registry[spec.upstream_config](checkpoint=None))
+
+
 def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
     state = load_checkpoint_file(checkpoint)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -64,7 +71,7 @@ def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
             f"checkpoint: {checkpoint} is not an official SAM1 checkpoint "
             "(expected a plain state dict of tensors, like sam_vit_b_01ec64.pth)"
         )
-    load_state(model, state, checkpoint, spec)
+    load_state(model, state, checkpoint, spec, sibling_structure=structure)
 
 
 def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Path:

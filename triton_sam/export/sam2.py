@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from triton_sam.errors import CheckpointError, ExportError
-from triton_sam.export.weights import load_checkpoint_file, load_state
+from triton_sam.export.weights import Structure, load_checkpoint_file, load_state, structure_of
 from triton_sam.models.spec import ModelSpec
 
 
@@ -66,6 +66,15 @@ def build_model(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
     return model.eval()
 
 
+def structure(spec: ModelSpec) -> Structure:
+    """``key -> shape`` of the variant's state dict (a CPU build: SAM2's Hiera calls ``.item()``
+    while it is built, which a meta build cannot; 1-4 s, only on a checkpoint mismatch)."""
+    import torch
+
+    with torch.no_grad():
+        return structure_of(build_model(spec, None).state_dict())
+
+
 def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
     state = load_checkpoint_file(checkpoint)
     if not isinstance(state, dict) or "model" not in state:
@@ -73,7 +82,7 @@ def _load_state(model: nn.Module, checkpoint: Path, spec: ModelSpec) -> None:
             f"checkpoint: {checkpoint} is not an official SAM2 checkpoint "
             "(expected a dict with a 'model' state dict)"
         )
-    load_state(model, state["model"], checkpoint, spec)
+    load_state(model, state["model"], checkpoint, spec, sibling_structure=structure)
 
 
 def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Path:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from triton_sam.errors import CheckpointError
+from triton_sam.export.weights import structure_mismatch
 from triton_sam.models.spec import ModelSpec
 
 
@@ -86,14 +87,26 @@ def build_model(spec: ModelSpec, checkpoint: Path | None) -> nn.Module:
             "or a save_pretrained() directory"
         )
     try:
-        model, info = Sam3TrackerModel.from_pretrained(checkpoint, output_loading_info=True)
+        # Mismatched shapes are collected (not raised) so that the error below can name them.
+        model, info = Sam3TrackerModel.from_pretrained(
+            checkpoint, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     except Exception as e:  # transformers raises OSError, ValueError, KeyError...
         raise CheckpointError(f"checkpoint: cannot load {checkpoint}: {e}") from e
+    # A fine-tuned directory brings its own config.json; its weights must fit that
+    # architecture exactly (extra keys, e.g. the detector of a full facebook/sam3, are fine).
+    mismatched = sorted(info.get("mismatched_keys", ()), key=lambda item: item[0])
+    found = {key: tuple(ckpt) for key, ckpt, _ in mismatched}
+    expected = {key: tuple(model_shape) for key, _, model_shape in mismatched}
+    problems = structure_mismatch(expected, found)
     missing = sorted(info.get("missing_keys", []))
     if missing:
+        problems.append(f"{len(missing)} missing keys (first: {'; '.join(missing[:3])})")
+    if problems:
         raise CheckpointError(
-            f"checkpoint: {checkpoint} does not match {spec.name}: {len(missing)} missing keys "
-            f"(e.g. {missing[:3]})"
+            f"checkpoint: {checkpoint} does not match the architecture of its config.json "
+            f"(Sam3TrackerModel, {spec.name}): {'; '.join(problems)}. The weights must come "
+            "from a model of this config (fine-tuned weights are fine, other sizes are not)."
         )
     return model.eval()
 

@@ -9,6 +9,12 @@ Integrity rules, strongest first:
    ``<file>.sha256`` (``sha256sum`` format, trust on first use) and every later check
    compares against that record.
 
+These rules apply to downloads and to the default path under the checkpoints directory. A
+file the user names explicitly (``--checkpoint FILE``) may be a fine-tuned checkpoint (MedSAM,
+micro-sam, a lab's own): it is not held to the published hash. Its sha256 is logged and
+recorded in the exported graphs' metadata, and the exporter checks it *structurally* (its
+keys and shapes against the variant's architecture, see ``triton_sam.export.weights``).
+
 Downloads stream into ``<file>.part``, resume it with an HTTP Range request, and move it to
 ``<file>`` with one ``os.replace`` only after it verified: a half or corrupt file never sits
 at the final path.
@@ -117,35 +123,35 @@ def verify_checkpoint(ckpt: Checkpoint, path: Path, *, record: bool = True) -> s
 def resolve_checkpoint(
     spec_or_ckpt: ModelSpec | Checkpoint, path: Path | None, dest_dir: Path
 ) -> Path:
-    """Return a verified checkpoint file without touching the network.
+    """Return a checkpoint to export, without touching the network.
 
     Args:
         spec_or_ckpt: the variant, or its checkpoint entry.
-        path: a user-supplied checkpoint file, or None for the downloaded one under
-            ``dest_dir``. A user file is checked against the published hash/prefix and an
-            existing ``<path>.sha256``, but no record is written next to it (it may be a
-            fine-tuned file, or in a read-only place).
+        path: a user-supplied checkpoint (file, or model directory for Hugging Face
+            checkpoints), or None for the downloaded one under ``dest_dir``. A user file that
+            is not the default path is accepted as it is (it may be fine-tuned): its sha256
+            is logged, and whether it is the published file; the exporter then checks its
+            structure. The default path is verified like a download.
         dest_dir: the checkpoints directory used by :func:`download_checkpoint`.
 
     Returns:
-        The verified path.
+        The checkpoint path.
 
     Raises:
         CheckpointError: the file does not exist (the message says how to get it).
-        IntegrityError: the file fails its integrity check.
+        IntegrityError: the default-path file fails its integrity check.
     """
     ckpt = spec_or_ckpt.checkpoint if isinstance(spec_or_ckpt, ModelSpec) else spec_or_ckpt
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise CheckpointError(
-                f"checkpoint: {path} does not exist or is not a file; pass the path of a "
-                f"downloaded {ckpt.filename}, or leave it out to use "
-                f"{checkpoint_path(ckpt, dest_dir)}"
-            )
-        verify_checkpoint(ckpt, path, record=False)
-        return path
     default = checkpoint_path(ckpt, dest_dir)
+    if path is not None and not _same_file(Path(path), default):
+        path = Path(path)
+        if not path.exists():
+            raise CheckpointError(
+                f"checkpoint: {path} does not exist; pass the path of your checkpoint file, "
+                f"or leave --checkpoint out to use the published one at {default}"
+            )
+        describe_user_checkpoint(ckpt, path)
+        return path
     if not default.is_file():
         raise CheckpointError(
             f"checkpoint: no checkpoint at {default}; run `triton-sam download <model>`, or "
@@ -154,6 +160,76 @@ def resolve_checkpoint(
         )
     verify_checkpoint(ckpt, default)
     return default
+
+
+def describe_user_checkpoint(ckpt: Checkpoint, path: Path) -> tuple[str, bool]:
+    """Log the sha256 of a user-supplied checkpoint and whether it is the published file.
+
+    Returns:
+        ``(sha256, published)``; ``published`` is True only when a full published hash exists
+        and matches.
+    """
+    digest = checkpoint_sha256(path)
+    full, _ = _published(ckpt)
+    published = full is not None and digest == full
+    if published:
+        log.info("checkpoint %s is the published %s (sha256 %s)", path, ckpt.filename, digest)
+    else:
+        log.warning(
+            "checkpoint %s (sha256 %s) is not the published %s: exporting it as a fine-tuned "
+            "checkpoint; its keys and shapes are checked against the variant",
+            path,
+            digest,
+            ckpt.filename,
+        )
+    return digest, published
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """The sha256 of a checkpoint file, or of a model directory's files.
+
+    A directory (a Hugging Face ``save_pretrained`` checkpoint) hashes ``sha256sum``-style
+    lines ``<file sha256>  <relative path>`` of its files in sorted order, so the digest
+    changes when any file's content or name does.
+    """
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    lines = [
+        f"{sha256_file(f)}  {f.relative_to(path).as_posix()}\n"
+        for f in sorted(p for p in path.rglob("*") if p.is_file())
+    ]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def provenance(ckpt: Checkpoint, path: Path, dest_dir: Path) -> dict[str, str]:
+    """What a checkpoint is, for the exported graphs' metadata (``triton_sam.*`` keys).
+
+    ``checkpoint_origin`` is ``published`` (the published sha256 matches), ``recorded`` (the
+    default-path download, matching the hash recorded at first download) or ``user`` (a file
+    the user supplied: fine-tuned, or not verifiable against a published hash).
+    """
+    digest = checkpoint_sha256(path)
+    full, _ = _published(ckpt)
+    default = checkpoint_path(ckpt, dest_dir)
+    if full is not None and digest == full:
+        origin = "published"
+    elif full is None and _same_file(Path(path), default) and _read_sidecar(default) == digest:
+        origin = "recorded"
+    else:
+        origin = "user"
+    return {
+        "triton_sam.checkpoint": Path(path).name,
+        "triton_sam.checkpoint_sha256": digest,
+        "triton_sam.checkpoint_origin": origin,
+    }
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
 
 
 def download_checkpoint(
