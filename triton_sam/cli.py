@@ -311,11 +311,24 @@ def demo_cmd(
     protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
     image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
     output: Annotated[Path, typer.Option(help="Overlay PNG.")] = Path("outputs/demo_overlay.png"),
+    download: Annotated[
+        bool,
+        typer.Option(
+            help="Download the checkpoint when it is not in checkpoints/ (verified, "
+            "resumable). Offline, or with --no-download, the demo uses random weights."
+        ),
+    ] = True,
 ) -> None:
-    """End to end on this machine: export, embedded Triton, a click and a box, an overlay PNG."""
+    """End to end on this machine: export, embedded Triton, a click and a box, an overlay PNG.
+
+    Real weights when it can get them (checkpoints/, else a download); random weights,
+    loudly, when it cannot.
+    """
     from triton_sam.demo import run_demo
 
-    report = run_demo(model=model, protocol=protocol, image_path=image, output=output)
+    report = run_demo(
+        model=model, protocol=protocol, image_path=image, output=output, download=download
+    )
     typer.echo(
         f"\n== demo: {report.model} ({'RANDOM weights' if report.random_weights else 'checkpoint'})"
     )

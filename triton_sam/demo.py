@@ -1,7 +1,8 @@
 """The main job end to end on one machine: export -> repository -> embedded Triton -> masks.
 
-Runs offline: uses a verified checkpoint when one is present, otherwise the official config
-with random weights (and says so loudly). Writes an overlay PNG and prints per-stage latency.
+Real weights when it can: a verified checkpoint already in ``checkpoints/``, else a download
+(resumable, sha256-checked, with a progress bar). Offline it falls back to the official
+config's random weights and says so loudly. Writes an overlay PNG and prints per-stage latency.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import numpy as np
 from PIL import Image
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.errors import CheckpointError
+from triton_sam.errors import CheckpointError, DownloadError, IntegrityError
 from triton_sam.export import ExportOptions
-from triton_sam.models.checkpoints import resolve_checkpoint
+from triton_sam.models.checkpoints import download_checkpoint, resolve_checkpoint
 from triton_sam.models.registry import get_model
 from triton_sam.models.spec import ModelSpec
 from triton_sam.pipeline import RepositoryBuild, build_repository
@@ -52,6 +53,7 @@ def run_demo(
     output: Path = Path("outputs/demo_overlay.png"),
     image_path: Path | None = None,
     protocol: str = "http",
+    download: bool = True,
 ) -> DemoReport:
     """Export ``model``, serve it with the embedded Triton, segment a click and a box.
 
@@ -62,10 +64,12 @@ def run_demo(
         output: overlay PNG path.
         image_path: image to segment (default: the built-in synthetic scene).
         protocol: ``"http"`` or ``"grpc"``.
+        download: download the checkpoint when it is not in ``checkpoints_dir`` (falls
+            back to random weights when that fails, e.g. offline).
     """
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
-    spec, repo, build = build_local_repository(model, checkpoints_dir, work_dir)
+    spec, repo, build = build_local_repository(model, checkpoints_dir, work_dir, download=download)
     stages["export+repository"] = time.perf_counter() - t0
 
     image = np.asarray(Image.open(image_path).convert("RGB")) if image_path else sample_image()
@@ -96,28 +100,15 @@ def run_demo(
 
 
 def build_local_repository(
-    model: str, checkpoints_dir: Path, work_dir: Path
+    model: str | ModelSpec, checkpoints_dir: Path, work_dir: Path, *, download: bool = False
 ) -> tuple[ModelSpec, Path, RepositoryBuild]:
     """Export ``model`` into ``work_dir/model_repository`` (python target) for local runs.
 
-    Uses the verified checkpoint in ``checkpoints_dir`` when there is one; otherwise the
-    official config's random weights, with a loud warning.
+    Uses the checkpoint :func:`demo_checkpoint` finds (downloading it when ``download``);
+    otherwise the official config's random weights, with a loud warning.
     """
-    spec = get_model(model)
-    try:
-        checkpoint: Path | None = resolve_checkpoint(spec.checkpoint, None, checkpoints_dir)
-    except CheckpointError as e:
-        checkpoint = None
-        log.warning(
-            "\n%s\n!! No usable checkpoint for %s (%s).\n!! Using RANDOM WEIGHTS from the "
-            "official config: the pipeline is real, the masks are meaningless.\n!! For real "
-            "masks: `triton-sam download %s` on a connected machine, then rerun.\n%s",
-            "!" * 78,
-            model,
-            e,
-            model,
-            "!" * 78,
-        )
+    spec = get_model(model) if isinstance(model, str) else model
+    checkpoint = demo_checkpoint(spec, checkpoints_dir, download=download)
     repo = work_dir / "model_repository"
     build = build_repository(
         spec,
@@ -126,8 +117,41 @@ def build_local_repository(
         random_init=checkpoint is None,
         export_options=ExportOptions(),
         repository_options=RepositoryOptions(target="python"),
+        checkpoints_dir=checkpoints_dir,
     )
     return spec, repo, build
+
+
+def demo_checkpoint(
+    spec: ModelSpec, checkpoints_dir: Path, *, download: bool, timeout_s: float = 15.0
+) -> Path | None:
+    """The verified checkpoint of ``spec`` for the demo, or None for random weights.
+
+    A valid file in ``checkpoints_dir`` is used as is. Otherwise, with ``download``, it is
+    downloaded (resumable, verified, progress bar); when that fails (offline, HTTP error,
+    bad hash) the demo goes on with random weights and says why, loudly.
+    """
+    try:
+        return resolve_checkpoint(spec.checkpoint, None, checkpoints_dir)
+    except (CheckpointError, IntegrityError) as e:
+        reason: Exception = e
+    if download:
+        log.info("downloading %s from %s (for real masks)", spec.name, spec.checkpoint.url)
+        try:
+            return download_checkpoint(spec.checkpoint, checkpoints_dir, timeout_s=timeout_s)
+        except (DownloadError, IntegrityError, CheckpointError) as e:
+            reason = e
+    log.warning(
+        "\n%s\n!! No usable checkpoint for %s (%s).\n!! Using RANDOM WEIGHTS from the "
+        "official config: the pipeline is real, the masks are meaningless.\n!! For real "
+        "masks: `triton-sam download %s` on a connected machine, then rerun.\n%s",
+        "!" * 78,
+        spec.name,
+        reason,
+        spec.name,
+        "!" * 78,
+    )
+    return None
 
 
 def write_overlay(

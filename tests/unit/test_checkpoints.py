@@ -376,3 +376,58 @@ def test_resolve_accepts_a_model_spec(tmp_path):
 def test_filename_must_not_escape_the_directory(tmp_path, name):
     with pytest.raises(ConfigError, match="checkpoint.filename"):
         checkpoint_path(Checkpoint(url="http://unused.invalid/x", filename=name), tmp_path)
+
+
+# -- the demo: real weights when it can download them, random weights loudly when not ---------
+def _demo_spec(url: str, sha256: str | None = None):
+    import dataclasses
+
+    from triton_sam.models import get_model
+
+    spec = get_model("sam2.1_hiera_tiny")
+    checkpoint = dataclasses.replace(spec.checkpoint, url=url, sha256=sha256)
+    return dataclasses.replace(spec, checkpoint=checkpoint)
+
+
+def test_demo_downloads_the_checkpoint_when_it_can(server, tmp_path, caplog):
+    from triton_sam.demo import demo_checkpoint
+
+    spec = _demo_spec(server.url)
+    dest = tmp_path / "checkpoints"
+    path = demo_checkpoint(spec, dest, download=True)
+    assert path == dest / spec.checkpoint.filename and path.read_bytes() == BODY
+    assert sidecar_path(path).read_text().split()[0] == BODY_SHA  # recorded at first download
+    # the next run uses the verified file and does not download again
+    with caplog.at_level(logging.WARNING):
+        assert demo_checkpoint(spec, dest, download=True) == path
+    assert len(server.requests) == 1 and "RANDOM" not in caplog.text
+
+
+def test_demo_falls_back_to_random_weights_loudly_when_offline(tmp_path, caplog):
+    from triton_sam.demo import demo_checkpoint
+
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = _demo_spec(f"http://127.0.0.1:{port}/sam2.1_hiera_tiny.pt")
+    with caplog.at_level(logging.WARNING):
+        assert demo_checkpoint(spec, tmp_path, download=True) is None
+    assert "RANDOM WEIGHTS" in caplog.text and "could not reach" in caplog.text
+    assert not (tmp_path / spec.checkpoint.filename).exists()
+
+
+def test_demo_refuses_a_download_that_fails_its_hash(server, tmp_path, caplog):
+    from triton_sam.demo import demo_checkpoint
+
+    spec = _demo_spec(server.url, sha256="1" * 64)
+    with caplog.at_level(logging.WARNING):
+        assert demo_checkpoint(spec, tmp_path, download=True) is None
+    assert "RANDOM WEIGHTS" in caplog.text and "checkpoint.sha256" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # nothing half-written or unverified is kept
+
+
+def test_demo_without_download_never_touches_the_network(server, tmp_path):
+    from triton_sam.demo import demo_checkpoint
+
+    assert demo_checkpoint(_demo_spec(server.url), tmp_path, download=False) is None
+    assert server.requests == []
