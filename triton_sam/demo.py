@@ -22,6 +22,7 @@ from triton_sam.models.registry import get_model
 from triton_sam.models.spec import ModelSpec
 from triton_sam.pipeline import RepositoryBuild, build_repository
 from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.writer import embedded_repository
 from triton_sam.sample import sample_image
 from triton_sam.server import EmbeddedTriton
 
@@ -98,7 +99,9 @@ def run_demo(
 def build_local_repository(
     model: str, checkpoints_dir: Path, work_dir: Path
 ) -> tuple[ModelSpec, Path, RepositoryBuild]:
-    """Export ``model`` into ``work_dir/model_repository`` (python target) for local runs.
+    """Export ``model`` into ``work_dir/model_repository`` (the production ``onnxruntime``
+    target, as ``docker compose`` serves it) and return the repository the embedded server
+    serves: its CPU twin on Triton's onnxruntime backend (``embedded_repository``).
 
     Uses the verified checkpoint in ``checkpoints_dir`` when there is one; otherwise the
     official config's random weights, with a loud warning.
@@ -125,9 +128,9 @@ def build_local_repository(
         checkpoint=checkpoint,
         random_init=checkpoint is None,
         export_options=ExportOptions(),
-        repository_options=RepositoryOptions(target="python"),
+        repository_options=RepositoryOptions(),
     )
-    return spec, repo, build
+    return spec, embedded_repository(repo), build
 
 
 def write_overlay(

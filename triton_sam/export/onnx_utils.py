@@ -157,10 +157,21 @@ def convert_to_fp16(path: Path) -> None:
     precision; the casts at the boundary are negligible next to the network.
     """
     import onnx
+    from onnx.shape_inference import infer_shapes_path
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = onnx.load(str(path), load_external_data=True)
     had_external = bool(external_data_files(path))
+    # The converter keeps ops onnxruntime has no fp16 kernel for (Range, CumSum, ...) in fp32
+    # and casts around them, but only where it knows value types: without shape inference a
+    # Constant/Cast feeding Range became fp16 and the SAM2 encoder failed to load ("Type
+    # 'tensor(float16)' of input parameter ... of operator (Range)"). Inference runs on the
+    # file (models above 2 GiB included); the converter then reads the types from value_info.
+    inferred = path.with_name(f".{path.stem}.inferred.onnx")
+    try:
+        infer_shapes_path(str(path), str(inferred))
+        model = onnx.load(str(inferred), load_external_data=True)
+    finally:
+        inferred.unlink(missing_ok=True)
     model16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
     if had_external:
         onnx.save_model(
