@@ -99,8 +99,9 @@ class EmbeddedTriton:
         extra_args: more ``tritonserver`` flags, appended after ours.
         onnxruntime_backend: folder of Triton's onnxruntime backend; default: found by
             :func:`find_onnxruntime_backend` at start, when the repository needs it.
-        strict_config: load configs as written (``--disable-auto-complete-config``), as
-            the GPU container would have to; False lets backends fill in missing settings.
+        strict_config: load configs as written (``--disable-auto-complete-config``), so a
+            model that loads here needs nothing filled in from its graph (docker compose
+            allows auto-completion; our configs need none). False allows it here too.
     """
 
     def __init__(
