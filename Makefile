@@ -78,6 +78,17 @@ $(PERF_ANALYZER): $(STAMP) scripts/install_perf_analyzer.sh $(LOCK_TOOLS)
 
 perf-analyzer: $(PERF_ANALYZER)
 
+# Triton's onnxruntime backend (CPU) for the embedded tritonserver, built from Triton's sources
+# (r24.10, cloned from github.com: needs network, cmake, g++, rapidjson-dev) against this
+# venv's onnxruntime; `triton-sam serve` and the tests look here first, then for
+# ../shared/triton-onnxruntime-backend/onnxruntime beside the checkout. See the script's header.
+ORT_BACKEND := $(VENV)/tools/triton-onnxruntime-backend/onnxruntime
+.PHONY: onnxruntime-backend
+$(ORT_BACKEND)/libtriton_onnxruntime.so: $(STAMP) scripts/build_onnxruntime_backend.sh
+	PYTHON=$(BIN)/python bash scripts/build_onnxruntime_backend.sh $(ORT_BACKEND)
+
+onnxruntime-backend: $(ORT_BACKEND)/libtriton_onnxruntime.so
+
 demo: $(STAMP)
 	$(BIN)/triton-sam demo
 

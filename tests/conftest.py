@@ -1,11 +1,14 @@
 """Session fixtures shared by the slow tiers: random-init models, each exported once.
 
 ``sam2_tiny_checkpoint`` is an official-format checkpoint of the official config's random
-initialisation; ``sam2_tiny_server`` serves its export (python target) on free ports.
+initialisation. ``sam2_tiny_export`` is its export into a production repository (target
+``onnxruntime``: the configs ``docker compose`` serves on GPU); ``sam2_tiny_repository`` is
+what the embedded server serves of it: the same configs with only what a CPU host cannot do
+changed (``embedded_repository``), on Triton's onnxruntime backend; ``sam2_tiny_server``
+serves it on free ports. ``sam1_vit_b_*`` is the same for SAM1 ViT-B, exported with external
+data forced on, so the ``.onnx_data`` sidecar path is what the embedded Triton loads.
 Every export goes through ``obtain_checkpoint`` as ``--checkpoint FILE`` does: these seeded
 checkpoints are not the published files, so they stand for a user's fine-tuned checkpoint.
-``sam1_vit_b_*`` is the same for SAM1 ViT-B, exported with external data forced on, so the
-``.onnx_data`` sidecar path is what the embedded Triton loads.
 """
 
 from __future__ import annotations
@@ -40,23 +43,31 @@ def user_checkpoint(spec, path: Path, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sam2_tiny_build(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory):
-    """(repository, RepositoryBuild) of the one SAM2.1-tiny export of the session."""
+    """(production repository, RepositoryBuild) of the one SAM2.1-tiny export of the session:
+    GPU configs, as compose serves them."""
     from triton_sam.pipeline import build_repository
-    from triton_sam.repository.config import RepositoryOptions
 
     repo = tmp_path_factory.mktemp("sam2_tiny") / "model_repository"
     build = build_repository(
         sam2_tiny_spec,
         repo,
         checkpoint=user_checkpoint(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory),
-        repository_options=RepositoryOptions(target="python"),
     )
     return repo, build
 
 
 @pytest.fixture(scope="session")
-def sam2_tiny_repository(sam2_tiny_build) -> Path:
+def sam2_tiny_export(sam2_tiny_build) -> Path:
+    """The production repository (GPU configs, as compose serves them) of SAM2.1-tiny."""
     return sam2_tiny_build[0]
+
+
+@pytest.fixture(scope="session")
+def sam2_tiny_repository(sam2_tiny_export) -> Path:
+    """``sam2_tiny_export`` as the embedded server serves it (CPU twins, onnxruntime backend)."""
+    from triton_sam.repository.writer import embedded_repository
+
+    return embedded_repository(sam2_tiny_export)
 
 
 @pytest.fixture(scope="session")
@@ -84,10 +95,11 @@ def sam1_vit_b_checkpoint(sam1_vit_b_spec, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
-    """(repository, RepositoryBuild) of the one ViT-B export of the session (~1-3 min)."""
+    """(served repository, RepositoryBuild) of the one ViT-B export of the session (~1-3 min):
+    production configs, served as their CPU twins on the onnxruntime backend."""
     from triton_sam.export import ExportOptions
     from triton_sam.pipeline import build_repository
-    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.writer import embedded_repository
 
     repo = tmp_path_factory.mktemp("sam1_vit_b") / "model_repository"
     build = build_repository(
@@ -95,9 +107,8 @@ def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
         repo,
         checkpoint=user_checkpoint(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory),
         export_options=ExportOptions(external_data=True),
-        repository_options=RepositoryOptions(target="python"),
     )
-    return repo, build
+    return embedded_repository(repo), build
 
 
 @pytest.fixture(scope="session")
@@ -137,8 +148,9 @@ def sam3_onnx_community_pair(sam3_spec, sam3_small_checkpoint, tmp_path_factory)
 
 @pytest.fixture(scope="session")
 def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_path_factory):
-    """(repository, RepositoryBuild): our export as sam3_encoder/sam3_decoder and the imported
-    onnx-community pair as sam3c_encoder/sam3c_decoder, python target, one repository."""
+    """(served repository, RepositoryBuild): our export as sam3_encoder/sam3_decoder and the
+    imported onnx-community pair as sam3c_encoder/sam3c_decoder, production configs in one
+    repository, served as their CPU twins on the onnxruntime backend."""
     from triton_sam.models.sam3 import (
         ONNX_COMMUNITY_DECODER,
         ONNX_COMMUNITY_ENCODER,
@@ -147,9 +159,10 @@ def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_p
     from triton_sam.pipeline import build_repository
     from triton_sam.repository.config import RepositoryOptions
     from triton_sam.repository.importer import find_pair, import_onnx_pair
+    from triton_sam.repository.writer import embedded_repository
 
     repo = tmp_path_factory.mktemp("sam3") / "model_repository"
-    options = RepositoryOptions(target="python")
+    options = RepositoryOptions()
     checkpoint = user_checkpoint(sam3_spec, sam3_small_checkpoint, tmp_path_factory)
     build = build_repository(sam3_spec, repo, checkpoint=checkpoint, repository_options=options)
     encoder, decoder = find_pair(
@@ -164,7 +177,7 @@ def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_p
         encoder_name="sam3c_encoder",
         decoder_name="sam3c_decoder",
     )
-    return repo, build
+    return embedded_repository(repo), build
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from triton_sam.client import (
     wait_for_latest_result,
 )
 from triton_sam.errors import (
+    BackendNotFoundError,
     CheckpointError,
     ConfigError,
     DownloadError,
@@ -38,6 +39,7 @@ from triton_sam.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackendNotFoundError",
     "CheckpointError",
     "ConfigError",
     "DownloadError",

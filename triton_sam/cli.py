@@ -248,18 +248,42 @@ def serve_cmd(
     grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    target: Annotated[
+        str,
+        typer.Option(
+            help="How onnxruntime models run: onnxruntime (Triton's onnxruntime backend, the "
+            "production configs on CPU) | python (the python-backend runner, a fallback where "
+            "that backend cannot be had)."
+        ),
+    ] = "onnxruntime",
+    onnxruntime_backend: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="TRITON_SAM_ONNXRUNTIME_BACKEND",
+            help="Folder of Triton's onnxruntime backend (libtriton_onnxruntime.so); default: "
+            "built by `make onnxruntime-backend`, else ../shared/triton-onnxruntime-backend/"
+            "onnxruntime beside the checkout.",
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
 
-    A repository written for the GPU container (onnxruntime target) is served through
-    python-backend twins of its models, built next to it, using the same ONNX files.
+    A repository written for the GPU container (onnxruntime target) is served with its own
+    configs on Triton's onnxruntime backend, changed only in what a CPU host cannot do
+    (KIND_GPU -> KIND_CPU, no TensorRT); the twins are written next to it and use the same
+    ONNX files.
     """
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
 
-    repo = embedded_repository(repository or Path("model_repository"))
+    repo = embedded_repository(repository or Path("model_repository"), target=target)  # type: ignore[arg-type]
     server = EmbeddedTriton(
-        repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, host=host
+        repo,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        host=host,
+        onnxruntime_backend=onnxruntime_backend,
     )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
@@ -372,6 +396,45 @@ def bench_cmd(
             concurrency=levels,
             n_encode=n_encode,
             n_decode=n_decode,
+            model_name=spec.name,
+        )
+    paths = write_report(report, output)
+    typer.echo(paths["md"].read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+@app.command("bench-backends")
+def bench_backends_cmd(
+    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
+    protocol: Annotated[str, typer.Option(help="grpc | http")] = "grpc",
+    n_encode: Annotated[int, typer.Option(min=1, help="Timed encodes per path.")] = 10,
+    n_click: Annotated[int, typer.Option(min=1, help="Timed session clicks per path.")] = 50,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
+) -> None:
+    """Encode and click (session path) latency on Triton's onnxruntime backend vs the
+    python-backend runner: the same repository served both ways at once, requests
+    alternating, in one run (JSON + markdown)."""
+    from triton_sam.bench.backends import compare_backends, write_report
+    from triton_sam.demo import build_local_repository
+    from triton_sam.repository.writer import embedded_repository
+    from triton_sam.sample import sample_image
+    from triton_sam.server import EmbeddedTriton
+
+    work = Path(".bench")
+    spec, backend_repo, _ = build_local_repository(model, Path("checkpoints"), work)
+    runner_repo = embedded_repository(
+        work / "model_repository", work / "model_repository_runner", target="python"
+    )
+    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
+    with EmbeddedTriton(backend_repo, **ports) as ort, EmbeddedTriton(runner_repo, **ports) as py:
+        url = (lambda s: s.grpc_url) if protocol == "grpc" else (lambda s: s.http_url)
+        report = compare_backends(
+            {"onnxruntime": url(ort), "python": url(py)},
+            spec.family,
+            sample_image(),
+            protocol=protocol,
+            n_encode=n_encode,
+            n_click=n_click,
             model_name=spec.name,
         )
     paths = write_report(report, output)

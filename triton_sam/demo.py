@@ -23,6 +23,7 @@ from triton_sam.models.registry import get_model
 from triton_sam.models.spec import ModelSpec
 from triton_sam.pipeline import RepositoryBuild, build_repository
 from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.writer import embedded_repository
 from triton_sam.sample import sample_image
 from triton_sam.server import EmbeddedTriton
 
@@ -102,7 +103,9 @@ def run_demo(
 def build_local_repository(
     model: str | ModelSpec, checkpoints_dir: Path, work_dir: Path, *, download: bool = False
 ) -> tuple[ModelSpec, Path, RepositoryBuild]:
-    """Export ``model`` into ``work_dir/model_repository`` (python target) for local runs.
+    """Export ``model`` into ``work_dir/model_repository`` (the production ``onnxruntime``
+    target, as ``docker compose`` serves it) and return the repository the embedded server
+    serves: its CPU twin on Triton's onnxruntime backend (``embedded_repository``).
 
     Uses the checkpoint :func:`demo_checkpoint` finds (downloading it when ``download``);
     otherwise the official config's random weights, with a loud warning.
@@ -116,10 +119,10 @@ def build_local_repository(
         checkpoint=checkpoint,
         random_init=checkpoint is None,
         export_options=ExportOptions(),
-        repository_options=RepositoryOptions(target="python"),
+        repository_options=RepositoryOptions(),
         checkpoints_dir=checkpoints_dir,
     )
-    return spec, repo, build
+    return spec, embedded_repository(repo), build
 
 
 def demo_checkpoint(

@@ -85,6 +85,11 @@ class ServerStartError(ServerUnavailableError):
     """The embedded tritonserver failed to start or to become ready."""
 
 
+class BackendNotFoundError(ServerStartError):
+    """A Triton backend the model repository needs is not available to the embedded server
+    (e.g. the onnxruntime backend); the message says where it looked and how to get one."""
+
+
 class ModelNotReadyError(ServerUnavailableError):
     """The server answers, but the named model is unknown, unloaded or not ready.
 

@@ -1,9 +1,13 @@
 """Embedded tritonserver: the real Triton binary of the nvidia-pytriton wheel, as a child process.
 
 No Docker, no GPU needed. The wheel ships ``tritonserver`` (Triton 2.51), the python backend
-and one python-backend stub per Python version; this module assembles a backend directory
-with the stub of the running interpreter, starts the server over a model repository on
-localhost, waits until it is ready and stops it without leaving processes behind.
+and one python-backend stub per Python version, but no onnxruntime backend. This module
+assembles a backend directory with the python backend around the stub of the running
+interpreter and, when the repository holds ``onnxruntime_onnx`` models, Triton's own
+onnxruntime backend built for this server (see :func:`find_onnxruntime_backend`); it starts
+the server over a model repository on localhost, waits until it is ready and stops it without
+leaving processes behind. Configs are loaded strictly (no auto-completion from the graphs), so
+what loads here is exactly what the config says.
 
     with EmbeddedTriton("model_repository", http_port=0, grpc_port=0, metrics_port=0) as server:
         client = SAM2TritonClient(server.http_url)
@@ -31,7 +35,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from triton_sam.errors import InputValidationError, RepositoryError, ServerStartError
+from triton_sam.errors import (
+    BackendNotFoundError,
+    InputValidationError,
+    RepositoryError,
+    ServerStartError,
+)
 
 ModelControl = Literal["none", "explicit"]
 STUB_NAME = "triton_python_backend_stub"
@@ -40,6 +49,16 @@ STUB_NAME = "triton_python_backend_stub"
 SHM_DEFAULT_BYTES = 4 * 2**20
 SHM_GROWTH_BYTES = 16 * 2**20
 _LOG_TAIL_LINES = 15
+# Triton's onnxruntime backend (a folder holding libtriton_onnxruntime.so and the
+# libonnxruntime it links, RUNPATH $ORIGIN): where it is looked for, first match wins.
+ORT_BACKEND_ENV = "TRITON_SAM_ONNXRUNTIME_BACKEND"
+ORT_BACKEND_LIBRARY = "libtriton_onnxruntime.so"
+# `make onnxruntime-backend` builds it here, under the virtualenv (sys.prefix).
+BUILT_ORT_BACKEND = Path("tools") / "triton-onnxruntime-backend" / "onnxruntime"
+# A prebuilt copy shared beside checkouts (CI machines): <ancestor>/shared/... of the checkout.
+SHARED_ORT_BACKEND = Path("shared") / "triton-onnxruntime-backend" / "onnxruntime"
+MACHINE_ORT_BACKEND = Path("/work") / SHARED_ORT_BACKEND
+_ELF_MAGIC = b"\x7fELF"
 
 
 def find_tritonserver() -> Path:
@@ -63,8 +82,9 @@ class EmbeddedTriton:
     start-up fails) or call :meth:`start` / :meth:`stop`.
 
     Args:
-        repository: Triton model repository (``python``-target models; see
-            ``triton_sam.repository.writer.embedded_repository``).
+        repository: Triton model repository whose models a CPU host can run (see
+            ``triton_sam.repository.writer.embedded_repository``, which derives one from a
+            GPU repository).
         http_port / grpc_port / metrics_port: ports to bind; 0 picks a free one at start.
         host: address to bind; localhost by default so model control stays off the network.
         log_verbose: Triton ``--log-verbose`` level (0 = info only).
@@ -77,6 +97,11 @@ class EmbeddedTriton:
         exit_timeout_s: on stop, how long Triton waits for in-flight requests and open client
             connections (an idle keep-alive connection holds it for the full time).
         extra_args: more ``tritonserver`` flags, appended after ours.
+        onnxruntime_backend: folder of Triton's onnxruntime backend; default: found by
+            :func:`find_onnxruntime_backend` at start, when the repository needs it.
+        strict_config: load configs as written (``--disable-auto-complete-config``), so a
+            model that loads here needs nothing filled in from its graph (docker compose
+            allows auto-completion; our configs need none). False allows it here too.
     """
 
     def __init__(
@@ -94,6 +119,8 @@ class EmbeddedTriton:
         log_path: str | os.PathLike[str] | None = None,
         exit_timeout_s: int = 10,
         extra_args: Sequence[str] = (),
+        onnxruntime_backend: str | os.PathLike[str] | None = None,
+        strict_config: bool = True,
     ) -> None:
         self.repository = Path(repository)
         if not self.repository.is_dir():
@@ -119,6 +146,8 @@ class EmbeddedTriton:
         self.load_models = tuple(load_models)
         self.exit_timeout_s = exit_timeout_s
         self.extra_args = tuple(extra_args)
+        self.onnxruntime_backend = Path(onnxruntime_backend) if onnxruntime_backend else None
+        self.strict_config = strict_config
         self._shm_prefix = f"triton_sam_{uuid.uuid4().hex[:12]}_"
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         self._ports = dict(self._requested_ports)
@@ -176,6 +205,8 @@ class EmbeddedTriton:
         """Start tritonserver and, with ``wait``, block until it is ready.
 
         Raises:
+            BackendNotFoundError: the repository has onnxruntime models and Triton's
+                onnxruntime backend cannot be found (the message says how to get it).
             ServerStartError: the binary or stub is missing, the process exited, or it was not
                 ready within ``startup_timeout_s`` (the message carries the log tail and a
                 hint). The process is stopped before raising.
@@ -248,8 +279,13 @@ class EmbeddedTriton:
 
     def _launch(self) -> None:
         binary = find_tritonserver()
+        ort_backend = None
+        if self.onnxruntime_backend is not None or "onnxruntime" in required_backends(
+            self.repository
+        ):
+            ort_backend = find_onnxruntime_backend(self.onnxruntime_backend)
         self._workdir = Path(tempfile.mkdtemp(prefix="triton_sam_server_"))
-        backends = _backend_dir(self._workdir)
+        backends = _backend_dir(self._workdir, ort_backend)
         self._ports = _resolve_ports(self.host, self._requested_ports)
         self._keep_log = False
         self._log_path = self._user_log_path or _temp_log()
@@ -277,6 +313,7 @@ class EmbeddedTriton:
             f"--log-verbose={self.log_verbose}",
             f"--model-control-mode={self.model_control}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            *(["--disable-auto-complete-config"] if self.strict_config else []),
             # Python-backend shared-memory regions are named by this prefix: unique per
             # server, or two servers on one machine (parallel tests) collide; stop() also
             # uses it to delete regions a killed server could not.
@@ -325,8 +362,9 @@ def _dist_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
 
 
-def _backend_dir(workdir: Path) -> Path:
-    """``<workdir>/backends/python`` = the wheel's python backend + this Python's stub.
+def _backend_dir(workdir: Path, onnxruntime: Path | None = None) -> Path:
+    """``<workdir>/backends/``: ``python/`` = the wheel's python backend + this Python's stub;
+    ``onnxruntime/`` = the given onnxruntime backend, when there is one.
 
     The python backend runs ``<its dir>/triton_python_backend_stub``; the wheel keeps one stub
     per Python version elsewhere, so (like pytriton) we assemble a backend dir around the
@@ -347,7 +385,127 @@ def _backend_dir(workdir: Path) -> Path:
         if item.is_file():
             (python_dir / item.name).symlink_to(item)
     (python_dir / STUB_NAME).symlink_to(stub)
+    if onnxruntime is not None:
+        _link_backend(onnxruntime, python_dir.parent / "onnxruntime")
     return python_dir.parent
+
+
+def required_backends(repository: str | os.PathLike[str]) -> set[str]:
+    """Backends the models of ``repository`` name (``"onnxruntime"`` for
+    ``platform: "onnxruntime_onnx"``), read from their ``config.pbtxt``."""
+    from triton_sam.repository.config import parse_config
+
+    needed = set()
+    for config_path in Path(repository).glob("*/config.pbtxt"):
+        if config_path.parent.name.startswith("."):
+            continue
+        config = parse_config(config_path)
+        if config.platform == "onnxruntime_onnx":
+            needed.add("onnxruntime")
+        elif config.backend:
+            needed.add(config.backend)
+    return needed
+
+
+def onnxruntime_backend_candidates() -> list[Path]:
+    """Where :func:`find_onnxruntime_backend` looks when neither an argument nor
+    ``$TRITON_SAM_ONNXRUNTIME_BACKEND`` names a folder, in order.
+
+    1. ``<sys.prefix>/tools/triton-onnxruntime-backend/onnxruntime``: what
+       ``make onnxruntime-backend`` builds for this environment's server and onnxruntime;
+    2. ``<ancestor>/shared/triton-onnxruntime-backend/onnxruntime`` for every ancestor of the
+       checkout this package runs from and of the working directory (a prebuilt copy next
+       to the clone, as on CI machines);
+    3. ``/work/shared/triton-onnxruntime-backend/onnxruntime``.
+    """
+    roots = [Path(__file__).resolve().parents[1], Path.cwd().resolve()]
+    candidates = [Path(sys.prefix) / BUILT_ORT_BACKEND]
+    for root in roots:
+        candidates += [ancestor / SHARED_ORT_BACKEND for ancestor in (root, *root.parents)]
+    candidates.append(MACHINE_ORT_BACKEND)
+    return list(dict.fromkeys(candidates))
+
+
+def find_onnxruntime_backend(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The folder of Triton's onnxruntime backend for the embedded server.
+
+    Args:
+        explicit: a folder given by the caller (``--onnxruntime-backend``); it must hold the
+            backend, nothing else is tried. Otherwise ``$TRITON_SAM_ONNXRUNTIME_BACKEND``,
+            when set, is the only folder tried; otherwise the first of
+            :func:`onnxruntime_backend_candidates` holding ``libtriton_onnxruntime.so``.
+
+    Raises:
+        BackendNotFoundError: no backend there; the message lists where it looked and what
+            to do (set the variable, or build one with ``make onnxruntime-backend``).
+    """
+    if explicit is not None:
+        source, tried = "the onnxruntime_backend argument", [Path(explicit)]
+    elif os.environ.get(ORT_BACKEND_ENV):
+        source, tried = f"${ORT_BACKEND_ENV}", [Path(os.environ[ORT_BACKEND_ENV])]
+    else:
+        source, tried = "the default locations", onnxruntime_backend_candidates()
+    for folder in tried:
+        if (folder / ORT_BACKEND_LIBRARY).is_file():
+            return folder.resolve()
+    listed = "\n  ".join(str(p) for p in tried)
+    raise BackendNotFoundError(
+        f"Triton's onnxruntime backend ({ORT_BACKEND_LIBRARY}) not found in {source}; "
+        f"looked in:\n  {listed}\n"
+        "The repository has onnxruntime_onnx models, which the tritonserver of the "
+        f"nvidia-pytriton wheel cannot run without it. Either set {ORT_BACKEND_ENV} (or "
+        "pass --onnxruntime-backend) to a folder holding the backend built for this server "
+        "(e.g. ../shared/triton-onnxruntime-backend/onnxruntime), or build one from "
+        "Triton's sources with `make onnxruntime-backend` (needs network access to "
+        "github.com, cmake, g++ and rapidjson-dev)."
+    )
+
+
+def _link_backend(source: Path, dest: Path) -> None:
+    """Link every file of the backend folder ``source`` into ``dest``.
+
+    A file whose whole content is the name of another file of the folder is a symbolic
+    link stored as text (what a copy or checkout without symlink support leaves of
+    ``libonnxruntime.so.1 -> libonnxruntime.so.1.32.0``); it is linked to that file, since
+    the dynamic loader would read the text as a truncated library ("file too short").
+
+    Raises:
+        BackendNotFoundError: a shared library of the backend is not a loadable file.
+    """
+    dest.mkdir(parents=True)
+    for item in sorted(source.iterdir()):
+        target = item
+        # libonnxruntime.so -> libonnxruntime.so.1 -> libonnxruntime.so.1.32.0: follow chains
+        for _ in range(8):
+            named = _link_text(target)
+            if named is None:
+                break
+            target = source / named
+        (dest / item.name).symlink_to(target.resolve())
+    for library in sorted(dest.glob("lib*.so*")):
+        if not _is_elf(library):
+            raise BackendNotFoundError(
+                f"{source / library.name}: not a shared library (nor a link to one in "
+                f"{source}); rebuild the backend folder (`make onnxruntime-backend`)"
+            )
+
+
+def _link_text(path: Path) -> str | None:
+    """The sibling file name ``path`` holds as its only content, if it is such a stand-in."""
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 255:
+        return None
+    name = path.read_bytes().strip().decode("utf-8", errors="replace")
+    if name and "/" not in name and name != path.name and (path.parent / name).is_file():
+        return name
+    return None
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _ELF_MAGIC
+    except OSError:
+        return False
 
 
 def _server_env() -> dict[str, str]:

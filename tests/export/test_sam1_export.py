@@ -50,7 +50,10 @@ def test_export_writes_graphs_with_the_spec_contract(graphs):
         assert proto.opset_import[0].version >= 17
         assert [i.name for i in proto.graph.input] == [t.name for t in inputs]
         assert [o.name for o in proto.graph.output] == [t.name for t in outputs]
-        for value, spec in zip(proto.graph.input, inputs, strict=True):
+        # Outputs too: Triton's onnxruntime backend compares their dims with the config's
+        # exactly, so the fixed sizes must be declared (a symbolic dim would not load).
+        declared = [*proto.graph.input, *proto.graph.output]
+        for value, spec in zip(declared, [*inputs, *outputs], strict=True):
             dims = value.type.tensor_type.shape.dim
             assert dims[0].dim_param, f"{spec.name}: batch dim must be symbolic"
             for d, expected in zip(dims[1:], spec.shape, strict=True):

@@ -52,7 +52,10 @@ def test_export_writes_graphs_with_the_spec_contract(exported):
         assert model.opset_import[0].version >= 17
         assert [i.name for i in model.graph.input] == [t.name for t in inputs]
         assert [o.name for o in model.graph.output] == [t.name for t in outputs]
-        for value, spec in zip(model.graph.input, inputs, strict=True):
+        # Outputs too: Triton's onnxruntime backend compares their dims with the config's
+        # exactly, so the fixed sizes must be declared (a symbolic dim would not load).
+        declared = [*model.graph.input, *model.graph.output]
+        for value, spec in zip(declared, [*inputs, *outputs], strict=True):
             dims = value.type.tensor_type.shape.dim
             assert dims[0].dim_param, f"{spec.name}: batch dim must be symbolic"
             for d, expected in zip(dims[1:], spec.shape, strict=True):
@@ -96,6 +99,19 @@ def test_fp16_conversion_keeps_fp32_io_and_passes_its_tolerance(exported, tmp_pa
     assert all(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in model.graph.input)
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer)
     onnx_utils.verify_graph(path, [("fp16", feeds, expected)], onnx_utils.FP16_TOLERANCE)
+
+
+def test_fp16_encoder_loads_and_passes_its_tolerance(exported, tmp_path):
+    """The encoder's positional encoding has a Range, which has no fp16 kernel: the converter
+    must keep it (and the constants and casts feeding it) in fp32, or the graph does not load
+    ("Type 'tensor(float16)' of input parameter ... of operator (Range)")."""
+    path = tmp_path / "encoder.onnx"
+    path.write_bytes(exported.encoder.read_bytes())
+    feeds = {"image": np.random.default_rng(2).standard_normal((1, 3, 1024, 1024), np.float32)}
+    expected = onnx_utils.run_onnx(path, feeds)
+    onnx_utils.convert_to_fp16(path)
+    onnx_utils.verify_graph(path, [("fp16", feeds, expected)], onnx_utils.FP16_TOLERANCE)
+    assert [p.name for p in tmp_path.iterdir()] == ["encoder.onnx"]  # no temporary left
 
 
 def test_external_data_export_loads_and_matches(checkpoint, exported, tmp_path):

@@ -52,7 +52,10 @@ def test_export_writes_graphs_with_the_spec_contract(exported):
         model = onnx.load(str(path), load_external_data=False)
         assert [i.name for i in model.graph.input] == [t.name for t in inputs]
         assert [o.name for o in model.graph.output] == [t.name for t in outputs]
-        for value, spec in zip(model.graph.input, inputs, strict=True):
+        # Outputs too: Triton's onnxruntime backend compares their dims with the config's
+        # exactly, so the fixed sizes must be declared (a symbolic dim would not load).
+        declared = [*model.graph.input, *model.graph.output]
+        for value, spec in zip(declared, [*inputs, *outputs], strict=True):
             dims = value.type.tensor_type.shape.dim
             assert dims[0].dim_param, f"{spec.name}: batch dim must be symbolic"
             for d, expected in zip(dims[1:], spec.shape, strict=True):

@@ -277,7 +277,7 @@ def small_repository(sam2_tiny_repository, tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("session_lru") / "model_repository"
     for name in ("sam2_encoder", "sam2_decoder"):
         shutil.copytree(sam2_tiny_repository / name, repo / name, copy_function=os.symlink)
-    options = RepositoryOptions(target="python")
+    options = RepositoryOptions(instance_kind="cpu")  # the embedded server's session twin
     write_session(repo, get_family("sam2"), options, SessionOptions(max_images=2))
     return repo
 
@@ -330,8 +330,9 @@ def test_lru_bound_holds_and_evicted_images_are_reencoded(embedded_triton, small
         assert all(s[1] <= 2 * (per_image + 4 * 256 * 256 * 4) for s in seen)
         rss = [s[2] for s in seen]
         # Memory stops growing: flat over the last three embeds (the python backend's shared
-        # memory pool may grow one step of 16 MiB early on, then reuses it).
-        assert max(rss[-3:]) - min(rss[-3:]) < per_image // 4, rss
+        # memory pool may grow one step of 16 MiB early on, then reuses it). Allocator jitter
+        # seen: up to 4.7 MB; a leak of one image per embed would add 32 MiB here.
+        assert max(rss[-3:]) - min(rss[-3:]) < per_image // 2, rss
         assert rss[-1] - rss[0] < 2 * per_image, rss
         assert metrics(server)["evictions"] == 4
         # images[0] was evicted: the click misses, and predict re-encodes and answers

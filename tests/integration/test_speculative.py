@@ -183,10 +183,13 @@ def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server,
     print(f"cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= n // 2
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # client side
-    # by the server's own counters: dropped from the queue, or skipped unrun by the runner
-    assert delta.cancelled >= n // 4, delta
+    # By the server's own counters. The onnxruntime backend has no runner: Triton's dynamic
+    # batcher dropping queued requests is the only cancellation there (the python runner of
+    # `--target python` also skips ones already batched; its counter must stay 0 here).
+    assert delta.skipped == 0, delta
+    assert delta.canceled >= n // 4, delta
     assert delta.executed <= n // 2, delta
-    assert delta.executed + delta.cancelled <= n
+    assert delta.executed + delta.canceled <= n
 
 
 def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embedding):

@@ -1,9 +1,11 @@
 """SAM1 end to end vs the official SamPredictor on the same weights, image and prompts.
 
 Random-init ViT-B saved as an official checkpoint (a plain state dict) -> triton-sam export
-with external data forced on (weights in ``.onnx_data`` sidecars) -> repository (python
-target) -> embedded tritonserver -> SAM2TritonClient(model_type="sam1") over HTTP and gRPC,
-on a 480x640 (W x H) portrait image, so the longest-side resize pads on the right.
+with external data forced on (weights in ``.onnx_data`` sidecars) -> production repository
+(onnxruntime target) -> its CPU twin on Triton's onnxruntime backend in the embedded
+tritonserver -> SAM2TritonClient(model_type="sam1") over HTTP and gRPC, on the session and
+stateless paths, on a 480x640 (W x H) portrait image, so the longest-side resize pads on the
+right.
 
 Tolerances (stated, tight; measured over the whole prompt matrix, both protocols, on
 random-init weights whose logits reach ~0.3 in magnitude):
@@ -39,6 +41,11 @@ H, W = IMAGE.shape[:2]
 PROMPTS = prompt_matrix(W, H)  # the shared matrix
 
 
+# Every prompt runs over both protocols and both serving paths: the session model (features
+# kept on the server, BLS to the encoder/decoder) and the stateless decoder.
+PATHS = [(p, s) for p in ("http", "grpc") for s in ("session", "stateless")]
+
+
 @pytest.fixture(scope="module")
 def upstream(sam1_vit_b_spec, sam1_vit_b_checkpoint):
     """The official predictor, same weights, with the image set."""
@@ -49,11 +56,16 @@ def upstream(sam1_vit_b_spec, sam1_vit_b_checkpoint):
     return predictor
 
 
-@pytest.fixture(scope="module", params=["http", "grpc"])
+@pytest.fixture(scope="module", params=PATHS, ids=["-".join(p) for p in PATHS])
 def client(request, sam1_vit_b_server):
+    protocol, path = request.param
     server = sam1_vit_b_server
-    url = server.http_url if request.param == "http" else server.grpc_url
-    with SAM2TritonClient(url, model_type="sam1", protocol=request.param) as c:
+    url = server.http_url if protocol == "http" else server.grpc_url
+    session = path == "session"
+    with SAM2TritonClient(
+        url, model_type="sam1", protocol=protocol, use_server_embeddings=session
+    ) as c:
+        assert c.uses_server_embeddings == session
         c.set_image(IMAGE)
         yield c
 

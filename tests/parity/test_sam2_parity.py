@@ -1,7 +1,9 @@
 """SAM2.1 end to end vs the official SAM2ImagePredictor on the same weights, image and prompts.
 
-Random-init SAM2.1-tiny saved as an official checkpoint -> triton-sam export -> repository
-(python target) -> embedded tritonserver -> SAM2TritonClient over HTTP and gRPC.
+Random-init SAM2.1-tiny saved as an official checkpoint -> triton-sam export -> production
+repository (onnxruntime target) -> its CPU twin on Triton's onnxruntime backend in the
+embedded tritonserver -> SAM2TritonClient over HTTP and gRPC, on the session path (the
+``sam2_session`` BLS model) and the stateless one.
 
 Tolerances (stated, tight):
 - scores: |ours - upstream| <= 1e-4 (the issue asks for 1e-3; measured <= 3e-8)
@@ -33,6 +35,11 @@ H, W = IMAGE.shape[:2]
 PROMPTS = prompt_matrix(W, H)  # the shared matrix
 
 
+# Every prompt runs over both protocols and both serving paths: the session model (features
+# kept on the server, BLS to the encoder/decoder) and the stateless decoder.
+PATHS = [(p, s) for p in ("http", "grpc") for s in ("session", "stateless")]
+
+
 @pytest.fixture(scope="module")
 def upstream(sam2_tiny_spec, sam2_tiny_checkpoint):
     """The official predictor, same weights, with the image set."""
@@ -43,11 +50,16 @@ def upstream(sam2_tiny_spec, sam2_tiny_checkpoint):
     return predictor
 
 
-@pytest.fixture(scope="module", params=["http", "grpc"])
+@pytest.fixture(scope="module", params=PATHS, ids=["-".join(p) for p in PATHS])
 def client(request, sam2_tiny_server):
+    protocol, path = request.param
     server = sam2_tiny_server
-    url = server.http_url if request.param == "http" else server.grpc_url
-    with SAM2TritonClient(url, model_type="sam2", protocol=request.param) as c:
+    url = server.http_url if protocol == "http" else server.grpc_url
+    session = path == "session"
+    with SAM2TritonClient(
+        url, model_type="sam2", protocol=protocol, use_server_embeddings=session
+    ) as c:
+        assert c.uses_server_embeddings == session
         c.set_image(IMAGE)
         yield c
 

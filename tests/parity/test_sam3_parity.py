@@ -2,10 +2,12 @@
 
 A small random-init Sam3TrackerModel (``triton_sam.export.sam3.small_config``: the real
 1008x1008 input, feature levels and 288x288 masks, a 2-layer ViT) saved as a model
-directory -> two repositories' worth of models in one embedded tritonserver:
+directory -> two repositories' worth of models in one production repository, served as its CPU
+twin on Triton's onnxruntime backend in the embedded tritonserver:
 
 - ``sam3_encoder``/``sam3_decoder``: our export (point-list decoder, mask input, both
-  selections), compared with upstream on the whole prompt matrix;
+  selections), compared with upstream on the whole prompt matrix, on the session path
+  (``sam3_session``) and the stateless one;
 - ``sam3c_encoder``/``sam3c_decoder``: the same weights exported in the onnx-community layout
   and imported as is; that decoder has no mask input and only the multimask outputs, so
   it is compared on multimask output, and its single mask on the best of the three.
@@ -84,15 +86,25 @@ class Upstream:
         return masks[0].numpy(), out.iou_scores[0, 0].numpy(), low_res[0].numpy()
 
 
+# Every prompt runs over both protocols and both serving paths: the session model (features
+# kept on the server, BLS to the encoder/decoder) and the stateless decoder.
+PATHS = [(p, s) for p in ("http", "grpc") for s in ("session", "stateless")]
+
+
 @pytest.fixture(scope="module")
 def upstream(sam3_small_checkpoint):
     return Upstream(sam3_small_checkpoint)
 
 
-@pytest.fixture(scope="module", params=["http", "grpc"])
+@pytest.fixture(scope="module", params=PATHS, ids=["-".join(p) for p in PATHS])
 def client(request, sam3_server):
-    url = sam3_server.http_url if request.param == "http" else sam3_server.grpc_url
-    with SAM2TritonClient(url, model_type="sam3", protocol=request.param) as c:
+    protocol, path = request.param
+    url = sam3_server.http_url if protocol == "http" else sam3_server.grpc_url
+    session = path == "session"
+    with SAM2TritonClient(
+        url, model_type="sam3", protocol=protocol, use_server_embeddings=session
+    ) as c:
+        assert c.uses_server_embeddings == session
         c.set_image(IMAGE)
         yield c
 

@@ -140,3 +140,36 @@ def test_demo_runs_with_no_arguments():
     assert out.returncode == 0
     assert "--model" in out.stdout and "--protocol" in out.stdout
     assert "Arguments" not in out.stdout
+
+
+def test_serve_without_the_onnxruntime_backend_says_what_to_do(tmp_path):
+    """An onnxruntime model and no backend: one message naming the variable and the make
+    target, exit 1, no server started (never a silent fallback to the python runner)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    model = tmp_path / "repo" / "m"
+    (model / "1").mkdir(parents=True)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2])],
+    )
+    onnx.save_model(helper.make_model(graph), str(model / "1" / "model.onnx"))
+    (model / "config.pbtxt").write_text(
+        'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 2\n'
+        'input { name: "x" data_type: TYPE_FP32 dims: [2] }\n'
+        'output { name: "y" data_type: TYPE_FP32 dims: [2] }\n'
+        "instance_group { kind: KIND_CPU count: 1 }\n"
+    )
+    out = run_cli(
+        "serve", "--repository", str(tmp_path / "repo"), "--http-port", "0",
+        "--grpc-port", "0", "--metrics-port", "0",
+        "--onnxruntime-backend", str(tmp_path / "no_backend"),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for needle in ("libtriton_onnxruntime.so", "TRITON_SAM_ONNXRUNTIME_BACKEND",
+                   "make onnxruntime-backend", str(tmp_path / "no_backend")):  # fmt: skip
+        assert needle in out.stderr

@@ -1,4 +1,5 @@
-"""config.pbtxt rendering: reference files, round trip, validation, target conversion."""
+"""config.pbtxt rendering: reference files, round trip, validation, target conversion, and the
+GPU-only keys (TensorRT accelerator) checked by name against Triton's onnxruntime backend."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from triton_sam.repository import config as cfg
 from triton_sam.repository.config import (
     RepositoryOptions,
     build_config,
+    check_accelerators,
     parse_config,
     render_config,
+    to_cpu_twin,
     to_python_target,
     triton_dtype,
 )
@@ -160,6 +163,83 @@ def test_python_twin_of_an_onnxruntime_config() -> None:
 def test_python_twin_refuses_other_platforms() -> None:
     with pytest.raises(RepositoryError, match="tensorrt_plan"):
         to_python_target(parse_config('name: "m"\nplatform: "tensorrt_plan"\n'))
+
+
+def test_cpu_twin_changes_only_what_a_cpu_host_cannot_do() -> None:
+    options = RepositoryOptions(
+        tensorrt_fp16=True, warmup=True, intra_op_threads=3, instance_count=2
+    )
+    gpu = build_config(SAM2_FAMILY, "decoder", options)
+    twin = to_cpu_twin(gpu)
+    (group,) = twin.instance_group
+    assert group.kind == group.KIND_CPU and group.count == 2 and list(group.gpus) == []
+    assert not twin.HasField("optimization")  # TensorRT was its only content
+    # Everything else is the production config, byte for byte.
+    expected = build_config(
+        SAM2_FAMILY,
+        "decoder",
+        RepositoryOptions(warmup=True, intra_op_threads=3, instance_count=2, instance_kind="cpu"),
+    )
+    assert text_format.MessageToString(twin) == text_format.MessageToString(expected)
+    assert twin.platform == "onnxruntime_onnx" and twin.backend == ""
+    assert to_cpu_twin(twin) == twin  # already CPU: unchanged
+    assert gpu.instance_group[0].kind == group.KIND_GPU  # the input is not modified
+
+
+def test_cpu_twin_keeps_cpu_accelerators_and_drops_only_gpu_ones() -> None:
+    config = parse_config(
+        'name: "m"\nplatform: "onnxruntime_onnx"\n'
+        "instance_group { kind: KIND_GPU gpus: [0, 1] count: 1 }\n"
+        "optimization { priority: PRIORITY_MAX execution_accelerators {\n"
+        '  gpu_execution_accelerator { name: "cuda" }\n'
+        '  cpu_execution_accelerator { name: "openvino" } } }\n'
+    )
+    twin = to_cpu_twin(config)
+    accelerators = twin.optimization.execution_accelerators
+    assert [a.name for a in accelerators.cpu_execution_accelerator] == ["openvino"]
+    assert list(accelerators.gpu_execution_accelerator) == []
+    assert twin.optimization.priority == twin.optimization.PRIORITY_MAX
+    assert list(twin.instance_group[0].gpus) == []
+
+
+def test_tensorrt_parameters_are_names_the_onnxruntime_backend_accepts() -> None:
+    """Every key the renderer writes is in the backend's list (onnxruntime_backend r24.10)."""
+    config = build_config(SAM2_FAMILY, "encoder", RepositoryOptions(tensorrt_fp16=True))
+    (trt,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert trt.name == cfg.TENSORRT_ACCELERATOR == "tensorrt"
+    assert set(trt.parameters) <= cfg.TENSORRT_PARAMS
+    assert trt.parameters["precision_mode"] in cfg.TENSORRT_PRECISION_MODES
+    check_accelerators(config)  # no error
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("precison_mode", "FP16", "unknown TensorRT parameter 'precison_mode'"),
+        ("engine_cache_enable", "true", "unknown TensorRT parameter 'engine_cache_enable'"),
+        ("precision_mode", "fp16", "precision_mode 'fp16'"),
+    ],
+)
+def test_a_misspelled_accelerator_parameter_fails(key: str, value: str, match: str) -> None:
+    config = build_config(SAM2_FAMILY, "encoder", RepositoryOptions(tensorrt_fp16=True))
+    config.optimization.execution_accelerators.gpu_execution_accelerator[0].parameters[key] = value
+    with pytest.raises(RepositoryError, match=match):
+        check_accelerators(config)
+    with pytest.raises(RepositoryError, match=match):  # never silently dropped for the CPU twin
+        to_cpu_twin(config)
+
+
+def test_an_unknown_accelerator_name_fails() -> None:
+    config = build_config(SAM2_FAMILY, "encoder", RepositoryOptions(tensorrt_fp16=True))
+    config.optimization.execution_accelerators.gpu_execution_accelerator[0].name = "TensorRT"
+    with pytest.raises(RepositoryError, match="unknown GPU execution accelerator 'TensorRT'"):
+        check_accelerators(config)
+
+
+def test_the_renderer_checks_what_it_writes(monkeypatch) -> None:
+    monkeypatch.setattr(cfg, "TENSORRT_PARAMS", cfg.TENSORRT_PARAMS - {"trt_engine_cache_path"})
+    with pytest.raises(RepositoryError, match="trt_engine_cache_path"):
+        build_config(SAM2_FAMILY, "encoder", RepositoryOptions(tensorrt_fp16=True))
 
 
 def test_runner_reads_the_same_parameter_keys() -> None:

@@ -1,7 +1,9 @@
-"""Repository writer: layout, atomic replacement, crash recovery, pairs and embedded twins."""
+"""Repository writer: layout, atomic replacement, crash recovery, pairs and embedded twins
+(CPU twins on the onnxruntime backend, or runner twins)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -10,8 +12,14 @@ import pytest
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.sam2 import SAM2_FAMILY
+from triton_sam.models.spec import TensorSpec
 from triton_sam.repository import writer
-from triton_sam.repository.config import RepositoryOptions, parse_config, render_config
+from triton_sam.repository.config import (
+    RepositoryOptions,
+    parse_config,
+    render_config,
+    to_cpu_twin,
+)
 from triton_sam.repository.writer import (
     embedded_repository,
     list_models,
@@ -331,21 +339,86 @@ def test_a_pair_whose_second_rename_fails_puts_the_first_back(tmp_path, monkeypa
     assert _hidden(repo) == []
 
 
-def test_embedded_twin_of_a_gpu_repository(tmp_path: Path) -> None:
+# A family whose contract is _tiny_onnx's graph: image [4] -> image_embed [4].
+TINY = dataclasses.replace(
+    SAM2_FAMILY,
+    family="tiny",
+    encoder_inputs=(TensorSpec("image", "float32", (4,)),),
+    encoder_outputs=(TensorSpec("image_embed", "float32", (4,)),),
+    decoder_inputs=(TensorSpec("image", "float32", (4,)),),
+    decoder_outputs=(TensorSpec("image_embed", "float32", (4,)),),
+    encoder_model="tiny_encoder",
+    decoder_model="tiny_decoder",
+)
+
+
+GPU_TRT = RepositoryOptions(target="onnxruntime", tensorrt_fp16=True, instance_count=2)
+
+
+def _gpu_pair(tmp_path: Path) -> Path:
     encoder = _tiny_onnx(tmp_path / "encoder.onnx", external=True)
     decoder = _tiny_onnx(tmp_path / "decoder.onnx")
     repo = tmp_path / "model_repository"
-    write_pair(repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=GPU)
+    write_pair(repo, TINY, encoder_onnx=encoder, decoder_onnx=decoder, options=GPU_TRT)
+    return repo
+
+
+def test_embedded_twin_of_a_gpu_repository_on_the_onnxruntime_backend(tmp_path: Path) -> None:
+    repo = _gpu_pair(tmp_path)
     twin = embedded_repository(repo)
     assert twin == tmp_path / "model_repository_embedded"
     assert list_models(twin) == list_models(repo)
-    version_dir = twin / "sam2_encoder" / "1"
-    assert (version_dir / "model.onnx").resolve() == (repo / "sam2_encoder/1/model.onnx").resolve()
+    version_dir = twin / "tiny_encoder" / "1"
+    assert (version_dir / "model.onnx").resolve() == (repo / "tiny_encoder/1/model.onnx").resolve()
     assert (version_dir / "encoder.onnx_data").is_symlink()
+    assert sorted(p.name for p in version_dir.iterdir()) == ["encoder.onnx_data", "model.onnx"]
+    for name in ("tiny_encoder", "tiny_decoder"):
+        production = parse_config(repo / name / "config.pbtxt")
+        served = parse_config(twin / name / "config.pbtxt")
+        assert served == to_cpu_twin(production)  # the mechanical CPU changes, nothing else
+        assert served.platform == "onnxruntime_onnx" and served.instance_group[0].count == 2
+    assert embedded_repository(twin) == twin  # already CPU: served as is
+
+
+def test_embedded_twin_on_the_python_runner(tmp_path: Path) -> None:
+    repo = _gpu_pair(tmp_path)
+    twin = embedded_repository(repo, target="python")
+    version_dir = twin / "tiny_encoder" / "1"
     assert (version_dir / "model.py").is_file() and not (version_dir / "model.py").is_symlink()
-    config = parse_config(twin / "sam2_encoder" / "config.pbtxt")
+    assert (version_dir / "encoder.onnx_data").is_symlink()
+    config = parse_config(twin / "tiny_encoder" / "config.pbtxt")
     assert (config.backend, config.platform) == ("python", "")
-    assert embedded_repository(twin) == twin  # already python: served as is
+    assert embedded_repository(twin, target="python") == twin  # already python: as is
+    # Switching back rewrites the twins in place.
+    assert parse_config(
+        embedded_repository(repo) / "tiny_encoder" / "config.pbtxt"
+    ).platform == "onnxruntime_onnx"  # fmt: skip
+    with pytest.raises(InputValidationError, match="target"):
+        embedded_repository(repo, target="tensorrt")  # type: ignore[arg-type]
+
+
+def test_embedded_twin_refuses_a_graph_the_onnxruntime_backend_would_refuse(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    graph = _tiny_onnx(tmp_path / "encoder.onnx")  # not the SAM2 encoder's contract
+    write_model(repo, "sam2_encoder", graph, _config("onnxruntime"), target="onnxruntime")
+    with pytest.raises(RepositoryError) as info:
+        embedded_repository(repo)
+    message = str(info.value)
+    assert "output 'image_embed': the graph declares [-1, 4]" in message
+    assert "output 'high_res_feats_0' is not in the graph" in message
+    assert not (tmp_path / "repo_embedded").exists()
+    # The runner does not compare dims at load: that fallback is not refused here.
+    assert embedded_repository(repo, target="python") == tmp_path / "repo_embedded"
+
+
+def test_write_pair_refuses_graphs_the_gpu_container_would_refuse(tmp_path: Path) -> None:
+    encoder = _tiny_onnx(tmp_path / "encoder.onnx")
+    decoder = _tiny_onnx(tmp_path / "decoder.onnx")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    with pytest.raises(RepositoryError, match="onnxruntime backend would refuse"):
+        write_pair(repo, SAM2_FAMILY, encoder_onnx=encoder, decoder_onnx=decoder, options=GPU)
+    assert list_models(repo) == [] and _hidden(repo) == []  # nothing written
 
 
 def test_embedded_twin_of_an_empty_repository(tmp_path: Path) -> None:

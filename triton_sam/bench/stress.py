@@ -7,8 +7,9 @@ The same drags run in several modes, one after another, against the same server:
 - ``reference``: the reference client's behaviour: every event is sent; stale requests are
   only "marked cancelled" locally, so every one of them still runs on the server.
 - ``cancel``: every event is sent, and each new one really cancels the session's older
-  requests (``cancel_session_requests``): Triton drops those still queued, the runner skips
-  those already batched.
+  requests (``cancel_session_requests``): Triton drops those still queued (the only
+  cancellation on the onnxruntime backend; the python-runner fallback also skips those
+  already batched).
 - ``latest``: latest-wins (``track`` / ``latest``): one request in flight per session plus the
   newest event waiting; superseded events are never sent.
 
@@ -414,8 +415,9 @@ def write_report(report: StressReport, out_dir: Path) -> dict[str, Path]:
         )
     lines += [
         "",
-        "Executed = the decoder's `inference_count` minus the runner's "
-        "`triton_sam_cancelled_requests_skipped` (`/v2/models/<m>/stats`, `/metrics`); "
+        "Executed = the decoder's `inference_count` (`/v2/models/<m>/stats`) minus the "
+        "python-runner fallback's `triton_sam_cancelled_requests_skipped` (`/metrics`; 0 on "
+        "the onnxruntime backend, which has no runner); "
         'dropped = `nv_inference_request_failure{reason="CANCELED"}`. For `reference`, '
         "'cancelled by client' counts the requests still running at drag end, which the "
         "reference only marks cancelled in a dict.",

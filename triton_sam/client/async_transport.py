@@ -3,10 +3,10 @@
 gRPC goes through ``tritonclient.grpc.aio`` (grpc.aio): cancelling the asyncio task that awaits
 :meth:`AsyncTransport.infer` cancels the RPC, Triton's gRPC endpoint sees the cancellation, and
 a request still waiting in a dynamic batcher's queue is dropped (counted by Triton as
-``nv_inference_request_failure{reason="CANCELED"}``); one already handed to the python-backend
-runner is answered unrun. HTTP goes through ``tritonclient.http.aio`` (aiohttp): cancelling the
-task closes the connection and stops the wait, but Triton's HTTP endpoint has no cancellation,
-so the server still executes the request.
+``nv_inference_request_failure{reason="CANCELED"}``); one already handed to the model runs
+(the python-runner fallback answers it unrun). HTTP goes through ``tritonclient.http.aio``
+(aiohttp): cancelling the task closes the connection and stops the wait, but Triton's HTTP
+endpoint has no cancellation, so the server still executes the request.
 
 Errors are translated by the one translator, :func:`transport.translate_error`;
 ``asyncio.CancelledError`` is never caught.

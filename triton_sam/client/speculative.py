@@ -5,7 +5,7 @@ Two ways to use it, by session (a session is one user's stream of prompts, e.g. 
 - The reference API: :meth:`~SpeculativeSAM2Client.predict_async` sends a request and returns
   ``(request_id, task)``; :meth:`~SpeculativeSAM2Client.cancel_session_requests` cancels the
   session's stale requests for real (the gRPC call is cancelled, so Triton drops it while it
-  still waits in the decoder's dynamic-batching queue, and the python-backend runner answers
+  still waits in the decoder's dynamic-batching queue; the python-runner fallback also answers
   it unrun once batched); :func:`queue_multiple_requests` and :func:`wait_for_latest_result`
   keep the reference's helpers.
 - Latest-wins, for mouse moves: :meth:`~SpeculativeSAM2Client.track` one event per move,
@@ -252,9 +252,9 @@ class SpeculativeSAM2Client(AsyncDecoder):
         """Cancel the session's stale requests for real.
 
         Each cancelled request's task is cancelled, which cancels its gRPC call: Triton drops
-        it if it still waits in the decoder's queue, and the python-backend runner answers it
-        unrun if it was already batched. A request already executing runs to its end, but its
-        answer is discarded. Over HTTP only the client side is cancelled.
+        it if it still waits in the decoder's queue (the python-runner fallback also answers
+        it unrun if it was already batched). A request handed to the model runs to its end,
+        but its answer is discarded. Over HTTP only the client side is cancelled.
 
         Args:
             session_id: the session.

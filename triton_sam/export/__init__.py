@@ -158,6 +158,10 @@ def export_model(
     if options.fp16:
         onnx_utils.convert_to_fp16(enc_path)
         onnx_utils.convert_to_fp16(dec_path)
+    # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the fixed
+    # output sizes declared in the graph (see set_output_dims).
+    onnx_utils.set_output_dims(enc_path, fam.encoder_outputs)
+    onnx_utils.set_output_dims(dec_path, fam.decoder_outputs)
     for path in (enc_path, dec_path) if metadata else ():
         onnx_utils.set_metadata(path, metadata)
     result = ExportResult(enc_path, dec_path, seconds, tolerance=(tolerance.atol, tolerance.rtol))

@@ -1,4 +1,5 @@
-"""Family-independent ONNX helpers: export, check against torch, fp16, external data."""
+"""Family-independent ONNX helpers: export, static output dims, check against torch, fp16,
+external data."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from triton_sam.errors import ExportError, ExportValidationError
 
 if TYPE_CHECKING:
     import torch
+
+    from triton_sam.models.spec import TensorSpec
 
 # ONNX protobufs cannot exceed 2 GiB; above this the weights go to a sidecar file.
 _PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -154,10 +157,21 @@ def convert_to_fp16(path: Path) -> None:
     precision; the casts at the boundary are negligible next to the network.
     """
     import onnx
+    from onnx.shape_inference import infer_shapes_path
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = onnx.load(str(path), load_external_data=True)
     had_external = bool(external_data_files(path))
+    # The converter keeps ops onnxruntime has no fp16 kernel for (Range, CumSum, ...) in fp32
+    # and casts around them, but only where it knows value types: without shape inference a
+    # Constant/Cast feeding Range became fp16 and the SAM2 encoder failed to load ("Type
+    # 'tensor(float16)' of input parameter ... of operator (Range)"). Inference runs on the
+    # file (models above 2 GiB included); the converter then reads the types from value_info.
+    inferred = path.with_name(f".{path.stem}.inferred.onnx")
+    try:
+        infer_shapes_path(str(path), str(inferred))
+        model = onnx.load(str(inferred), load_external_data=True)
+    finally:
+        inferred.unlink(missing_ok=True)
     model16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
     if had_external:
         onnx.save_model(
@@ -169,6 +183,83 @@ def convert_to_fp16(path: Path) -> None:
         )
     else:
         onnx.save_model(model16, str(path))
+
+
+def set_output_dims(path: Path, outputs: Sequence[TensorSpec]) -> None:
+    """Declare the spec's fixed per-item output sizes in the graph's outputs, in place.
+
+    Why: Triton's onnxruntime backend compares each output's ``dims`` in config.pbtxt with
+    the shape the graph declares *exactly* (``CompareDimsSupported(..., compare_exact=true)``
+    in onnxruntime_backend r24.10; inputs only need to be compatible). The TorchScript
+    exporter leaves most non-batch output dims symbolic (``image_embed`` comes out as
+    ``[batch, sym, sym, sym]``), so a config saying ``[256, 64, 64]`` fails to load. The
+    sizes come from the spec, the one source the config is rendered from; dim 0 stays the
+    symbolic batch and a spec ``-1`` stays symbolic. Only the graph's declarations change
+    (no weights are loaded or rewritten); ``verify_graph`` then checks that the computed
+    outputs have these shapes.
+
+    Args:
+        path: the ``.onnx`` file (weights inline or in sidecars, which are left alone).
+        outputs: the graph's outputs as the family spec declares them (per item, no batch).
+
+    Raises:
+        ExportError: the graph's outputs differ from ``outputs`` by name or rank, its batch
+            dim is fixed, or it declares a fixed size that disagrees with the spec (all
+            listed at once).
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    declared = {value.name: value for value in model.graph.output}
+    problems = []
+    if set(declared) != {t.name for t in outputs}:
+        problems.append(
+            f"outputs are {sorted(declared)}, the spec says {sorted(t.name for t in outputs)}"
+        )
+    for spec in outputs:
+        value = declared.get(spec.name)
+        if value is not None:
+            problems += _declare_dims(value.type.tensor_type.shape, spec)
+    if problems:
+        raise ExportError(
+            f"{path.name}: cannot declare the spec's output dims: " + "; ".join(problems)
+        )
+    _save_graph_only(model, path)
+
+
+def _declare_dims(shape: Any, spec: TensorSpec) -> list[str]:
+    """Set ``shape`` (an ONNX TensorShapeProto) to [symbolic batch, *spec.shape]."""
+    dims = list(shape.dim)
+    if len(dims) != 1 + len(spec.shape):
+        return [f"{spec.name} has rank {len(dims)}, the spec says 1 + {len(spec.shape)}"]
+    if dims[0].HasField("dim_value"):
+        return [f"{spec.name}: batch dim is fixed to {dims[0].dim_value}; expected symbolic"]
+    problems = []
+    for i, (dim, size) in enumerate(zip(dims[1:], spec.shape, strict=True), start=1):
+        fixed = dim.dim_value if dim.HasField("dim_value") else None
+        if size >= 0 and fixed not in (None, size):
+            problems.append(f"{spec.name} dim {i} is {fixed}, the spec says {size}")
+        elif size < 0 and fixed is not None:
+            problems.append(f"{spec.name} dim {i} is fixed to {fixed}, the spec says variable")
+        elif size >= 0:
+            dim.dim_value = size  # clears dim_param (a oneof)
+    return problems
+
+
+def _save_graph_only(model: Any, path: Path) -> None:
+    """Write ``model`` (loaded without its external data) back to ``path`` atomically.
+
+    Initializers kept in a sidecar stay references to it (same relative location), so only
+    the graph file is rewritten.
+    """
+    import onnx
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        onnx.save_model(model, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def set_metadata(path: Path, props: Mapping[str, str]) -> None:
@@ -185,20 +276,49 @@ def set_metadata(path: Path, props: Mapping[str, str]) -> None:
     model.metadata_props.extend(kept)
     for key, value in props.items():
         model.metadata_props.add(key=key, value=str(value))
-    tmp = path.with_name(path.name + ".tmp")
-    onnx.save_model(model, str(tmp))
-    os.replace(tmp, path)
+    _save_graph_only(model, path)
 
 
 def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run an ONNX file once on CPU with onnxruntime and return outputs by name."""
+    return _run(_session(path), feeds)
+
+
+def _session(path: Path) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _run(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+
+
+def declared_shape_mismatches(
+    session: Any, actual: Mapping[str, np.ndarray], *, label: str = ""
+) -> list[str]:
+    """Outputs whose computed shape contradicts a fixed dim the graph declares.
+
+    onnxruntime only warns about such a contradiction; Triton sizes and checks responses
+    by the config, which says what the graph declares, so it must be an error here.
+    """
+    problems = []
+    for output in session.get_outputs():
+        got = actual.get(output.name)
+        if got is None:
+            continue
+        declared = list(output.shape)
+        fixed_ok = len(declared) == got.ndim and all(
+            not isinstance(d, int) or d == n for d, n in zip(declared, got.shape, strict=True)
+        )
+        if not fixed_ok:
+            problems.append(
+                f"{label}{output.name}: computed shape {got.shape}, the graph declares {declared}"
+            )
+    return problems
 
 
 def compare_outputs(
@@ -233,7 +353,8 @@ def verify_graph(
     cases: Sequence[tuple[str, Mapping[str, np.ndarray], Mapping[str, np.ndarray]]],
     tolerance: Tolerance,
 ) -> dict[str, float]:
-    """Run each ``(label, feeds, expected)`` case through ORT; raise once listing all mismatches.
+    """Run each ``(label, feeds, expected)`` case through ORT; raise once listing all mismatches
+    (values out of tolerance, and computed shapes that contradict the graph's declared dims).
 
     Returns:
         The max absolute error per output over all cases (for reports).
@@ -243,9 +364,11 @@ def verify_graph(
     """
     mismatches: list[str] = []
     max_err: dict[str, float] = {}
+    session = _session(path)
     for label, feeds, expected in cases:
-        actual = run_onnx(path, feeds)
+        actual = _run(session, feeds)
         mismatches += compare_outputs(actual, expected, tolerance, label=f"[{label}] ")
+        mismatches += declared_shape_mismatches(session, actual, label=f"[{label}] ")
         for name, ref in expected.items():
             if name in actual and actual[name].shape == ref.shape:
                 err = float(np.abs(actual[name].astype(np.float64) - ref).max(initial=0.0))

@@ -348,4 +348,7 @@ def export_onnx_community_pair(
         opset=opset,
         external_data=True,
     )
+    # The fixed output sizes Triton's onnxruntime backend compares exactly.
+    onnx_utils.set_output_dims(enc_path, fam.encoder_outputs)
+    onnx_utils.set_output_dims(dec_path, fam.decoder_outputs)
     return enc_path, dec_path

@@ -2,8 +2,11 @@
 
 - :mod:`~triton_sam.repository.config`: render/parse configs from a family spec.
 - :mod:`~triton_sam.repository.writer`: write ``<repo>/<name>/{config.pbtxt, 1/...}``.
-- ``runner.py``: the python-backend ``model.py`` of the ``python`` target (runs inside
-  Triton's stub, never imported by triton_sam).
+- :mod:`~triton_sam.repository.onnx_check`: a config against its graph, by the rules of
+  Triton's onnxruntime backend.
+- ``runner.py``: the python-backend ``model.py`` of the ``python`` target, the fallback for an
+  embedded server without that backend (runs inside Triton's stub, never imported by
+  triton_sam).
 """
 
 from triton_sam.repository.config import (
@@ -13,6 +16,7 @@ from triton_sam.repository.config import (
     build_config,
     parse_config,
     render_config,
+    to_cpu_twin,
     to_python_target,
     triton_dtype,
 )
@@ -27,6 +31,7 @@ __all__ = [
     "list_models",
     "parse_config",
     "render_config",
+    "to_cpu_twin",
     "to_python_target",
     "triton_dtype",
     "write_model",

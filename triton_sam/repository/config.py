@@ -1,9 +1,11 @@
 """Render Triton ``config.pbtxt`` files from a family spec, for one of two targets.
 
-- ``onnxruntime``: the NGC GPU container; ``platform: "onnxruntime_onnx"`` on ``KIND_GPU``
-  instances, optionally through ONNX Runtime's TensorRT execution provider in FP16.
-- ``python``: the embedded tritonserver of the nvidia-pytriton wheel, which has no onnxruntime
-  backend; a python-backend model (``runner.py``) runs ``model.onnx`` with onnxruntime.
+- ``onnxruntime``: the production target (the NGC GPU container; ``docker compose``):
+  ``platform: "onnxruntime_onnx"`` on ``KIND_GPU`` instances, optionally through ONNX
+  Runtime's TensorRT execution provider in FP16. The embedded server runs the same configs
+  on Triton's onnxruntime backend built for CPU, through :func:`to_cpu_twin`.
+- ``python``: a fallback for an embedded server without that backend: a python-backend model
+  (``runner.py``) runs ``model.onnx`` with onnxruntime (see :func:`to_python_target`).
 
 Configs are built as Triton's own protobuf (``model_config_pb2.ModelConfig``) and written with
 ``text_format``, never from string templates, so what we write is what Triton parses.
@@ -37,6 +39,52 @@ ONNX_FILE_PARAM = "onnx_file"
 INTRA_OP_THREADS_PARAM = "intra_op_threads"
 # The onnxruntime backend's own key for the same setting.
 ORT_INTRA_OP_PARAM = "intra_op_thread_count"
+
+# Execution-accelerator settings Triton's onnxruntime backend accepts, by name, as its source
+# spells them (onnxruntime_backend r24.10 = 17e5cb23, src/onnxruntime.cc,
+# ModelInstanceState::ModelInstanceState): any other TensorRT parameter fails the model's load
+# with "unknown parameter '<key>' is provided for TensorRT Execution Accelerator", any other
+# accelerator name with "unknown Execution Accelerator". Neither can be loaded without a GPU
+# (the CPU build compiles that code out), so check_accelerators() checks them statically.
+TENSORRT_ACCELERATOR = "tensorrt"  # kTensorRTExecutionAccelerator (backend_common.h)
+CUDA_ACCELERATOR = "cuda"
+TENSORRT_PARAMS = frozenset(
+    {
+        "precision_mode",  # FP32 | FP16 | INT8
+        "max_workspace_size_bytes",
+        "trt_max_partition_iterations",
+        "trt_min_subgraph_size",
+        "int8_calibration_table_name",
+        "int8_use_native_calibration_table",
+        "trt_dla_enable",
+        "trt_dla_core",
+        "trt_engine_cache_enable",
+        "trt_engine_cache_path",
+        "trt_engine_cache_prefix",
+        "trt_dump_subgraphs",
+        "trt_force_sequential_engine_build",
+        "trt_context_memory_sharing_enable",
+        "trt_layer_norm_fp32_fallback",
+        "trt_timing_cache_enable",
+        "trt_timing_cache_path",
+        "trt_force_timing_cache",
+        "trt_detailed_build_log",
+        "trt_build_heuristics_enable",
+        "trt_sparsity_enable",
+        "trt_builder_optimization_level",
+        "trt_auxiliary_streams",
+        "trt_tactic_sources",
+        "trt_extra_plugin_lib_paths",
+        "trt_profile_min_shapes",
+        "trt_profile_max_shapes",
+        "trt_profile_opt_shapes",
+        "trt_cuda_graph_enable",
+        "trt_dump_ep_context_model",
+        "trt_ep_context_file_path",
+        "trt_ep_context_embed_mode",
+    }
+)
+TENSORRT_PRECISION_MODES = ("FP32", "FP16", "INT8")
 
 _TRITON_TYPES = {
     "bool": "TYPE_BOOL",
@@ -186,6 +234,7 @@ def build_config(
     _set_queue_policy(config, options, graph)
     if options.target == "onnxruntime":
         _set_onnxruntime(config, options)
+        check_accelerators(config)
     else:
         _set_python(config, options)
     if options.warmup:
@@ -253,6 +302,69 @@ def to_python_target(
     if threads is not None:
         twin.parameters[INTRA_OP_THREADS_PARAM].string_value = threads.string_value
     return twin
+
+
+def to_cpu_twin(config: ModelConfig) -> ModelConfig:
+    """The config of ``config``'s model on a CPU-only host (the embedded server), changed
+    mechanically in what a CPU host cannot do and nothing else.
+
+    - ``KIND_GPU`` instance groups become ``KIND_CPU`` with the same count (no ``gpus``);
+    - GPU execution accelerators (TensorRT, CUDA) are dropped, and ``optimization`` when
+      nothing is left in it.
+
+    Everything else (platform or backend, tensors, batching, queue policy, parameters,
+    warmup) is kept, so the embedded server loads the production config itself.
+
+    Raises:
+        RepositoryError: an unknown GPU accelerator or TensorRT parameter (see
+            :func:`check_accelerators`): the GPU container would refuse it, so it is not
+            silently dropped here.
+    """
+    check_accelerators(config)
+    twin = ModelConfig()
+    twin.CopyFrom(config)
+    cpu = model_config_pb2.ModelInstanceGroup.KIND_CPU
+    for group in twin.instance_group:
+        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
+            group.kind = cpu
+            del group.gpus[:]
+    accelerators = twin.optimization.execution_accelerators
+    accelerators.ClearField("gpu_execution_accelerator")
+    if not accelerators.ListFields():
+        twin.optimization.ClearField("execution_accelerators")
+    if not twin.optimization.ListFields():
+        twin.ClearField("optimization")
+    return twin
+
+
+def check_accelerators(config: ModelConfig) -> None:
+    """Refuse GPU execution accelerators Triton's onnxruntime backend (r24.10) would refuse.
+
+    Checks accelerator names (``tensorrt``, ``cuda``), TensorRT parameter names against
+    :data:`TENSORRT_PARAMS` and ``precision_mode`` values, and lists every problem at once.
+
+    Raises:
+        RepositoryError: naming the model, the accelerator and the offending key or value.
+    """
+    problems = []
+    for accelerator in config.optimization.execution_accelerators.gpu_execution_accelerator:
+        if accelerator.name == TENSORRT_ACCELERATOR:
+            for key, value in sorted(accelerator.parameters.items()):
+                if key not in TENSORRT_PARAMS:
+                    problems.append(f"unknown TensorRT parameter {key!r}")
+                elif key == "precision_mode" and value not in TENSORRT_PRECISION_MODES:
+                    modes = list(TENSORRT_PRECISION_MODES)
+                    problems.append(f"precision_mode {value!r}, expected one of {modes}")
+        elif accelerator.name != CUDA_ACCELERATOR:
+            problems.append(
+                f"unknown GPU execution accelerator {accelerator.name!r}, expected "
+                f"{TENSORRT_ACCELERATOR!r} or {CUDA_ACCELERATOR!r}"
+            )
+    if problems:
+        raise RepositoryError(
+            f"model {config.name!r}: Triton's onnxruntime backend would refuse "
+            f"optimization.execution_accelerators: {'; '.join(problems)}"
+        )
 
 
 def check_model_name(name: str) -> None:

@@ -2,9 +2,10 @@
 
 The graphs are taken as they are (no re-export, no weight rewrite); what Triton needs is
 read from them: tensor names, dtypes and shapes (dim 0 is the batch; other symbolic dims
-become -1). They are checked against a registered family's contract, by name, so the
-client knows how to talk to them; then both models are written like an export, with their
-external-data sidecars, for either repository target.
+become -1, exactly where the graph declares them symbolic, which is what Triton's
+onnxruntime backend requires of outputs). They are checked against a registered family's
+contract, by name, so the client knows how to talk to them; then both models are written
+like an export, with their external-data sidecars, for either repository target.
 """
 
 from __future__ import annotations
@@ -109,22 +110,36 @@ def import_onnx_pair(
 ) -> tuple[str, str]:
     """Write a pre-exported pair into ``repo_dir`` as ``family``'s encoder and decoder models.
 
-    Graphs with a fixed batch of 1 get ``max_batch_size: 1`` (Triton cannot batch them).
+    Graphs with a fixed batch dim get ``max_batch_size: 1`` in the ``python`` target (the
+    runner feeds them one request at a time) and are refused for the ``onnxruntime`` target,
+    whose backend cannot load them with batching on.
 
     Returns:
         The two Triton model names, encoder first.
 
     Raises:
-        RepositoryError: missing files, or graphs that do not match ``family``.
+        RepositoryError: missing files, graphs that do not match ``family``, or (target
+            ``onnxruntime``) a graph its backend would refuse with this config (see
+            ``repository.onnx_check``), before anything is written.
     """
     for path in (encoder_onnx, decoder_onnx):
         if not Path(path).is_file():
             raise RepositoryError(f"{path}: file not found")
     fam = family_from_graphs(family, encoder_onnx, decoder_onnx)
-    if batch_dim(encoder_onnx) is not None:
-        options = dataclasses.replace(options, encoder_max_batch_size=1)
-    if batch_dim(decoder_onnx) is not None:
-        options = dataclasses.replace(options, decoder_max_batch_size=1)
+    for graph, path in (("encoder", encoder_onnx), ("decoder", decoder_onnx)):
+        fixed = batch_dim(path)
+        if fixed is None:
+            continue
+        if options.target == "onnxruntime":
+            # The backend requires a variable first dim whenever max_batch_size > 0, and
+            # our configs always batch (the dynamic batcher is what drops cancelled requests).
+            raise RepositoryError(
+                f"{path}: its batch dim is fixed to {fixed}; Triton's onnxruntime backend "
+                "only batches graphs whose first dim is variable, so this config would not "
+                "load. Import it with --target python (the runner takes it with "
+                "max_batch_size 1), or export the graph with a dynamic batch dim"
+            )
+        options = dataclasses.replace(options, **{f"{graph}_max_batch_size": 1})
     return write_pair(
         repo_dir,
         fam,

@@ -1,7 +1,9 @@
 """Triton python-backend model that runs an ONNX graph with onnxruntime.
 
 The repository writer copies this file verbatim to ``<model>/1/model.py`` for the ``python``
-target: the tritonserver of the nvidia-pytriton wheel has no onnxruntime backend. It runs in
+target: the fallback for an embedded tritonserver without Triton's onnxruntime backend (the
+nvidia-pytriton wheel ships none; ``triton-sam serve`` uses that backend when it can be found,
+and this runner only with ``--target python``). It runs in
 Triton's stub process, not in triton_sam, so it imports only numpy, onnxruntime, json, os and
 ``triton_python_backend_utils``.
 

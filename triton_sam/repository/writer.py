@@ -35,8 +35,10 @@ from triton_sam.repository.config import (
     default_model_name,
     parse_config,
     render_config,
+    to_cpu_twin,
     to_python_target,
 )
+from triton_sam.repository.onnx_check import check_onnx_config
 from triton_sam.repository.session_config import SESSION_SOURCE, is_session_config, session_twin
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -181,7 +183,10 @@ def write_pair(
         The two model names, encoder first.
 
     Raises:
-        RepositoryError / InputValidationError: as :func:`write_model`.
+        RepositoryError / InputValidationError: as :func:`write_model`; for the
+            ``onnxruntime`` target also a config its graph contradicts in a way Triton's
+            onnxruntime backend refuses (see ``repository.onnx_check``), before anything
+            is written.
     """
     repo_dir = Path(repo_dir)
     staged: list[tuple[Path, Path]] = []  # (staging, dest)
@@ -193,6 +198,8 @@ def write_pair(
             name = default_model_name(family, graph) if name is None else name
             text = render_config(family, graph, options, name)
             sources = _model_sources(name, onnx_path, text, options.target, _sidecars(onnx_path))
+            if options.target == "onnxruntime":  # what the GPU container would refuse
+                check_onnx_config(parse_config(text), onnx_path)
             staged.append((_stage(repo_dir, name, text, sources, link=False), repo_dir / name))
         # Both copies are complete before either model changes: the slow, failure-prone part
         # is over, so a full disk or a bad file can never leave a new encoder beside an old
@@ -240,50 +247,95 @@ def list_models(repo_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def embedded_repository(
-    repo_dir: str | os.PathLike[str], twin_dir: str | os.PathLike[str] | None = None
+    repo_dir: str | os.PathLike[str],
+    twin_dir: str | os.PathLike[str] | None = None,
+    *,
+    target: Target = "onnxruntime",
 ) -> Path:
-    """A repository the embedded tritonserver can serve, built from ``repo_dir`` if needed.
+    """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
-    A repository of ``python``-target models is returned as is. Otherwise every model is
-    rewritten as its python-backend twin in ``twin_dir`` (default: ``<repo>_embedded`` beside
-    it), with symlinks to the original ONNX files, so nothing large is copied.
+    Each model's config is changed mechanically, only in what a CPU host cannot do:
+
+    - ``onnxruntime`` models: with ``target="onnxruntime"`` (the default) the same config on
+      Triton's onnxruntime backend, ``KIND_GPU`` -> ``KIND_CPU`` and GPU accelerators dropped
+      (:func:`~triton_sam.repository.config.to_cpu_twin`), first checked against its graph as
+      that backend checks it; with ``target="python"`` the python-backend runner twin
+      (:func:`~triton_sam.repository.config.to_python_target`), the fallback for a server
+      without that backend;
+    - session models (python BLS): one ``KIND_CPU`` instance;
+    - other python models: as they are.
+
+    When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
+    ``twin_dir`` (default: ``<repo>_embedded`` beside it) with symlinks to the original ONNX
+    files, so nothing large is copied.
 
     Raises:
-        RepositoryError: no models, or a model that is neither onnxruntime nor python.
+        InputValidationError: an unknown ``target``.
+        RepositoryError: no models, a model that is neither onnxruntime nor python, a
+            missing export, or an onnxruntime config its graph contradicts (all listed).
     """
+    if target not in TARGETS:
+        raise InputValidationError("target", f"got {target!r}, expected one of {list(TARGETS)}")
     repo_dir = Path(repo_dir)
     names = list_models(repo_dir)
     if not names:
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
     configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
-    if all(c.backend == "python" and c == _cpu_twin(c) for c in configs.values()):
+    twins = {n: _embedded_config(c, target) for n, c in configs.items()}
+    for name, twin in twins.items():
+        if _is_onnxruntime(twin):
+            check_onnx_config(twin, _model_files(repo_dir, name, twin)[0])
+    if twins == configs:
         return repo_dir
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
-    for name, config in configs.items():
-        if is_session_config(config):  # a BLS model, no ONNX: its CPU twin, same model.py
-            write_python_model(twin_dir, name, config_to_text(session_twin(config)), SESSION_SOURCE)
+    for name, twin in twins.items():
+        text = config_to_text(twin)
+        if is_session_config(twin):  # a BLS model, no ONNX: same model.py
+            write_python_model(twin_dir, name, text, SESSION_SOURCE)
             continue
-        version_dir = repo_dir / name / VERSION
-        files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
-        main = version_dir / (config.default_model_filename or ONNX_FILENAME)
-        if not main.is_file():
-            raise RepositoryError(
-                f"{repo_dir / name}: no exported model ({main} is missing); run "
-                "`triton-sam setup <model>` first (add --random-init when offline)"
-            )
-        sidecars = [p for p in files if p != main]
-        text = config_to_text(to_python_target(config))
+        main, *sidecars = _model_files(repo_dir, name, configs[name])
+        model_target: Target = "onnxruntime" if _is_onnxruntime(twin) else "python"
         write_model(
-            twin_dir, name, main, text, target="python", external_data_files=sidecars, link=True
+            twin_dir, name, main, text, target=model_target, external_data_files=sidecars, link=True
         )
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
 
 
-def _cpu_twin(config: ModelConfig) -> ModelConfig:
-    """A session model's embedded twin (KIND_CPU); any other config as it is."""
-    return session_twin(config) if is_session_config(config) else config
+def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:
+    """The CPU host's config of one model (see :func:`embedded_repository`)."""
+    if is_session_config(config):
+        return session_twin(config)
+    if config.backend == "python":
+        return config
+    if not _is_onnxruntime(config):
+        raise RepositoryError(
+            f"model {config.name!r}: platform={config.platform!r} backend={config.backend!r}; "
+            "expected an onnxruntime or python model"
+        )
+    return to_cpu_twin(config) if target == "onnxruntime" else to_python_target(config)
+
+
+def _is_onnxruntime(config: ModelConfig) -> bool:
+    return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
+
+
+def _model_files(repo_dir: Path, name: str, config: ModelConfig) -> list[Path]:
+    """``[graph, *sidecars]`` of a model's version directory (the runner's model.py left out).
+
+    Raises:
+        RepositoryError: the graph is missing (configs written, models never exported).
+    """
+    version_dir = repo_dir / name / VERSION
+    main = version_dir / (config.default_model_filename or ONNX_FILENAME)
+    if not main.is_file():
+        raise RepositoryError(
+            f"{repo_dir / name}: no exported model ({main} is missing); run "
+            "`triton-sam setup <model>` first (add --random-init when offline)"
+        )
+    files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
+    return [main, *(p for p in files if p != main)]
 
 
 def _check_target(name: str, config_text: str, target: Target) -> None:
