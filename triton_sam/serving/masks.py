@@ -1,0 +1,166 @@
+"""Instance post-processing (Sam3Processor's) and mask encodings, in numpy.
+
+Shared by the ``sam3_concept`` serving model (shipped beside its ``model.py``) and the clients.
+
+Post-processing follows ``Sam3ImageProcessor.post_process_instance_segmentation``: score =
+sigmoid(logit) x sigmoid(presence), keep ``score > threshold``; masks = sigmoid of the
+low-resolution logits, bilinear (``align_corners=False``) to the original size, then
+``> mask_threshold``; boxes (x0, y0, x1, y1) in [0, 1] times (W, H, W, H).
+
+Encodings: COCO compressed RLE (the ``counts`` string of ``pycocotools.mask.encode``:
+column-major runs starting with background, delta-coded from the third run on, 5 bits per
+character with a continuation bit, offset 48) and 1-bit grayscale PNG.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+
+from . import resample
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic function in float32, ``1 / (1 + exp(-x))`` (torch's formula)."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x < -88: sigmoid 0
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def scale_boxes(boxes: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """Normalised (x0, y0, x1, y1) boxes [..., 4] -> pixels of an image of size ``hw``."""
+    h, w = hw
+    return np.asarray(boxes, np.float32) * np.array([w, h, w, h], np.float32)
+
+
+def binary_mask(
+    low_res_logits: np.ndarray, hw: tuple[int, int], mask_threshold: float
+) -> np.ndarray:
+    """One instance's mask at the original size: bool [H, W].
+
+    Args:
+        low_res_logits: float [h, w] mask logits (288 x 288 from the decoder).
+        hw: (H, W) of the original image.
+        mask_threshold: probability threshold (Sam3Processor's default 0.5).
+    """
+    probabilities = sigmoid(low_res_logits)[None]
+    return resample.bilinear(probabilities, hw)[0] > np.float32(mask_threshold)
+
+
+def postprocess_instances(
+    pred_logits: np.ndarray,
+    pred_boxes: np.ndarray,
+    pred_masks: np.ndarray,
+    presence_logits: np.ndarray,
+    *,
+    threshold: float,
+    mask_threshold: float,
+    hw: tuple[int, int],
+) -> dict[str, np.ndarray]:
+    """``post_process_instance_segmentation`` for one image's raw ``Sam3Model`` outputs.
+
+    Args:
+        pred_logits: [Q] query logits; pred_boxes: [Q, 4] normalised xyxy; pred_masks:
+            [Q, h, w] mask logits; presence_logits: [1].
+        threshold / mask_threshold: as the processor's.
+        hw: (H, W) of the original image.
+
+    Returns:
+        ``scores`` float32 [K], ``boxes`` float32 [K, 4] in pixels, ``masks`` bool [K, H, W],
+        ``query_index`` int64 [K], in query order.
+    """
+    scores = sigmoid(pred_logits) * sigmoid(np.asarray(presence_logits).reshape(-1)[:1])
+    keep = np.flatnonzero(scores > np.float32(threshold))
+    masks = np.zeros((len(keep), *hw), dtype=bool)
+    for row, query in enumerate(keep):
+        masks[row] = binary_mask(pred_masks[query], hw, mask_threshold)
+    return {
+        "scores": scores[keep],
+        "boxes": scale_boxes(np.asarray(pred_boxes)[keep], hw),
+        "masks": masks,
+        "query_index": keep.astype(np.int64),
+    }
+
+
+# -- COCO RLE --------------------------------------------------------------------------------
+def rle_counts(mask: np.ndarray) -> np.ndarray:
+    """Uncompressed COCO RLE of a bool [H, W] mask: run lengths in column-major order,
+    starting with a (possibly empty) run of zeros."""
+    flat = np.asarray(mask, dtype=bool).T.reshape(-1)  # column-major, as COCO
+    if flat.size == 0:
+        return np.zeros(0, np.int64)
+    changes = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    bounds = np.concatenate([[0], changes, [flat.size]])
+    runs = np.diff(bounds)
+    return np.concatenate([[0], runs]) if flat[0] else runs
+
+
+def encode_rle(mask: np.ndarray) -> bytes:
+    """COCO compressed RLE ``counts`` of a bool [H, W] mask (pycocotools' ``rleToString``)."""
+    out = bytearray()
+    counts = [int(c) for c in rle_counts(mask)]
+    for i, count in enumerate(counts):
+        x = count - counts[i - 2] if i > 2 else count
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5  # arithmetic shift, as in C for the signed deltas
+            more = x != -1 if c & 0x10 else x != 0
+            if more:
+                c |= 0x20
+            out.append(c + 48)
+    return bytes(out)
+
+
+def decode_rle(counts: bytes | str, hw: tuple[int, int]) -> np.ndarray:
+    """Bool [H, W] mask of COCO compressed RLE ``counts`` (pycocotools' ``rleFrString``).
+
+    Raises:
+        ValueError: the runs do not cover exactly H x W pixels.
+    """
+    data = counts.encode() if isinstance(counts, str) else bytes(counts)
+    runs: list[int] = []
+    p = 0
+    while p < len(data):
+        x, k, more = 0, 0, True
+        while more:
+            c = data[p] - 48
+            x |= (c & 0x1F) << (5 * k)
+            more = bool(c & 0x20)
+            p += 1
+            k += 1
+            if not more and c & 0x10:
+                x |= -1 << (5 * k)
+        if len(runs) > 2:
+            x += runs[-2]
+        runs.append(x)
+    h, w = hw
+    if sum(runs) != h * w or any(r < 0 for r in runs):
+        raise ValueError(f"counts: runs cover {sum(runs)} pixels, expected {h}x{w} = {h * w}")
+    values = np.zeros(len(runs), dtype=bool)
+    values[1::2] = True
+    return np.repeat(values, runs).reshape(w, h).T
+
+
+# -- PNG -------------------------------------------------------------------------------------
+def encode_png(mask: np.ndarray) -> bytes:
+    """A bool [H, W] mask as a 1-bit grayscale PNG (white = mask), zlib-compressed."""
+    mask = np.asarray(mask, dtype=bool)
+    h, w = mask.shape
+    rows = np.packbits(mask, axis=1)  # MSB first, rows padded to whole bytes, as PNG wants
+    scanlines = np.concatenate([np.zeros((h, 1), np.uint8), rows], axis=1)  # filter 0
+    header = struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)  # 1 bit, grayscale
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            _chunk(b"IHDR", header),
+            _chunk(b"IDAT", zlib.compress(scanlines.tobytes(), 6)),
+            _chunk(b"IEND", b""),
+        ]
+    )
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
