@@ -42,7 +42,6 @@ except ImportError:  # imported from the triton_sam source tree (unit tests)
     from triton_sam.serving import cache, images, masks
     from triton_sam.serving import concept_protocol as protocol
 
-NAMESPACE = "sam3_concept/v1"  # image ids: pixels + this + the model name (images.image_id)
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"
 DECODER_OUTPUTS = ("scores", "boxes", "query_index", "num_instances", "presence")
@@ -101,6 +100,8 @@ class TritonPythonModel:
         self.max_phrases = int(params[protocol.PARAM_MAX_PHRASES])
         self.phrases_per_decode = int(params[protocol.PARAM_PHRASES_PER_DECODE])
         self.max_pixels = int(params[protocol.PARAM_MAX_IMAGE_PIXELS])
+        outputs = {t["name"]: t for t in config["output"]}
+        self.mask_size = int(outputs[protocol.MASKS_LOGITS]["dims"][-1])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.tokenizer = Tokenizer(
             os.path.join(version_dir, protocol.TOKENIZER_FILE),
@@ -131,7 +132,7 @@ class TritonPythonModel:
                 protocol.MASKS_PNG,
                 protocol.MASKS_LOGITS,
             }
-            phrases = _phrases(request, self.max_phrases)
+            phrases = _phrases(request, self.max_phrases)  # [] = embed or probe only
             threshold = _scalar(request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1)
             mask_threshold = _scalar(
                 request, protocol.MASK_THRESHOLD, protocol.DEFAULT_MASK_THRESHOLD, 0, 1
@@ -142,8 +143,10 @@ class TritonPythonModel:
             token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
             image_id, encoded = await self._image(request, runs)
             features, hw = self.images.get(image_id)
-            text = await self._text(token_ids, token_mask)
-            decoded = await self._decode(features, text, token_mask, threshold, limit, wanted)
+            decoded = []
+            if phrases:
+                text = await self._text(token_ids, token_mask)
+                decoded = await self._decode(features, text, token_mask, threshold, limit, wanted)
             outputs = self._outputs(decoded, hw, mask_threshold, wanted)
             outputs[protocol.IMAGE_ID] = np.array([[image_id.encode()]], dtype=np.object_)
             outputs[protocol.IMAGE_SIZE] = np.array([hw], np.int32)
@@ -180,7 +183,7 @@ class TritonPythonModel:
             rgb = images.check_rgb(rgb, max_pixels=self.max_pixels)
         except ValueError as e:
             raise RequestError(str(e)) from None
-        image_id = images.image_id(rgb, f"{NAMESPACE}\0{self.name}")
+        image_id = images.image_id(rgb, protocol.image_namespace(self.name))
         if image_id in self.images:
             return image_id, 0
         task = runs.get(image_id)
@@ -276,7 +279,7 @@ class TritonPythonModel:
         }
         logits = per_instance["masks"]
         if protocol.MASKS_LOGITS in wanted:
-            size = logits[0].shape if logits else (0, 0)
+            size = (self.mask_size, self.mask_size)
             out[protocol.MASKS_LOGITS] = np.array(logits, np.float32).reshape(1, k, *size)
         encodings = [n for n in (protocol.MASKS_RLE, protocol.MASKS_PNG) if n in wanted]
         encoded = {n: [] for n in encodings}
@@ -336,7 +339,7 @@ def _utf8(value, field):
 def _phrases(request, max_phrases):
     tensor = _input(request, protocol.TEXT)
     if tensor is None:
-        raise RequestError(f"{protocol.TEXT}: missing; send 1 to {max_phrases} UTF-8 phrases")
+        return []
     values = _single(tensor.as_numpy(), protocol.TEXT).reshape(-1)
     if not 1 <= values.size <= max_phrases:
         raise RequestError(

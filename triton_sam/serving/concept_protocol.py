@@ -1,8 +1,10 @@
 """The ``sam3_concept`` serving model's protocol: tensor names, limits and error codes.
 
 The single definition shared by the serving model (which the writer ships with this file)
-and the clients; standard library only. One request = one image and N phrases; every input
-but ``text`` is optional. Tensors carry Triton's batch dim first (size 1 per request).
+and the clients; standard library only. One request = one image and N phrases; every input is
+optional. Without ``text`` a request only embeds the image (or, with ``image_id`` alone, asks
+whether the server holds it), so a client can send an image once and its phrases later.
+Tensors carry Triton's batch dim first (size 1 per request).
 
 Inputs:
     ``image``          UINT8 [H, W, 3] RGB pixels. The server preprocesses them (Sam3Processor's
@@ -12,7 +14,8 @@ Inputs:
     ``image_id``       BYTES [1]: an id the server answered before (a lookup hint: the server
                        never binds features to an id it did not compute from the pixels).
     ``text``           BYTES [N]: UTF-8 phrases, 1..``max_phrases`` of them, each non-empty and
-                       at most ``CONTEXT_LENGTH`` tokens with its start/end tokens.
+                       at most ``CONTEXT_LENGTH`` tokens with its start/end tokens. A phrase
+                       is tokenised as Sam3Processor does (CLIP, lower-cased).
     ``threshold``      FP32 [1]: keep instances whose score exceeds it (default 0.3).
     ``mask_threshold`` FP32 [1]: binarise the resized mask probabilities above it (default 0.5).
     ``max_instances``  INT32 [1]: at most this many instances per phrase, the best scores
@@ -84,6 +87,16 @@ MAX_PHRASE_BYTES = 1024  # longer UTF-8 cannot fit 30 tokens of any CLIP vocabul
 # 4096 x 4096: masks are resized to the original size on the server (4 bytes per pixel per
 # instance while resizing), and Sam3 works at 1008 x 1008 anyway.
 MAX_IMAGE_PIXELS = 16_777_216
+
+# Image ids: images.image_id(rgb, image_namespace(model)); a client computes the same id to
+# ask whether the server holds an image before sending its pixels.
+IMAGE_ID_NAMESPACE = "sam3_concept/v1"
+
+
+def image_namespace(model: str) -> str:
+    """What an image id depends on besides the pixels: the protocol version and the model."""
+    return f"{IMAGE_ID_NAMESPACE}\0{model}"
+
 
 # Config parameters of the serving model (renderer and model.py read the same keys).
 PARAM_VISION_MODEL = "vision_model"

@@ -98,50 +98,54 @@ def rle_counts(mask: np.ndarray) -> np.ndarray:
 
 
 def encode_rle(mask: np.ndarray) -> bytes:
-    """COCO compressed RLE ``counts`` of a bool [H, W] mask (pycocotools' ``rleToString``)."""
-    out = bytearray()
-    counts = [int(c) for c in rle_counts(mask)]
-    for i, count in enumerate(counts):
-        x = count - counts[i - 2] if i > 2 else count
-        more = True
-        while more:
-            c = x & 0x1F
-            x >>= 5  # arithmetic shift, as in C for the signed deltas
-            more = x != -1 if c & 0x10 else x != 0
-            if more:
-                c |= 0x20
-            out.append(c + 48)
-    return bytes(out)
+    """COCO compressed RLE ``counts`` of a bool [H, W] mask (pycocotools' ``rleToString``).
+
+    Vectorised over the runs: each value (a run, or from the third on its difference with
+    the run two before) becomes 5-bit groups, low bits first, every group but the last
+    flagged 0x20; a value is complete when the rest is 0 (or -1 with the sign bit 0x10 set).
+    """
+    counts = rle_counts(mask)
+    values = counts.copy()
+    values[3:] -= counts[1:-2]  # i > 2: delta to the run two before
+    chunks, flags = [], []
+    rest, active = values, np.ones(len(values), bool)
+    while active.any():
+        c = rest & 0x1F
+        rest = rest >> 5  # arithmetic shift, as in C for the signed deltas
+        more = active & np.where(c & 0x10, rest != -1, rest != 0)
+        chunks.append(np.where(more, c | 0x20, c) + 48)
+        flags.append(active)
+        active = more
+    table = np.stack(chunks, axis=1)  # [values, groups], row-major = output order
+    return table[np.stack(flags, axis=1)].astype(np.uint8).tobytes()
 
 
 def decode_rle(counts: bytes | str, hw: tuple[int, int]) -> np.ndarray:
     """Bool [H, W] mask of COCO compressed RLE ``counts`` (pycocotools' ``rleFrString``).
 
     Raises:
-        ValueError: the runs do not cover exactly H x W pixels.
+        ValueError: malformed counts, or runs that do not cover exactly H x W pixels.
     """
     data = counts.encode() if isinstance(counts, str) else bytes(counts)
-    runs: list[int] = []
-    p = 0
-    while p < len(data):
-        x, k, more = 0, 0, True
-        while more:
-            c = data[p] - 48
-            x |= (c & 0x1F) << (5 * k)
-            more = bool(c & 0x20)
-            p += 1
-            k += 1
-            if not more and c & 0x10:
-                x |= -1 << (5 * k)
-        if len(runs) > 2:
-            x += runs[-2]
-        runs.append(x)
+    c = np.frombuffer(data, np.uint8).astype(np.int64) - 48
     h, w = hw
-    if sum(runs) != h * w or any(r < 0 for r in runs):
-        raise ValueError(f"counts: runs cover {sum(runs)} pixels, expected {h}x{w} = {h * w}")
-    values = np.zeros(len(runs), dtype=bool)
-    values[1::2] = True
-    return np.repeat(values, runs).reshape(w, h).T
+    if c.size == 0 or (c < 0).any() or c[-1] & 0x20:
+        raise ValueError(f"counts: not a COCO compressed RLE string ({data[:20]!r}...)")
+    last = (c & 0x20) == 0  # the last 5-bit group of each value
+    starts = np.concatenate([[0], np.flatnonzero(last)[:-1] + 1])
+    group = np.repeat(np.arange(len(starts)), np.diff(np.concatenate([starts, [c.size]])))
+    shift = 5 * (np.arange(c.size) - starts[group])
+    values = np.add.reduceat((c & 0x1F) << shift, starts)
+    negative = c[last] & 0x10 != 0  # sign-extend from the last group's top bit
+    values[negative] -= np.int64(1) << (shift[last][negative] + 5)
+    runs = values.copy()  # undo the deltas: runs 1, 3, 5... and 2, 4, 6... are running sums
+    runs[1::2] = np.cumsum(np.concatenate([values[1:2], values[3::2]]))[: len(runs[1::2])]
+    runs[2::2] = np.cumsum(values[2::2])
+    if runs.sum() != h * w or (runs < 0).any():
+        raise ValueError(f"counts: runs cover {runs.sum()} pixels, expected {h}x{w} = {h * w}")
+    pixels = np.zeros(len(runs), dtype=bool)
+    pixels[1::2] = True
+    return np.repeat(pixels, runs).reshape(w, h).T
 
 
 # -- PNG -------------------------------------------------------------------------------------
