@@ -281,6 +281,37 @@ def check_cmd(
         )
 
 
+@app.command("segment")
+def segment_cmd(
+    image: Annotated[Path, typer.Argument(help="Image to segment.")],
+    text: Annotated[
+        list[str], typer.Option("--text", "-t", help="Noun phrase; repeat for several.")
+    ],
+    out: Annotated[
+        Path, typer.Option(help="Overlay PNG to write; the COCO JSON goes beside it (.json).")
+    ] = Path("outputs/segment.png"),
+    url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
+    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
+    threshold: Annotated[float, typer.Option(help="Score threshold (Sam3Processor's).")] = 0.3,
+    max_instances: Annotated[
+        int | None, typer.Option(help="At most this many instances per phrase.")
+    ] = None,
+) -> None:
+    """Segment every instance of each phrase (SAM3 concept model): overlay PNG + COCO JSON."""
+    from triton_sam.segment import segment_image
+
+    result = segment_image(
+        image, text, out, url=url, protocol=protocol, threshold=threshold,
+        max_instances=max_instances,
+    )  # fmt: skip
+    prediction = result.prediction
+    for i, phrase in enumerate(prediction.phrases):
+        count = int((prediction.phrase_index == i).sum())
+        typer.echo(f"{phrase!r}: {count} instances (presence {prediction.presence[i]:.2f})")
+    typer.echo(f"timings: {result.timings_ms}; predict request {_size(result.request_bytes)}")
+    typer.echo(f"wrote {result.overlay} and {result.coco}")
+
+
 def _size(n: int) -> str:
     """Bytes for people: a click's few hundred bytes must not print as 0.00 MiB."""
     for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
