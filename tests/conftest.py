@@ -179,8 +179,9 @@ def concept_checkpoint(concept_spec, tmp_path_factory) -> Path:
 
 
 # Bounds of the test repository's serving model: a pixel limit low enough for a refused image
-# to be small on the wire.
+# to be small on the wire, and two images kept (a third evicts the first).
 CONCEPT_MAX_IMAGE_PIXELS = 1_000_000
+CONCEPT_MAX_IMAGES = 2
 
 
 @pytest.fixture(scope="session")
@@ -197,7 +198,9 @@ def concept_build(concept_spec, concept_checkpoint, tmp_path_factory):
         repo,
         checkpoint=concept_checkpoint,
         repository_options=RepositoryOptions(target="python"),
-        concept=ConceptOptions(max_image_pixels=CONCEPT_MAX_IMAGE_PIXELS),
+        concept=ConceptOptions(
+            max_image_pixels=CONCEPT_MAX_IMAGE_PIXELS, max_images=CONCEPT_MAX_IMAGES
+        ),
     )
     return repo, build
 
