@@ -312,6 +312,31 @@ def segment_cmd(
     typer.echo(f"wrote {result.overlay} and {result.coco}")
 
 
+@app.command("bench-concepts")
+def bench_concepts_cmd(
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="facebook/sam3 model directory (default: small random weights)."),
+    ] = None,
+    images: Annotated[int, typer.Option(min=1, help="New images timed per path.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed predict calls per path.")] = 3,
+    text: Annotated[list[str] | None, typer.Option("--text", "-t", help="Phrases.")] = None,
+    work_dir: Annotated[Path, typer.Option(help="Scratch directory.")] = Path(".bench_concepts"),
+    out: Annotated[Path, typer.Option(help="Markdown report.")] = Path("outputs/bench_concepts.md"),
+) -> None:
+    """Concept segmentation through the embedded Triton vs Sam3Model in-process, one run."""
+    from triton_sam.bench.concepts import bench_local
+
+    phrases = text or ["cat", "red car", "person", "a cell"]
+    report = bench_local(
+        work_dir, checkpoint=checkpoint, phrases=phrases, images=images, repeats=repeats
+    )
+    table = report.markdown()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"{report.settings}\n\n{table}\n")
+    typer.echo(f"{report.settings}\n{table}\nwrote {out}")
+
+
 def _size(n: int) -> str:
     """Bytes for people: a click's few hundred bytes must not print as 0.00 MiB."""
     for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):

@@ -113,16 +113,16 @@ def build_serving_config(
     )
     size = family.mask_size
     inputs = (
-        (TensorSpec(protocol.IMAGE, "uint8", (-1, -1, 3)), True),
-        (TensorSpec(protocol.IMAGE_ID, "bytes", (1,)), True),
-        (TensorSpec(protocol.TEXT, "bytes", (-1,)), False),
-        (TensorSpec(protocol.THRESHOLD, "float32", (1,)), True),
-        (TensorSpec(protocol.MASK_THRESHOLD, "float32", (1,)), True),
-        (TensorSpec(protocol.MAX_INSTANCES, "int32", (1,)), True),
+        TensorSpec(protocol.IMAGE, "uint8", (-1, -1, 3)),
+        TensorSpec(protocol.IMAGE_ID, "bytes", (1,)),
+        TensorSpec(protocol.TEXT, "bytes", (-1,)),
+        TensorSpec(protocol.THRESHOLD, "float32", (1,)),
+        TensorSpec(protocol.MASK_THRESHOLD, "float32", (1,)),
+        TensorSpec(protocol.MAX_INSTANCES, "int32", (1,)),
     )
-    for spec, optional in inputs:
+    for spec in inputs:  # all optional: see the protocol (embed, probe, predict)
         message = _io(spec, model_config_pb2.ModelInput)
-        message.optional = optional
+        message.optional = True
         config.input.append(message)
     outputs = (
         TensorSpec(protocol.IMAGE_ID, "bytes", (1,)),

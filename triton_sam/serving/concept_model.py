@@ -283,8 +283,8 @@ class TritonPythonModel:
             out[protocol.MASKS_LOGITS] = np.array(logits, np.float32).reshape(1, k, *size)
         encodings = [n for n in (protocol.MASKS_RLE, protocol.MASKS_PNG) if n in wanted]
         encoded = {n: [] for n in encodings}
-        for low_res in logits if encodings else ():
-            binary = masks.binary_mask(low_res, hw, mask_threshold)
+        stacked = np.array(logits, np.float32) if encodings else np.zeros((0, 1, 1), np.float32)
+        for binary in masks.binary_masks(stacked, hw, mask_threshold):
             for name in encodings:
                 codec = masks.encode_rle if name == protocol.MASKS_RLE else masks.encode_png
                 encoded[name].append(codec(binary))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -35,18 +36,24 @@ def scale_boxes(boxes: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return np.asarray(boxes, np.float32) * np.array([w, h, w, h], np.float32)
 
 
-def binary_mask(
+# Instances resized per numpy call: batching amortises the per-call cost (4-10x faster than
+# one at a time, measured at 480x640) while bounding memory to CHUNK float32 masks.
+CHUNK = 8
+
+
+def binary_masks(
     low_res_logits: np.ndarray, hw: tuple[int, int], mask_threshold: float
-) -> np.ndarray:
-    """One instance's mask at the original size: bool [H, W].
+) -> Iterator[np.ndarray]:
+    """Each instance's mask at the original size: bool [H, W], one at a time.
 
     Args:
-        low_res_logits: float [h, w] mask logits (288 x 288 from the decoder).
+        low_res_logits: float [K, h, w] mask logits (288 x 288 from the decoder).
         hw: (H, W) of the original image.
         mask_threshold: probability threshold (Sam3Processor's default 0.5).
     """
-    probabilities = sigmoid(low_res_logits)[None]
-    return resample.bilinear(probabilities, hw)[0] > np.float32(mask_threshold)
+    for start in range(0, len(low_res_logits), CHUNK):
+        probabilities = sigmoid(low_res_logits[start : start + CHUNK])
+        yield from resample.bilinear(probabilities, hw) > np.float32(mask_threshold)
 
 
 def postprocess_instances(
@@ -74,8 +81,8 @@ def postprocess_instances(
     scores = sigmoid(pred_logits) * sigmoid(np.asarray(presence_logits).reshape(-1)[:1])
     keep = np.flatnonzero(scores > np.float32(threshold))
     masks = np.zeros((len(keep), *hw), dtype=bool)
-    for row, query in enumerate(keep):
-        masks[row] = binary_mask(pred_masks[query], hw, mask_threshold)
+    for row, mask in enumerate(binary_masks(np.asarray(pred_masks)[keep], hw, mask_threshold)):
+        masks[row] = mask
     return {
         "scores": scores[keep],
         "boxes": scale_boxes(np.asarray(pred_boxes)[keep], hw),
