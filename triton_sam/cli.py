@@ -219,7 +219,10 @@ def _export(
         repository_options=RepositoryOptions(**section(cfg, "repository")),
     )
     for name in build.models:
-        typer.echo(f"wrote {repo / name}  ({build.onnx_bytes[name] / 2**20:.1f} MiB ONNX)")
+        size = build.onnx_bytes.get(name)  # None: a model without ONNX (session, serving)
+        typer.echo(
+            f"wrote {repo / name}" + ("" if size is None else f"  ({size / 2**20:.1f} MiB ONNX)")
+        )
     errs = ", ".join(f"{k}={v:.1e}" for k, v in build.export.max_abs_error.items())
     typer.echo(f"onnxruntime vs torch max abs error: {errs or 'not verified'}")
     typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")

@@ -141,8 +141,7 @@ class TritonPythonModel:
                 _scalar(request, protocol.MAX_INSTANCES, self.num_queries, 1, self.num_queries)
             )
             token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
-            image_id, encoded = await self._image(request, runs)
-            features, hw = self.images.get(image_id)
+            image_id, encoded, (features, hw) = await self._image(request, runs)
             decoded = []
             if phrases:
                 text = await self._text(token_ids, token_mask)
@@ -161,7 +160,11 @@ class TritonPythonModel:
             return _error(f"{type(e).__name__}: {e}", protocol.INTERNAL)
 
     async def _image(self, request, runs):
-        """(image id, 1 if the vision graph ran for it else 0); the features are cached."""
+        """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))).
+
+        The entry is returned, not looked up again later: another request of the batch may
+        evict it from the LRU before this one decodes.
+        """
         pixels = _input(request, protocol.IMAGE)
         if pixels is None:
             image_id = _string(request, protocol.IMAGE_ID)
@@ -170,31 +173,31 @@ class TritonPythonModel:
                     f"{protocol.IMAGE}: missing; send the image (uint8 [H, W, 3]) or the "
                     f"{protocol.IMAGE_ID} of an image this server answered"
                 )
-            if image_id in runs:  # sent with its pixels by another request of this batch
-                await runs[image_id]
-            if image_id not in self.images:
+            # sent with its pixels by another request of this batch, or held
+            entry = await runs[image_id] if image_id in runs else self.images.get(image_id)
+            if entry is None:
                 raise ImageMiss(
                     f"image_id {image_id!r} is not cached on this server (never sent, evicted, "
                     "or the server restarted); send the image again"
                 )
-            return image_id, 0
+            return image_id, 0, entry
         rgb = _single(pixels.as_numpy(), protocol.IMAGE)
         try:
             rgb = images.check_rgb(rgb, max_pixels=self.max_pixels)
         except ValueError as e:
             raise RequestError(str(e)) from None
         image_id = images.image_id(rgb, protocol.image_namespace(self.name))
-        if image_id in self.images:
-            return image_id, 0
+        entry = self.images.get(image_id)
+        if entry is not None:
+            return image_id, 0, entry
         task = runs.get(image_id)
-        if task is None:
-            task = runs[image_id] = asyncio.ensure_future(self._encode(image_id, rgb))
-            await task
-            return image_id, 1
-        await task
-        return image_id, 0
+        if task is not None:  # the same new image in another request of this batch
+            return image_id, 0, await task
+        task = runs[image_id] = asyncio.ensure_future(self._encode(image_id, rgb))
+        return image_id, 1, await task
 
     async def _encode(self, image_id, rgb):
+        """Run the vision graph; keep and return the entry (features by name, (H, W))."""
         pixels = pb_utils.Tensor("pixel_values", images.preprocess_sam3(rgb))
         response = await self._bls(self.vision_model, [pixels], self.feature_names, gpu=self.on_gpu)
         features, nbytes = {}, 0
@@ -204,7 +207,9 @@ class TritonPythonModel:
             value = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
             features[tensor.name()] = value
             nbytes += value.nbytes if isinstance(value, np.ndarray) else 0
-        self.images.put(image_id, (features, tuple(int(d) for d in rgb.shape[:2])), nbytes)
+        entry = (features, tuple(int(d) for d in rgb.shape[:2]))
+        self.images.put(image_id, entry, nbytes)
+        return entry
 
     async def _text(self, token_ids, token_mask):
         """Text features [N, 32, C] of the phrases; the text graph runs for the uncached."""
