@@ -96,6 +96,9 @@ class TritonPythonModel:
         self.text_model = params[protocol.PARAM_TEXT_MODEL]
         self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
         self.feature_names = params[protocol.PARAM_FEATURE_NAMES].split(",")
+        # Counted from the spec, not from the arrays: on a GPU instance they stay in device
+        # memory as BLS tensors, which the cache must count all the same.
+        self.feature_bytes = int(params[protocol.PARAM_FEATURE_BYTES])
         self.num_queries = int(params[protocol.PARAM_NUM_QUERIES])
         self.max_phrases = int(params[protocol.PARAM_MAX_PHRASES])
         self.phrases_per_decode = int(params[protocol.PARAM_PHRASES_PER_DECODE])
@@ -200,15 +203,14 @@ class TritonPythonModel:
         """Run the vision graph; keep and return the entry (features by name, (H, W))."""
         pixels = pb_utils.Tensor("pixel_values", images.preprocess_sam3(rgb))
         response = await self._bls(self.vision_model, [pixels], self.feature_names, gpu=self.on_gpu)
-        features, nbytes = {}, 0
+        features = {}
         for tensor in response.output_tensors():
             # GPU: keep the BLS output tensor itself (device memory, no host copy); CPU: copy
             # it out of the stub's shared-memory pool.
             value = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
             features[tensor.name()] = value
-            nbytes += value.nbytes if isinstance(value, np.ndarray) else 0
         entry = (features, tuple(int(d) for d in rgb.shape[:2]))
-        self.images.put(image_id, entry, nbytes)
+        self.images.put(image_id, entry, self.feature_bytes)
         return entry
 
     async def _text(self, token_ids, token_mask):

@@ -103,6 +103,7 @@ PARAM_VISION_MODEL = "vision_model"
 PARAM_TEXT_MODEL = "text_model"
 PARAM_DECODER_MODEL = "decoder_model"
 PARAM_FEATURE_NAMES = "feature_names"  # the vision outputs = decoder inputs, comma-separated
+PARAM_FEATURE_BYTES = "feature_bytes"  # one image's features (the LRU's byte bound counts it)
 PARAM_PAD_TOKEN_ID = "pad_token_id"
 PARAM_NUM_QUERIES = "num_queries"
 PARAM_MAX_IMAGES = "max_images"
@@ -116,6 +117,7 @@ PARAM_KEYS = (
     PARAM_TEXT_MODEL,
     PARAM_DECODER_MODEL,
     PARAM_FEATURE_NAMES,
+    PARAM_FEATURE_BYTES,
     PARAM_PAD_TOKEN_ID,
     PARAM_NUM_QUERIES,
     PARAM_MAX_IMAGES,
