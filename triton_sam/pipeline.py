@@ -179,7 +179,7 @@ def _build_concept(
     concept: ConceptOptions | None,
 ) -> RepositoryBuild:
     """Export a concept family's three graphs and write them with the serving model."""
-    from triton_sam.export.sam3_concept import export_graphs
+    from triton_sam.export.concept_graphs import export_graphs
     from triton_sam.repository.concept import write_concept_models
 
     result = export_graphs(spec, checkpoint, scratch / "onnx", export_options)

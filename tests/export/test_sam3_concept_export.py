@@ -69,7 +69,7 @@ def test_export_matches_torch_within_the_stated_tolerances(concept_build):
 
 
 def test_verification_collects_every_mismatch_then_raises_once(concept_build, concept_spec):
-    from triton_sam.export.sam3_concept import _verify
+    from triton_sam.export.concept_graphs import _verify
 
     repo, build = concept_build
     fam = concept_spec.family
@@ -102,7 +102,8 @@ def test_wrappers_stay_in_eval_mode_after_an_export(concept_spec, concept_checkp
     # The legacy exporter restores the mode a module had; a training-mode wrapper would leave
     # the DETR dropout on and corrupt every later torch reference run.
     from triton_sam.export import ExportOptions
-    from triton_sam.export.sam3_concept import _export_graph, build_model, wrap_text
+    from triton_sam.export.concept_graphs import _export_graph
+    from triton_sam.export.sam3_concept import build_model, wrap_text
 
     model = build_model(concept_spec, concept_checkpoint)
     wrapper = wrap_text(model)
