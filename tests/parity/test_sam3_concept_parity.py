@@ -19,8 +19,8 @@ Tolerances (stated, principled):
 - boxes: |ours - upstream| <= 0.01 px (normalised boxes differ by ~4e-7 times <= 1008 px);
 - masks: IoU >= 0.99 per instance (pixels whose probability is within float error of 0.5
   may flip; measured min IoU is printed);
-- low-res logits (``mask_format="logits"``): |ours - upstream| <= 1e-3, the decoder
-  graph's export tolerance.
+- low-res logits (``mask_format="logits"``): |ours - upstream| <= 1e-3 (ORT vs torch
+  measured 2.9e-4 at export on logits up to ~40).
 """
 
 from __future__ import annotations
