@@ -94,6 +94,16 @@ def bench_triton(
             received = response_payload(prediction)
         _add_predictions(report, path, one, many, len(phrases), instances, bytes_one, bytes_many,
                          received)  # fmt: skip
+        # The same calls without masks: what serving costs when no mask is encoded (random
+        # weights give noise-like masks, the worst case for RLE, on the wire and to encode).
+        boxes = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            client.predict_concepts(list(phrases), threshold=threshold, mask_format="none")
+            boxes.append(time.perf_counter() - t0)
+        per_s = len(phrases) * len(boxes) / sum(boxes)
+        report.add(path, f"predict {len(phrases)} phrases, boxes only", boxes, per_s=per_s,
+                   unit="phrases")  # fmt: skip
 
 
 def bench_transformers(
@@ -182,7 +192,8 @@ def response_payload(prediction: ConceptPrediction) -> int:
 
 
 def sample_images(count: int, seed: int = 0) -> list[np.ndarray]:
-    """``count`` distinct RGB images of a typical photo size (640x480), blocks plus noise."""
+    """``count`` distinct RGB images of a typical photo size (640x480), blocks plus noise;
+    another ``seed`` gives other images."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
@@ -207,9 +218,11 @@ def run_concept_bench(
         "phrases": list(phrases), "images": images, "repeats": repeats, "threshold": threshold,
         "image_size": "640x480", "concurrency": 1,
     })  # fmt: skip
-    pictures = sample_images(images + 1)
-    for protocol, url in urls.items():
+    for seed, (protocol, url) in enumerate(urls.items()):
+        # new images for every path: the server would answer a probe for ones it holds
+        pictures = sample_images(images + 1, seed=seed)
         bench_triton(url, protocol, pictures, phrases, report, threshold=threshold, repeats=repeats)
+    pictures = sample_images(images + 1, seed=len(urls))
     bench_transformers(checkpoint, pictures, phrases, report, threshold=threshold, repeats=repeats)
     return report
 
