@@ -187,3 +187,56 @@ def sam3_server(sam3_build):
     repo, _ = sam3_build
     with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def concept_spec():
+    """The small SAM3 concept variant (width 64, the real 1008/288/32-token/200-query shapes)."""
+    from triton_sam.export.sam3_concept import small_spec
+
+    return small_spec()
+
+
+@pytest.fixture(scope="session")
+def concept_checkpoint(concept_spec, tmp_path_factory) -> Path:
+    """A random-init Sam3Model directory (re-scaled weights) with the toy CLIP tokenizer."""
+    from triton_sam.export import sam3_concept
+
+    path = tmp_path_factory.mktemp("ckpt") / "sam3_concept_small"
+    return sam3_concept.save_random_checkpoint(concept_spec, path, seed=0)
+
+
+# Bounds of the test repository's serving model: a pixel limit low enough for a refused image
+# to be small on the wire, and two images kept (a third evicts the first).
+CONCEPT_MAX_IMAGE_PIXELS = 1_000_000
+CONCEPT_MAX_IMAGES = 2
+
+
+@pytest.fixture(scope="session")
+def concept_build(concept_spec, concept_checkpoint, tmp_path_factory):
+    """(served repository, RepositoryBuild): the three verified graphs + ``sam3_concept``,
+    production configs served as their CPU twins on the onnxruntime backend (~1-2 min:
+    export, ORT-vs-torch verification, write)."""
+    from triton_sam.pipeline import build_repository
+    from triton_sam.repository.concept import ConceptOptions
+    from triton_sam.repository.writer import embedded_repository
+
+    repo = tmp_path_factory.mktemp("sam3_concept") / "model_repository"
+    build = build_repository(
+        concept_spec,
+        repo,
+        checkpoint=concept_checkpoint,
+        concept=ConceptOptions(
+            max_image_pixels=CONCEPT_MAX_IMAGE_PIXELS, max_images=CONCEPT_MAX_IMAGES
+        ),
+    )
+    return embedded_repository(repo), build
+
+
+@pytest.fixture(scope="session")
+def concept_server(concept_build):
+    from triton_sam.server import EmbeddedTriton
+
+    repo, _ = concept_build
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        yield server

@@ -1,10 +1,11 @@
-"""triton-sam: Segment Anything (SAM1, SAM2.1, SAM3 tracker) on NVIDIA Triton.
+"""triton-sam: Segment Anything (SAM1, SAM2.1, SAM3 tracker and concepts) on NVIDIA Triton.
 
 Public API: the clients and the error hierarchy. Heavy dependencies (torch, sam2,
 onnxruntime) are imported only by the export and serving modules that need them.
 """
 
 from triton_sam.client import (
+    ConceptPrediction,
     Prediction,
     RetryPolicy,
     SAM2TritonClient,
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendNotFoundError",
     "CheckpointError",
+    "ConceptPrediction",
     "ConfigError",
     "DownloadError",
     "ExportError",

@@ -235,7 +235,10 @@ def _export(
             f"({meta['triton_sam.checkpoint_origin']}; recorded in the ONNX metadata)"
         )
     for name in build.models:
-        typer.echo(f"wrote {repo / name}  ({build.onnx_bytes[name] / 2**20:.1f} MiB ONNX)")
+        size = build.onnx_bytes.get(name)  # None: a model without ONNX (session, serving)
+        typer.echo(
+            f"wrote {repo / name}" + ("" if size is None else f"  ({size / 2**20:.1f} MiB ONNX)")
+        )
     errs = ", ".join(f"{k}={v:.1e}" for k, v in build.export.max_abs_error.items())
     typer.echo(f"onnxruntime vs torch max abs error: {errs or 'not verified'}")
     typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")
@@ -319,6 +322,62 @@ def check_cmd(
         typer.echo(
             f"mask {masks.shape}, {float(np.mean(masks[0, 0] > 0)):.1%} foreground, iou {iou}"
         )
+
+
+@app.command("segment")
+def segment_cmd(
+    image: Annotated[Path, typer.Argument(help="Image to segment.")],
+    text: Annotated[
+        list[str], typer.Option("--text", "-t", help="Noun phrase; repeat for several.")
+    ],
+    out: Annotated[
+        Path, typer.Option(help="Overlay PNG to write; the COCO JSON goes beside it (.json).")
+    ] = Path("outputs/segment.png"),
+    url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
+    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
+    threshold: Annotated[float, typer.Option(help="Score threshold (Sam3Processor's).")] = 0.3,
+    max_instances: Annotated[
+        int | None, typer.Option(help="At most this many instances per phrase.")
+    ] = None,
+) -> None:
+    """Segment every instance of each phrase (SAM3 concept model): overlay PNG + COCO JSON."""
+    from triton_sam.segment import segment_image
+
+    result = segment_image(
+        image, text, out, url=url, protocol=protocol, threshold=threshold,
+        max_instances=max_instances,
+    )  # fmt: skip
+    prediction = result.prediction
+    for i, phrase in enumerate(prediction.phrases):
+        count = int((prediction.phrase_index == i).sum())
+        typer.echo(f"{phrase!r}: {count} instances (presence {prediction.presence[i]:.2f})")
+    typer.echo(f"timings: {result.timings_ms}; predict request {_size(result.request_bytes)}")
+    typer.echo(f"wrote {result.overlay} and {result.coco}")
+
+
+@app.command("bench-concepts")
+def bench_concepts_cmd(
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="facebook/sam3 model directory (default: small random weights)."),
+    ] = None,
+    images: Annotated[int, typer.Option(min=1, help="New images timed per path.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed predict calls per path.")] = 3,
+    text: Annotated[list[str] | None, typer.Option("--text", "-t", help="Phrases.")] = None,
+    work_dir: Annotated[Path, typer.Option(help="Scratch directory.")] = Path(".bench_concepts"),
+    out: Annotated[Path, typer.Option(help="Markdown report.")] = Path("outputs/bench_concepts.md"),
+) -> None:
+    """Concept segmentation through the embedded Triton vs Sam3Model in-process, one run."""
+    from triton_sam.bench.concepts import bench_local
+
+    phrases = text or ["cat", "red car", "person", "a cell"]
+    report = bench_local(
+        work_dir, checkpoint=checkpoint, phrases=phrases, images=images, repeats=repeats
+    )
+    table = report.markdown()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"{report.settings}\n\n{table}\n")
+    typer.echo(f"{report.settings}\n{table}\nwrote {out}")
 
 
 def _size(n: int) -> str:

@@ -15,7 +15,9 @@ from pathlib import Path
 from triton_sam.errors import InputValidationError
 from triton_sam.export import ExportOptions, ExportResult, export_model, save_random_checkpoint
 from triton_sam.models.checkpoints import download_checkpoint, provenance, resolve_checkpoint
+from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import ModelSpec
+from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.session_config import SessionOptions, write_session
 from triton_sam.repository.writer import write_pair
@@ -31,7 +33,8 @@ class RepositoryBuild:
         export: paths, timings and errors of the export (paths point into a removed scratch
             directory once the call returns; the writer copied the files into the repository,
             and their sizes are kept in ``onnx_bytes``).
-        models: Triton model names written, encoder first.
+        models: Triton model names written, encoder first (concept families: vision, text,
+            decoder, then the serving model).
         onnx_bytes: size of each model's ONNX file(s) in bytes, by model name.
         checkpoint: the checkpoint used, or None for random init.
         session_model: the server-side embedding session model written, or None.
@@ -40,7 +43,7 @@ class RepositoryBuild:
     """
 
     export: ExportResult
-    models: tuple[str, str]
+    models: tuple[str, ...]
     onnx_bytes: dict[str, int]
     checkpoint: Path | None
     session_model: str | None = None
@@ -96,6 +99,7 @@ def build_repository(
     work_dir: Path | None = None,
     session: SessionOptions | None = SessionOptions(),  # noqa: B008 - frozen, immutable
     checkpoints_dir: Path = Path("checkpoints"),
+    concept: ConceptOptions | None = None,
 ) -> RepositoryBuild:
     """Export ``spec`` and write its encoder/decoder models into ``repository``.
 
@@ -113,6 +117,9 @@ def build_repository(
             ``repository/session_model.py``), written beside the pair; None writes none.
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
+        concept: bounds of a concept family's serving model (``ConceptOptions``; default
+            when None). Concept families write three graphs and the serving model instead
+            of a pair (``repository/concept.py``).
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -149,8 +156,20 @@ def build_repository(
                 origin["triton_sam.checkpoint_origin"],
             )
         metadata = {"triton_sam.variant": spec.name, **origin}
-        result = export_model(spec, checkpoint, scratch / "onnx", export_options, metadata=metadata)
         options = repository_options or RepositoryOptions()
+        if is_concept_family(spec.family):
+            return _build_concept(
+                spec,
+                repository,
+                checkpoint,
+                used,
+                scratch,
+                export_options,
+                options,
+                concept,
+                metadata,
+            )
+        result = export_model(spec, checkpoint, scratch / "onnx", export_options, metadata=metadata)
         names = write_pair(
             repository,
             spec.family,
@@ -175,6 +194,48 @@ def build_repository(
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build_concept(
+    spec: ModelSpec,
+    repository: Path,
+    checkpoint: Path | None,
+    used: Path | None,
+    scratch: Path,
+    export_options: ExportOptions | None,
+    options: RepositoryOptions,
+    concept: ConceptOptions | None,
+    metadata: dict[str, str],
+) -> RepositoryBuild:
+    """Export a concept family's three graphs and write them with the serving model."""
+    from triton_sam.export import onnx_utils
+    from triton_sam.export.concept_graphs import export_graphs
+    from triton_sam.repository.concept import write_concept_models
+
+    result = export_graphs(spec, checkpoint, scratch / "onnx", export_options)
+    for path in result.graphs.values():
+        onnx_utils.set_metadata(path, metadata)
+    names = write_concept_models(
+        repository,
+        spec.family,
+        graphs=result.graphs,
+        tokenizer=result.tokenizer,
+        pad_token_id=result.pad_token_id,
+        options=options,
+        concept=concept,
+    )
+    sizes = {
+        graph.model: sum(p.stat().st_size for p in result.files() if p.stem == graph.role)
+        for graph in spec.family.graphs
+    }
+    return RepositoryBuild(
+        export=result,  # type: ignore[arg-type]  # same reporting fields as ExportResult
+        models=tuple(names),
+        onnx_bytes=sizes,
+        checkpoint=used,
+        session_model=names[-1],
+        metadata=metadata,
+    )
 
 
 def _graph_files(result: ExportResult, graph: str) -> list[Path]:

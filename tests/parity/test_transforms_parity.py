@@ -25,7 +25,7 @@ Tolerances (stated, tight; measured on CPU in parentheses):
   machine and CI dispatch to) compute the source coordinate with a fused multiply-add; its
   scalar fallback (ATEN_CPU_CAPABILITY=default) rounds twice. The two differ by one float32
   ulp of the coordinate for some outputs, up to 3.4e-4 on these random logits. We follow the
-  fused form (see transforms._bilinear_taps); the old absolute bound hid which one we matched.
+  fused form (see serving.resample._bilinear_taps); the old absolute bound hid which one we matched.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from triton_sam import transforms
 from triton_sam.models import get_family
 from triton_sam.models.spec import Preprocessing
 from triton_sam.sample import sample_image
+from triton_sam.serving import resample
 
 # The upstream packages are the reference: without them there is nothing to compare to.
 torch = pytest.importorskip("torch")
@@ -257,7 +258,7 @@ def test_a_shifted_grid_fails_both_checks(hw, sam2_tf, monkeypatch):
     # The checks must be sharp enough to see a half-pixel offset, not only a wrong size.
     low = _logits(1, 3)
     ref = sam2_tf.postprocess_masks(torch.from_numpy(low), hw).numpy()
-    monkeypatch.setattr(transforms, "_bilinear_taps", _shifted_taps)
+    monkeypatch.setattr(resample, "_bilinear_taps", _shifted_taps)
     problems = _logit_mismatch(transforms.postprocess_masks(low, hw, SAM2_PRE), ref)
     assert len(problems) == 2, problems
 

@@ -1,5 +1,6 @@
 """Clients: image in, masks out, over Triton's HTTP or gRPC protocol."""
 
+from triton_sam.client.concepts import ConceptPrediction
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from triton_sam.client.speculative import (
@@ -11,6 +12,7 @@ from triton_sam.client.sync import SAM2TritonClient
 from triton_sam.client.transport import TlsOptions
 
 __all__ = [
+    "ConceptPrediction",
     "DEFAULT_RETRY",
     "NO_RETRY",
     "Prediction",

@@ -52,6 +52,15 @@ def connect(
     return ServedModels(family, session_model, offered)
 
 
+def connect_concepts(transport: Transport, serving_model: str) -> None:
+    """Check the server and a concept family's serving model are ready.
+
+    Raises:
+        ServerUnavailableError: no ready server at the address, or the model not ready.
+    """
+    _check_ready(transport, (serving_model,))
+
+
 def _check_ready(transport: Transport, models: tuple[str, ...]) -> None:
     address, protocol = transport.endpoint.address, transport.endpoint.protocol
     if not transport.is_server_ready():

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import prompts, session_path
-from triton_sam.client.connect import connect
+from triton_sam.client import concepts, prompts, session_path
+from triton_sam.client.connect import connect, connect_concepts
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import TlsOptions, Transport, resolve_endpoint
-from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError
-from triton_sam.models.registry import get_family
+from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError, UnsupportedModelError
+from triton_sam.models.registry import get_family, is_concept_family
 from triton_sam.models.spec import FamilySpec
 
 
@@ -29,7 +30,8 @@ class SAM2TritonClient:
             ``localhost:8000`` (HTTP) / ``localhost:8001`` (gRPC).
         model_type: model family: ``"sam2"``, ``"sam1"`` or ``"sam3"`` (the SAM3 tracker,
             exported by triton-sam or imported from onnx-community; the client reads which
-            from the server's decoder).
+            from the server's decoder); ``"sam3_concept"`` for text prompts
+            (:meth:`predict_concepts`; the image is sent once, to the ``sam3_concept`` model).
         protocol: ``"http"`` or ``"grpc"``.
         encoder_model / decoder_model: Triton model names; default to the family's
             (``sam2_encoder`` / ``sam2_decoder``, ``sam1_encoder`` / ``sam1_decoder``).
@@ -74,12 +76,16 @@ class SAM2TritonClient:
         use_server_embeddings: bool | None = None,
     ) -> None:
         self.family: FamilySpec = get_family(model_type)
-        self.session_model = session_model or self.family.session_model
-        self.uses_server_embeddings = False
+        # Concept families (text prompts) are served by one model that keeps the features.
+        self._concepts = is_concept_family(self.family)
+        default_session = self.family.serving_model if self._concepts else self.family.session_model
+        self.session_model = session_model or default_session
+        self.uses_server_embeddings = self._concepts
         self._session: session_path.SessionImage | None = None
+        self._concept_image: concepts.ConceptImage | None = None
         self.model_type = model_type
-        self.encoder_model = encoder_model or self.family.encoder_model
-        self.decoder_model = decoder_model or self.family.decoder_model
+        self.encoder_model = encoder_model or getattr(self.family, "encoder_model", "")
+        self.decoder_model = decoder_model or getattr(self.family, "decoder_model", "")
         self._transport = Transport(
             resolve_endpoint(url, protocol), timeout_s=timeout_s, retry=retry, tls=tls
         )
@@ -88,6 +94,9 @@ class SAM2TritonClient:
         self.last_request_bytes = 0
         self.last_timings_ms: dict[str, float] = {}
         try:
+            if self._concepts:
+                connect_concepts(self._transport, self.session_model)
+                return
             served = connect(
                 self._transport,
                 self.family,
@@ -126,6 +135,9 @@ class SAM2TritonClient:
         """
         self.reset_image()
         rgb = transforms.load_image(image)
+        if self._concepts:
+            self._set_concept_image(rgb)
+            return
         if self.uses_server_embeddings:
             self._set_image_on_server(rgb)
             return
@@ -146,11 +158,12 @@ class SAM2TritonClient:
         self._features = None
         self._orig_hw = None
         self._session = None
+        self._concept_image = None
 
     @property
     def is_image_set(self) -> bool:
         """True once :meth:`set_image` has succeeded."""
-        return self._features is not None or self._session is not None
+        return any(x is not None for x in (self._features, self._session, self._concept_image))
 
     @property
     def original_size(self) -> tuple[int, int]:
@@ -177,7 +190,7 @@ class SAM2TritonClient:
         return dict(self._features)
 
     def _require_image(self) -> None:
-        if self._features is None and self._session is None:
+        if not self.is_image_set:
             raise ImageNotSetError("an image must be set with set_image(...) before predict")
 
     # -- decoding --------------------------------------------------------------------
@@ -227,6 +240,11 @@ class SAM2TritonClient:
     ) -> Prediction:
         """Like :meth:`predict`, returning a :class:`Prediction` that also holds the
         low-resolution logits to pass back as ``mask_input``."""
+        if self._concepts:
+            raise UnsupportedModelError(
+                f"model_type: {self.model_type!r} segments concepts from text prompts; call "
+                "predict_concepts(text=...) (points and boxes: model_type='sam3')"
+            )
         self._require_image()
         if self._session is not None:
             return self._predict_on_server(
@@ -255,6 +273,80 @@ class SAM2TritonClient:
         self.last_request_bytes = sum(a.nbytes for a in inputs.values())
         self.last_timings_ms = {"decode": (t1 - t0) * 1e3, "postprocess": (t2 - t1) * 1e3}
         return prediction
+
+    # -- concept segmentation (text prompts; model_type="sam3_concept") --------------------
+    def predict_concepts(
+        self,
+        text: str | Sequence[str],
+        *,
+        threshold: float = concepts.protocol.DEFAULT_THRESHOLD,
+        mask_threshold: float = concepts.protocol.DEFAULT_MASK_THRESHOLD,
+        max_instances: int | None = None,
+        mask_format: str = "rle",
+    ) -> concepts.ConceptPrediction:
+        """Every instance of each phrase in the current image, as ``Sam3Processor``'s
+        ``post_process_instance_segmentation`` gives them.
+
+        Args:
+            text: a noun phrase ("red car") or several (one call, one decoder pass each).
+            threshold: keep instances whose score (sigmoid(logit) x presence) exceeds it.
+            mask_threshold: binarise mask probabilities (after resizing) above it.
+            max_instances: at most this many instances per phrase, the best scores
+                (default: all that pass the threshold, up to the model's 200 queries).
+            mask_format: how masks travel: ``"rle"`` (COCO RLE, decoded here), ``"png"``,
+                ``"logits"`` (288x288 low-res logits, not resized) or ``"none"``.
+
+        Returns:
+            A :class:`~triton_sam.client.concepts.ConceptPrediction` (boxes in pixels of the
+            original image; masks bool [K, H, W] for "rle"/"png").
+
+        Raises:
+            UnsupportedModelError: the client's family takes points and boxes, not text.
+            ImageNotSetError: no image set.
+            InputValidationError: bad phrases or options (named), before anything is sent.
+            InvalidRequestError: the server refused the request (e.g. a phrase of more than
+                32 tokens); the message names the field.
+        """
+        if not self._concepts:
+            raise UnsupportedModelError(
+                f"model_type: {self.model_type!r} takes points and boxes; text prompts need "
+                "model_type='sam3_concept'"
+            )
+        phrases = concepts.check_phrases(text)
+        concepts.check_options(threshold, mask_threshold, max_instances, mask_format)
+        self._require_image()
+        image = self._concept_image
+        assert image is not None
+        options = {"threshold": threshold, "mask_threshold": mask_threshold}
+        options["max_instances"] = max_instances
+        outputs = concepts.output_names(mask_format)
+        t0 = time.perf_counter()
+        try:
+            out = self._session_infer(image.predict_inputs(phrases, **options), outputs)
+        except EmbeddingNotFoundError:  # evicted, or the server restarted: send the pixels
+            inputs = image.predict_inputs(phrases, **options, with_pixels=True)
+            out = self._session_infer(inputs, outputs)
+        t1 = time.perf_counter()
+        prediction = concepts.parse_prediction(out, phrases, mask_format)
+        self.last_timings_ms = {
+            "predict": (t1 - t0) * 1e3,
+            "decode_masks": (time.perf_counter() - t1) * 1e3,
+        }
+        return prediction
+
+    def _set_concept_image(self, rgb: np.ndarray) -> None:
+        """Send ``rgb`` to the serving model unless it already holds its content id."""
+        t0 = time.perf_counter()
+        image = concepts.ConceptImage.of(rgb, self.session_model)
+        try:  # a probe of a few bytes saves sending the pixels when the server has them
+            self._session_infer(image.probe_inputs(), (session_path.ENCODED,))
+        except EmbeddingNotFoundError:
+            out = self._session_infer(image.embed_inputs(), (session_path.ENCODED, "image_id"))
+            server_id = bytes(out["image_id"].reshape(-1)[0]).decode()
+            if server_id != image.image_id:  # the same function on both sides: a version skew
+                image.image_id = server_id
+        self._concept_image, self._orig_hw = image, image.orig_hw
+        self.last_timings_ms = {"set_image": (time.perf_counter() - t0) * 1e3}
 
     # -- server-side embeddings (the <family>_session model) --------------------------------
     def _set_image_on_server(self, rgb: np.ndarray) -> None:

@@ -23,6 +23,7 @@ _FAMILIES: dict[str, str] = {
     "sam2": "triton_sam.models.sam2:SAM2_FAMILY",
     "sam3": "triton_sam.models.sam3:SAM3_FAMILY",
     "sam3_onnx_community": "triton_sam.models.sam3:SAM3_ONNX_COMMUNITY_FAMILY",
+    "sam3_concept": "triton_sam.models.sam3_concept:SAM3_CONCEPT_FAMILY",
 }
 
 
@@ -32,7 +33,8 @@ def family_names() -> list[str]:
 
 
 def get_family(name: str) -> FamilySpec:
-    """Return the spec of a model family.
+    """Return the spec of a model family (``ConceptFamilySpec`` for text-prompted families,
+    see :func:`is_concept_family`).
 
     Raises:
         UnsupportedModelError: ``name`` is not a known family; the message lists the valid ones.
@@ -43,6 +45,14 @@ def get_family(name: str) -> FamilySpec:
         )
     module, attr = _FAMILIES[name].split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def is_concept_family(family: object) -> bool:
+    """True for a text-prompted family (``ConceptFamilySpec``: three graphs behind a serving
+    model) rather than an encoder/decoder pair (``FamilySpec``)."""
+    from triton_sam.models.sam3_concept import ConceptFamilySpec  # light: specs only
+
+    return isinstance(family, ConceptFamilySpec)
 
 
 @cache

@@ -40,6 +40,23 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class GraphSpec:
+    """One ONNX graph of a family that serves more than an encoder/decoder pair.
+
+    Attributes:
+        role: what the graph does in the family (``"vision"``, ``"text"``, ``"decoder"``).
+        model: default Triton model name.
+        inputs / outputs: the tensor contract; the first dim of every tensor is Triton's
+            batch dim and is not listed.
+    """
+
+    role: str
+    model: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True)
 class Preprocessing:
     """How the client turns an RGB uint8 image into the encoder input.
 
@@ -154,7 +171,8 @@ class ModelSpec:
 
     Attributes:
         name: registry name (``"sam2.1_hiera_tiny"``).
-        family: the family spec.
+        family: the family spec (a ``ConceptFamilySpec`` for text-prompted families, see
+            ``registry.is_concept_family``).
         upstream_config: the official package's config for this variant.
         checkpoint: weights and their integrity data.
         params_m: parameter count in millions, for display.

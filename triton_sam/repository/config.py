@@ -221,8 +221,32 @@ def build_config(
         InputValidationError: unknown graph, bad name or an unsupported dtype in the spec.
     """
     name = default_model_name(family, graph) if name is None else name
-    check_model_name(name)
     inputs, outputs = _graph_tensors(family, graph)
+    return build_graph_config(name, inputs, outputs, options, serves_like=graph)
+
+
+def build_graph_config(
+    name: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    options: RepositoryOptions,
+    *,
+    serves_like: Graph,
+) -> ModelConfig:
+    """Build the config of any ONNX graph (families with more graphs than a pair use this).
+
+    Args:
+        name: Triton model name.
+        inputs / outputs: the graph's tensor contract (per item, without the batch dim).
+        options: target and serving options.
+        serves_like: ``"encoder"`` or ``"decoder"``: whose batch size and queue bounds in
+            ``options`` apply (a heavy per-image graph serves like the encoder).
+
+    Raises:
+        InputValidationError: bad name or an unsupported dtype in the spec.
+    """
+    check_model_name(name)
+    graph = serves_like
     config = ModelConfig(name=name, max_batch_size=options.max_batch_size(graph))
     config.input.extend(_tensor(t, model_config_pb2.ModelInput) for t in inputs)
     config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)

@@ -19,12 +19,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec
 from triton_sam.repository.config import (
+    ONNX_FILE_PARAM,
     ONNX_FILENAME,
     TARGETS,
     ModelConfig,
@@ -211,6 +213,72 @@ def write_pair(
     return staged[0][1].name, staged[1][1].name
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """One model to write: its name, its ``config.pbtxt`` and what goes into ``<name>/1/``.
+
+    Attributes:
+        name: Triton model name (the directory; must equal the name in ``config_text``).
+        config_text: the ``config.pbtxt`` content.
+        files: path under ``<name>/1/`` (``model.onnx``, ``model.py``, ``pkg/mod.py``...) ->
+            source file to copy there.
+    """
+
+    name: str
+    config_text: str
+    files: Mapping[str, Path]
+
+
+def onnx_model_files(
+    name: str, onnx_path: str | os.PathLike[str], config_text: str, *, target: Target
+) -> ModelFiles:
+    """The files of an ONNX model: the graph, its external-data sidecars, and for the
+    ``python`` target the runner (see :func:`write_model`).
+
+    Raises:
+        InputValidationError / RepositoryError: as :func:`write_model`.
+    """
+    path = Path(onnx_path)
+    sources = _model_sources(name, path, config_text, target, _sidecars(path))
+    return ModelFiles(name, config_text, sources)
+
+
+def write_models(repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles]) -> list[Path]:
+    """Write any number of models atomically as a set: every model is staged (copied) beside
+    the repository first, then all are swapped in; a failure leaves every old model in place.
+
+    Returns:
+        The model directories, in the order given.
+
+    Raises:
+        InputValidationError: a bad model name.
+        RepositoryError: a missing source file, a config naming another model, a duplicate
+            name, or a filesystem error (the message names the path).
+    """
+    repo_dir = Path(repo_dir)
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise RepositoryError(f"{repo_dir}: duplicate model names in one write: {names}")
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for model in models:
+            check_model_name(model.name)
+            if parse_config(model.config_text).name != model.name:
+                raise RepositoryError(
+                    f"{model.name}: config.pbtxt names another model; Triton requires it to "
+                    "equal the directory name"
+                )
+            sources = {k: Path(v) for k, v in model.files.items()}
+            _check_sources(sources)
+            staging = _stage(repo_dir, model.name, model.config_text, sources, link=False)
+            staged.append((staging, repo_dir / model.name))
+        _swap_all(staged)
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [dest for _, dest in staged]
+
+
 def _swap_all(staged: Sequence[tuple[Path, Path]]) -> None:
     """Swap every (staging, dest) in; on a failure, put back the ones already swapped."""
     done: list[tuple[Path, Path | None]] = []  # (dest, retired old model)
@@ -293,6 +361,11 @@ def embedded_repository(
         if is_session_config(twin):  # a BLS model, no ONNX: same model.py
             write_python_model(twin_dir, name, text, SESSION_SOURCE)
             continue
+        if _is_bls_model(twin):  # any other python model without ONNX: files as they are
+            write_models(
+                twin_dir, [ModelFiles(name, text, _version_files(repo_dir / name / VERSION))]
+            )
+            continue
         main, *sidecars = _model_files(repo_dir, name, configs[name])
         model_target: Target = "onnxruntime" if _is_onnxruntime(twin) else "python"
         write_model(
@@ -305,7 +378,7 @@ def embedded_repository(
 
 def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:
     """The CPU host's config of one model (see :func:`embedded_repository`)."""
-    if is_session_config(config):
+    if is_session_config(config) or _is_bls_model(config):  # python BLS models: KIND_CPU
         return session_twin(config)
     if config.backend == "python":
         return config
@@ -338,6 +411,20 @@ def _model_files(repo_dir: Path, name: str, config: ModelConfig) -> list[Path]:
     return [main, *(p for p in files if p != main)]
 
 
+def _is_bls_model(config: ModelConfig) -> bool:
+    """A python-backend model that runs no ONNX file itself (session, concept serving)."""
+    return config.backend == "python" and ONNX_FILE_PARAM not in config.parameters
+
+
+def _version_files(version_dir: Path) -> dict[str, Path]:
+    """Every file under a model's version directory, by its path relative to it."""
+    return {
+        p.relative_to(version_dir).as_posix(): p
+        for p in sorted(version_dir.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
 def _check_target(name: str, config_text: str, target: Target) -> None:
     if target not in TARGETS:
         raise InputValidationError("target", f"got {target!r}, expected one of {list(TARGETS)}")
@@ -364,6 +451,7 @@ def _fill(staging: Path, config_text: str, sources: dict[str, Path], *, link: bo
     version_dir = staging / VERSION
     version_dir.mkdir()
     for target_name, source in sources.items():
+        (version_dir / target_name).parent.mkdir(parents=True, exist_ok=True)  # pkg/mod.py
         if link and source != RUNNER_SOURCE:
             (version_dir / target_name).symlink_to(source.resolve())
         else:

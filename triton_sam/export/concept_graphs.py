@@ -1,0 +1,312 @@
+"""Export of a concept family's three graphs, with the ORT-vs-torch check (one report of
+every mismatch) and output dims written from the spec (what Triton's onnxruntime backend
+compares with ``config.pbtxt``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from triton_sam.errors import ExportValidationError
+from triton_sam.export import ExportOptions, onnx_utils
+from triton_sam.export import sam3_concept as family_exporter
+from triton_sam.models import sam3_concept as contract
+from triton_sam.models.sam3_concept import ConceptFamilySpec
+from triton_sam.models.spec import GraphSpec, ModelSpec
+
+# Vision and text graphs: the fp32 default (ORT and torch differ by reassociation only).
+# Decoder scores, boxes and presence: 1e-3, far above what is measured (< 1e-6 on the small
+# config, and the selection of queries is exact).
+DECODER_TOLERANCE = onnx_utils.Tolerance(atol=1e-3, rtol=1e-3)
+# Decoder mask logits are dot products taken after the DETR encoder/decoder and the pixel
+# decoder's GroupNorms, which ORT fuses and reassociates: the error grows with depth and with
+# the logits' range, and what matters downstream is their sign (sigmoid > 0.5). So the bound
+# is 1e-3 plus this fraction of the case's largest |logit|. Measured: small config 2.9e-4
+# at a range of 37 (8e-6 of it); the full-size model (default Sam3Config, re-scaled random
+# init) 0.017 at a range of 419 (4.1e-5 of it; 22 sign flips in 33M logits, all within 0.02
+# of 0). 1e-4 of the range leaves a 2.4x margin over the worst of them.
+MASK_RANGE_FRACTION = 1e-4
+
+
+@dataclass
+class ConceptExportResult:
+    """Paths and figures of one concept export.
+
+    Attributes:
+        graphs: role (``"vision"``, ``"text"``, ``"decoder"``) -> ``.onnx`` path.
+        tokenizer: the ``tokenizer.json`` the serving model ships.
+        pad_token_id: the tokenizer's padding id.
+        seconds: wall time per stage.
+        max_abs_error: largest |ORT - torch| per output (``<role>.<name>``).
+        tolerance: (atol, rtol) per output (``<role>.<name>``); the largest atol used when it
+            depends on the case (mask logits).
+    """
+
+    graphs: dict[str, Path]
+    tokenizer: Path
+    pad_token_id: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    max_abs_error: dict[str, float] = field(default_factory=dict)
+    tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def files(self) -> list[Path]:
+        """Every file the export wrote (graphs, external-data sidecars, tokenizer)."""
+        paths = list(self.graphs.values())
+        return [*paths, *(p for g in paths for p in onnx_utils.external_data_files(g))]
+
+
+def export_graphs(
+    spec: ModelSpec,
+    checkpoint: Path | None,
+    out_dir: Path,
+    options: ExportOptions | None = None,
+) -> ConceptExportResult:
+    """Export ``spec`` to ``out_dir/{vision,text,decoder}.onnx`` + ``tokenizer.json``, verified.
+
+    Args:
+        spec: a concept variant.
+        checkpoint: model directory; None exports the default config's random init.
+        out_dir: a scratch directory (the repository writer moves the files into place).
+        options: opset, external data, verification, seed (``fp16`` is not supported yet).
+
+    Raises:
+        CheckpointError / ExportError: as :func:`triton_sam.export.export_model`.
+        ExportValidationError: raised once, listing every mismatching output of every graph.
+    """
+    options = options or ExportOptions()
+    if options.fp16:
+        from triton_sam.errors import InputValidationError
+
+        raise InputValidationError("fp16", "not supported for the concept family yet (fp32 only)")
+    fam: ConceptFamilySpec = spec.family
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = family_exporter.build_model(spec, checkpoint)
+    tokenizer, pad_id = family_exporter.save_tokenizer(checkpoint, Path(out_dir))
+    seconds["build"] = time.perf_counter() - t0
+    wrappers = {
+        "vision": family_exporter.wrap_vision(model),
+        "text": family_exporter.wrap_text(model),
+        "decoder": family_exporter.wrap_decoder(model),
+    }
+    cases = _cases(
+        fam, wrappers, np.random.default_rng(options.seed), pad_id, verify=options.verify
+    )
+    # References before the export: the exporter may leave a module's mode changed.
+    checked = (
+        {
+            graph.role: [
+                (label, feeds, _run_torch(wrappers[graph.role], feeds, graph))
+                for label, feeds in cases[graph.role]
+            ]
+            for graph in fam.graphs
+        }
+        if options.verify
+        else {}
+    )
+    graphs = {}
+    for graph in fam.graphs:
+        t0 = time.perf_counter()
+        graphs[graph.role] = _export_graph(
+            wrappers[graph.role], graph, cases[graph.role][-1][1], Path(out_dir), options
+        )
+        seconds[f"export_{graph.role}"] = time.perf_counter() - t0
+    result = ConceptExportResult(graphs, tokenizer, pad_id, seconds)
+    if options.verify:
+        t0 = time.perf_counter()
+        _verify(result, fam, checked)
+        seconds["verify"] = time.perf_counter() - t0
+    return result
+
+
+def _export_graph(
+    module: nn.Module,
+    graph: GraphSpec,
+    feeds: dict[str, np.ndarray],
+    out_dir: Path,
+    options: ExportOptions,
+) -> Path:
+    """Export one graph, traced on ``feeds`` (no dim 1 among the dynamic ones)."""
+    path = onnx_utils.export_graph(
+        module,
+        tuple(torch.from_numpy(feeds[t.name]) for t in graph.inputs),
+        out_dir / f"{graph.role}.onnx",
+        input_names=[t.name for t in graph.inputs],
+        output_names=[t.name for t in graph.outputs],
+        dynamic_axes=_axes(graph),
+        opset=options.opset,
+        external_data=options.external_data,
+    )
+    _declare_output_dims(path, graph)
+    module.eval()  # the exporter restores the mode the module had; make sure it is eval
+    return path
+
+
+def _axes(graph: GraphSpec) -> dict[str, dict[int, str]]:
+    """Dim 0 is Triton's batch; each -1 of the spec is a named dynamic axis. Names are
+    shared where the dims are the same: ``phrases`` and the instance count ``instances``."""
+    names = {"scores": ["phrases", "instances"], "boxes": ["phrases", "instances"]}
+    names |= {"masks": ["phrases", "instances"], "query_index": ["phrases", "instances"]}
+    axes: dict[str, dict[int, str]] = {}
+    for t in (*graph.inputs, *graph.outputs):
+        axes[t.name] = {0: "batch"}
+        dynamic = [i for i, d in enumerate(t.shape) if d == -1]
+        labels = names.get(t.name, ["phrases"] * len(dynamic))
+        for i, label in zip(dynamic, labels, strict=False):
+            axes[t.name][i + 1] = label
+    return axes
+
+
+def _declare_output_dims(path: Path, graph: GraphSpec) -> None:
+    """Write the spec's output dims into the graph: static where the spec is, symbolic else.
+
+    The TorchScript exporter names every output dim it cannot prove static (``Reshape..._dim_3``
+    for the 4 in boxes [B,N,K,4]); Triton's onnxruntime backend compares output dims with the
+    config exactly, so they must be the spec's.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    axes = _axes(graph)
+    for value, spec in zip(model.graph.output, graph.outputs, strict=True):
+        dims = value.type.tensor_type.shape.dim
+        for i, dim in enumerate(dims):
+            expected = -1 if i == 0 else spec.shape[i - 1]
+            if expected > 0:
+                dim.Clear()
+                dim.dim_value = expected
+            else:
+                dim.Clear()
+                dim.dim_param = axes[spec.name][i]
+    onnx.save_model(model, str(path))  # weights stay where they were (inline or sidecar)
+
+
+def _cases(
+    fam: ConceptFamilySpec,
+    wrappers: dict[str, nn.Module],
+    rng: np.random.Generator,
+    pad_id: int,
+    *,
+    verify: bool,
+) -> dict[str, list[tuple[str, dict[str, np.ndarray]]]]:
+    """Verification inputs per graph; the last case of each is the one traced (no dynamic
+    dim of 1 in it).
+
+    Realistic decoder inputs: features from the vision wrapper on random pixels, text
+    features from the text wrapper on random tokens with different lengths.
+    """
+    size = fam.preprocessing.image_size
+    pixels = rng.standard_normal((2, 3, size, size)).astype(np.float32)
+    ids, mask = _random_tokens(rng, 5, fam.context_length, pad_id)
+    with torch.no_grad():
+        features = [f.numpy() for f in wrappers["vision"](torch.from_numpy(pixels))]
+        text = wrappers["text"](torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    names = fam.feature_names
+
+    def decoder_case(images: int, rows: list[int], threshold: float, limit: int) -> dict:
+        feeds = {n: np.ascontiguousarray(f[:images]) for n, f in zip(names, features, strict=True)}
+        feeds[contract.TEXT_FEATURES] = text[rows].reshape(images, -1, *text.shape[1:])
+        feeds[contract.ATTENTION_MASK] = mask[rows].reshape(images, -1, mask.shape[-1])
+        feeds[contract.THRESHOLD] = np.full((images, 1), threshold, np.float32)
+        feeds[contract.MAX_INSTANCES] = np.full((images, 1), limit, np.int64)
+        return feeds
+
+    queries, threshold = fam.num_queries, 0.5  # tracing only needs some threshold
+    if verify:  # every query of every (image, phrase) checked below: place the threshold
+        everything = decoder_case(2, [0, 1, 4, 2, 3, 0], -1.0, queries)
+        threshold = _gap(_run_torch(wrappers["decoder"], everything, fam.decoder)["scores"])
+    return {
+        "vision": [("batch=2", {fam.vision.inputs[0].name: pixels})],
+        "text": [("batch=5", {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask})],
+        "decoder": [
+            ("1 image x 3 phrases, threshold", decoder_case(1, [0, 1, 4], threshold, queries)),
+            ("1 image x 1 phrase, max_instances=3", decoder_case(1, [2], -1.0, 3)),
+            ("2 images x 2 phrases, threshold", decoder_case(2, [0, 1, 2, 3], threshold, queries)),
+        ],
+    }
+
+
+def _random_tokens(
+    rng: np.random.Generator, count: int, length: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids [count, length] with 3, 5, 7... valid tokens then padding, and their mask."""
+    ids = np.full((count, length), pad_id, np.int64)
+    mask = np.zeros((count, length), np.int64)
+    for i in range(count):
+        n = min(3 + 2 * i, length)
+        ids[i, :n] = rng.integers(0, max(pad_id, 2), n)
+        mask[i, :n] = 1
+    return ids, mask
+
+
+def _gap(scores: np.ndarray) -> float:
+    """A threshold in the middle of the widest gap between scores near the median, so that
+    no score lies within float error of it (ORT and torch then keep the same queries)."""
+    values = np.sort(scores.reshape(-1))
+    middle = values[len(values) // 4 : 3 * len(values) // 4]
+    gaps = np.diff(middle)
+    i = int(np.argmax(gaps))
+    return float((middle[i] + middle[i + 1]) / 2)
+
+
+def _run_torch(
+    module: nn.Module, feeds: dict[str, np.ndarray], graph: GraphSpec
+) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        outs = module(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return {t.name: o.numpy() for t, o in zip(graph.outputs, outs, strict=True)}
+
+
+def tolerance_for(role: str, name: str, reference: np.ndarray) -> onnx_utils.Tolerance:
+    """The ORT-vs-torch tolerance of one output of one case (see the constants above)."""
+    if role != "decoder":
+        return onnx_utils.FP32_TOLERANCE
+    if name != contract.MASKS:
+        return DECODER_TOLERANCE
+    scale = float(np.abs(reference).max(initial=0.0))
+    return onnx_utils.Tolerance(
+        atol=DECODER_TOLERANCE.atol + MASK_RANGE_FRACTION * scale, rtol=DECODER_TOLERANCE.rtol
+    )
+
+
+def _verify(
+    result: ConceptExportResult,
+    fam: ConceptFamilySpec,
+    checked: dict[str, list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]],
+) -> None:
+    """Run every case through ORT (one session per graph) against its torch reference;
+    raise once listing every mismatch of every output, case and graph."""
+    import onnxruntime as ort
+
+    mismatches: list[str] = []
+    for graph in fam.graphs:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(
+            str(result.graphs[graph.role]), options, providers=["CPUExecutionProvider"]
+        )
+        names = [o.name for o in session.get_outputs()]
+        for label, feeds, expected in checked[graph.role]:
+            actual = dict(zip(names, session.run(names, dict(feeds)), strict=True))
+            for name, reference in expected.items():
+                key = f"{graph.role}.{name}"
+                tolerance = tolerance_for(graph.role, name, reference)
+                atol = max(result.tolerance.get(key, (0.0, 0.0))[0], tolerance.atol)
+                result.tolerance[key] = (atol, tolerance.rtol)
+                prefix = f"{graph.role}: [{label}] "
+                found = onnx_utils.compare_outputs(
+                    actual, {name: reference}, tolerance, label=prefix
+                )
+                mismatches += found
+                if name in actual and actual[name].shape == reference.shape:
+                    error = np.abs(actual[name].astype(np.float64) - reference).max(initial=0.0)
+                    result.max_abs_error[key] = max(result.max_abs_error.get(key, 0.0), error)
+        del session  # free a large graph's memory before loading the next
+    if mismatches:
+        raise ExportValidationError(", ".join(p.name for p in result.graphs.values()), mismatches)

@@ -1,0 +1,229 @@
+"""Repository entries of a concept family: three ONNX graphs and the ``sam3_concept`` model.
+
+- ``<family>_vision`` serves like an encoder (batch = images, the encoder's queue bounds);
+- ``<family>_text`` like a decoder, with room for every phrase of a request in one batch;
+- ``<family>_decoder`` like an encoder: it is heavy per image (each of its items is one image
+  with its phrases; 66 MB of mask logits per phrase inside the graph at any width);
+- ``<family>`` (the serving model, python backend in both targets): one instance (its caches
+  live in it), ``KIND_GPU`` on GPU 0 when the graphs run on GPUs so image features stay in
+  device memory, else ``KIND_CPU``. Its files are ``serving/concept_model.py`` as ``model.py``,
+  the dependency-free ``triton_sam.serving`` modules as the package ``triton_sam_serving``
+  and the checkpoint's ``tokenizer.json``.
+
+All four are written as one atomic set (:func:`triton_sam.repository.writer.write_models`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from triton_sam.models.sam3_concept import ConceptFamilySpec
+from triton_sam.models.spec import TensorSpec
+from triton_sam.repository.config import (
+    ModelConfig,
+    RepositoryOptions,
+    _check_int,
+    _tensor,
+    build_graph_config,
+    check_model_name,
+    config_to_text,
+    model_config_pb2,
+)
+from triton_sam.repository.writer import ModelFiles, onnx_model_files, write_models
+from triton_sam.serving import concept_protocol as protocol
+
+SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
+SERVING_SOURCE = SERVING_DIR / "concept_model.py"
+SHIPPED_PACKAGE = "triton_sam_serving"
+# The dependency-free modules the serving model imports (all of triton_sam.serving but the
+# model itself and its siblings that need Triton).
+SHIPPED_MODULES = ("__init__", "cache", "concept_protocol", "images", "masks", "resample")
+
+
+@dataclass(frozen=True)
+class ConceptOptions:
+    """Bounds of the ``sam3_concept`` serving model.
+
+    Attributes:
+        max_images: images whose features are kept (LRU beyond). At width 256 one image's
+            three feature levels take 106 MiB in fp32 (width 64: 27 MiB).
+        max_bytes: bound on the kept features in bytes (0 = only ``max_images``).
+        max_phrases_cached: phrases whose text features are kept (32 x width floats each).
+        max_phrases: phrases one request may carry.
+        phrases_per_decode: phrases per decoder call; a request's calls run concurrently.
+            Bounds the decoder's memory: 66 MB of mask logits per phrase inside the graph.
+        max_image_pixels: largest image (H x W) accepted; masks are resized to it.
+    """
+
+    max_images: int = 8
+    max_bytes: int = 2 * 2**30
+    max_phrases_cached: int = 1024
+    max_phrases: int = protocol.MAX_PHRASES
+    phrases_per_decode: int = 4
+    max_image_pixels: int = protocol.MAX_IMAGE_PIXELS
+
+    def __post_init__(self) -> None:
+        for name in ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("max_bytes", self.max_bytes, minimum=0)
+        _check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+
+
+def graph_configs(
+    family: ConceptFamilySpec, options: RepositoryOptions, concept: ConceptOptions
+) -> dict[str, ModelConfig]:
+    """Configs of the three graphs, by role."""
+    configs = {
+        "vision": build_graph_config(
+            family.vision.model, family.vision.inputs, family.vision.outputs, options,
+            serves_like="encoder",
+        ),
+        "text": build_graph_config(
+            family.text.model, family.text.inputs, family.text.outputs, options,
+            serves_like="decoder",
+        ),
+        "decoder": build_graph_config(
+            family.decoder.model, family.decoder.inputs, family.decoder.outputs, options,
+            serves_like="encoder",
+        ),
+    }  # fmt: skip
+    # Every phrase of a request fits in one text batch.
+    text = configs["text"]
+    text.max_batch_size = max(text.max_batch_size, concept.max_phrases)
+    return configs
+
+
+def build_serving_config(
+    family: ConceptFamilySpec,
+    options: RepositoryOptions,
+    concept: ConceptOptions,
+    *,
+    pad_token_id: int,
+) -> ModelConfig:
+    """The serving model's config: the protocol's tensors, one instance, BLS parameters.
+
+    Raises:
+        InputValidationError: a bad model name.
+    """
+    check_model_name(family.serving_model)
+    config = ModelConfig(
+        name=family.serving_model, backend="python", max_batch_size=options.encoder_max_batch_size
+    )
+    size = family.mask_size
+    inputs = (
+        TensorSpec(protocol.IMAGE, "uint8", (-1, -1, 3)),
+        TensorSpec(protocol.IMAGE_ID, "bytes", (1,)),
+        TensorSpec(protocol.TEXT, "bytes", (-1,)),
+        TensorSpec(protocol.THRESHOLD, "float32", (1,)),
+        TensorSpec(protocol.MASK_THRESHOLD, "float32", (1,)),
+        TensorSpec(protocol.MAX_INSTANCES, "int32", (1,)),
+    )
+    for spec in inputs:  # all optional: see the protocol (embed, probe, predict)
+        message = _io(spec, model_config_pb2.ModelInput)
+        message.optional = True
+        config.input.append(message)
+    outputs = (
+        TensorSpec(protocol.IMAGE_ID, "bytes", (1,)),
+        TensorSpec(protocol.IMAGE_SIZE, "int32", (2,)),
+        TensorSpec(protocol.ENCODED, "int32", (1,)),
+        TensorSpec(protocol.PRESENCE, "float32", (-1,)),
+        TensorSpec(protocol.NUM_INSTANCES, "int32", (-1,)),
+        TensorSpec(protocol.PHRASE_INDEX, "int32", (-1,)),
+        TensorSpec(protocol.QUERY_INDEX, "int32", (-1,)),
+        TensorSpec(protocol.SCORES, "float32", (-1,)),
+        TensorSpec(protocol.BOXES, "float32", (-1, 4)),
+        TensorSpec(protocol.MASKS_RLE, "bytes", (-1,)),
+        TensorSpec(protocol.MASKS_PNG, "bytes", (-1,)),
+        TensorSpec(protocol.MASKS_LOGITS, "float32", (-1, size, size)),
+    )
+    config.output.extend(_io(t, model_config_pb2.ModelOutput) for t in outputs)
+    group = config.instance_group.add(count=1)
+    if options.kind == "gpu":
+        group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
+        group.gpus.append(0)  # one instance in total: one cache
+    else:
+        group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+    config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    params = {
+        protocol.PARAM_VISION_MODEL: family.vision.model,
+        protocol.PARAM_TEXT_MODEL: family.text.model,
+        protocol.PARAM_DECODER_MODEL: family.decoder.model,
+        protocol.PARAM_FEATURE_NAMES: ",".join(family.feature_names),
+        protocol.PARAM_FEATURE_BYTES: str(feature_bytes(family)),
+        protocol.PARAM_PAD_TOKEN_ID: str(int(pad_token_id)),
+        protocol.PARAM_NUM_QUERIES: str(family.num_queries),
+        protocol.PARAM_MAX_IMAGES: str(concept.max_images),
+        protocol.PARAM_MAX_BYTES: str(concept.max_bytes),
+        protocol.PARAM_MAX_PHRASES_CACHED: str(concept.max_phrases_cached),
+        protocol.PARAM_MAX_PHRASES: str(concept.max_phrases),
+        protocol.PARAM_PHRASES_PER_DECODE: str(concept.phrases_per_decode),
+        protocol.PARAM_MAX_IMAGE_PIXELS: str(concept.max_image_pixels),
+    }
+    for key, value in params.items():
+        config.parameters[key].string_value = value
+    return config
+
+
+def feature_bytes(family: ConceptFamilySpec) -> int:
+    """Bytes of one image's vision features (fp32), as the serving model keeps them."""
+    return sum(4 * math.prod(t.shape) for t in family.vision.outputs)
+
+
+def serving_files(tokenizer: Path) -> dict[str, Path]:
+    """What goes into the serving model's version directory."""
+    files = {"model.py": SERVING_SOURCE, protocol.TOKENIZER_FILE: Path(tokenizer)}
+    for module in SHIPPED_MODULES:
+        files[f"{SHIPPED_PACKAGE}/{module}.py"] = SERVING_DIR / f"{module}.py"
+    return files
+
+
+def write_concept_models(
+    repo_dir: str | os.PathLike[str],
+    family: ConceptFamilySpec,
+    *,
+    graphs: dict[str, Path],
+    tokenizer: Path,
+    pad_token_id: int,
+    options: RepositoryOptions,
+    concept: ConceptOptions | None = None,
+) -> list[str]:
+    """Write the three graphs and the serving model as one atomic set.
+
+    Args:
+        repo_dir: the model repository.
+        family: the concept family (names, tensors).
+        graphs: role (``"vision"``, ``"text"``, ``"decoder"``) -> exported ``.onnx``.
+        tokenizer: the ``tokenizer.json`` to ship; pad_token_id: its padding id.
+        options: target and serving options of the repository.
+        concept: bounds of the serving model.
+
+    Returns:
+        The model names written: vision, text, decoder, serving model.
+
+    Raises:
+        RepositoryError / InputValidationError: as ``writer.write_models``.
+    """
+    concept = concept or ConceptOptions()
+    configs = graph_configs(family, options, concept)
+    models = [
+        onnx_model_files(
+            configs[g.role].name, graphs[g.role], config_to_text(configs[g.role]),
+            target=options.target,
+        )
+        for g in family.graphs
+    ]  # fmt: skip
+    serving = build_serving_config(family, options, concept, pad_token_id=pad_token_id)
+    models.append(ModelFiles(serving.name, config_to_text(serving), serving_files(tokenizer)))
+    return [path.name for path in write_models(repo_dir, models)]
+
+
+def _io(spec: TensorSpec, message: type) -> object:
+    # BYTES tensors are Triton's TYPE_STRING (numpy object arrays of bytes).
+    if spec.dtype == "bytes":
+        return message(
+            name=spec.name, data_type=model_config_pb2.TYPE_STRING, dims=list(spec.shape)
+        )
+    return _tensor(spec, message)

@@ -1,0 +1,15 @@
+"""What runs inside Triton, and the dependency-free pieces it shares with the clients.
+
+The modules here import only the standard library and numpy, and one another relatively, so
+the repository writer can ship this package beside a server-side ``model.py`` under the name
+``triton_sam_serving`` (a unique top-level name: nothing on the stub's ``sys.path`` can shadow
+it), and the clients import the very same files as ``triton_sam.serving``:
+
+- :mod:`.resample`: numpy twins of torch's resampling kernels;
+- :mod:`.images`: content ids and SAM3 preprocessing of RGB images;
+- :mod:`.masks`: instance post-processing (Sam3Processor's), COCO RLE and PNG encoding;
+- :mod:`.concept_protocol`: tensor names, limits and error codes of the ``sam3_concept``
+  serving model;
+- ``concept_model.py``: that serving model (a python-backend ``model.py``; needs Triton's
+  ``triton_python_backend_utils`` and is never imported by the package itself).
+"""

@@ -1,0 +1,392 @@
+"""The ``sam3_concept`` serving model: an image and text phrases in, instances out (python/BLS).
+
+The repository writer copies this file to ``sam3_concept/1/model.py`` and ships beside it
+``triton_sam_serving/`` (the dependency-free modules of :mod:`triton_sam.serving`) and the
+checkpoint's ``tokenizer.json``. It runs inside Triton's stub: numpy, ``tokenizers`` and
+``triton_python_backend_utils``, nothing of triton_sam. The tensor contract, limits and error
+codes are those of ``concept_protocol.py``.
+
+One request (one image, N phrases):
+
+1. image: the server decodes nothing (pixels arrive as uint8 RGB), computes the content id,
+   and runs ``<family>_vision`` through BLS unless its LRU holds that id; or, with only
+   ``image_id``, looks the features up (NOT_FOUND when it does not hold them).
+2. text: each phrase is tokenised here (Sam3Processor's tokenizer, padded to 32, refused
+   beyond 32), and ``<family>_text`` runs once for the phrases whose tokens are not cached.
+3. decoder: ``<family>_decoder`` runs on the image's features (batch 1) and the phrases (a
+   per-item dim, ``phrases_per_decode`` at a time, concurrently), thresholding and keeping the
+   top ``max_instances`` inside the graph, so only the kept low-res masks cross BLS.
+4. post-processing (Sam3Processor's): boxes to original pixels; masks only in the encodings
+   the request asked for (COCO RLE, PNG, or the low-res logits).
+
+Bad input answers INVALID_ARG naming the field; nothing a request sends can take the stub
+down (every error is caught per request). One instance (the caches live in it); ``execute``
+is a coroutine so requests of one batch overlap their BLS calls, and two requests of a batch
+with the same new image run the vision graph once.
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    from triton_sam_serving import cache, images, masks
+    from triton_sam_serving import concept_protocol as protocol
+except ImportError:  # imported from the triton_sam source tree (unit tests)
+    from triton_sam.serving import cache, images, masks
+    from triton_sam.serving import concept_protocol as protocol
+
+TEXT_FEATURES = "text_features"
+ATTENTION_MASK = "attention_mask"
+DECODER_OUTPUTS = ("scores", "boxes", "query_index", "num_instances", "presence")
+
+
+class RequestError(ValueError):
+    """A request the protocol refuses; the message starts with the field's name."""
+
+
+class ImageMiss(Exception):
+    """An ``image_id`` this instance does not hold."""
+
+
+class Tokenizer:
+    """Sam3Processor's tokenisation: CLIP tokens, padded to the context length, never cut."""
+
+    def __init__(self, path, pad_id, context_length):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self._tokenizer = RustTokenizer.from_file(path)
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self.pad_id = int(pad_id)
+        self.context_length = int(context_length)
+
+    def encode(self, phrases):
+        """phrases (list of str) -> (input_ids, attention_mask), int64 [N, context_length]."""
+        ids = np.full((len(phrases), self.context_length), self.pad_id, np.int64)
+        mask = np.zeros((len(phrases), self.context_length), np.int64)
+        for i, encoding in enumerate(self._tokenizer.encode_batch(list(phrases))):
+            n = len(encoding.ids)
+            if n > self.context_length:
+                raise RequestError(
+                    f"{protocol.TEXT}: phrase {i} ({phrases[i][:40]!r}) is {n} tokens, expected "
+                    f"at most {self.context_length} including its start and end tokens "
+                    "(Sam3Processor does not truncate and the text encoder has "
+                    f"{self.context_length} positions); shorten it"
+                )
+            ids[i, :n] = encoding.ids
+            mask[i, :n] = 1
+        return ids, mask
+
+
+class TritonPythonModel:
+    """The ``sam3_concept`` model: tokenise, cache, tile, decode, post-process."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.name = args["model_name"]
+        self.vision_model = params[protocol.PARAM_VISION_MODEL]
+        self.text_model = params[protocol.PARAM_TEXT_MODEL]
+        self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
+        self.feature_names = params[protocol.PARAM_FEATURE_NAMES].split(",")
+        # Counted from the spec, not from the arrays: on a GPU instance they stay in device
+        # memory as BLS tensors, which the cache must count all the same.
+        self.feature_bytes = int(params[protocol.PARAM_FEATURE_BYTES])
+        self.num_queries = int(params[protocol.PARAM_NUM_QUERIES])
+        self.max_phrases = int(params[protocol.PARAM_MAX_PHRASES])
+        self.phrases_per_decode = int(params[protocol.PARAM_PHRASES_PER_DECODE])
+        self.max_pixels = int(params[protocol.PARAM_MAX_IMAGE_PIXELS])
+        outputs = {t["name"]: t for t in config["output"]}
+        self.mask_size = int(outputs[protocol.MASKS_LOGITS]["dims"][-1])
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.tokenizer = Tokenizer(
+            os.path.join(version_dir, protocol.TOKENIZER_FILE),
+            params[protocol.PARAM_PAD_TOKEN_ID],
+            protocol.CONTEXT_LENGTH,
+        )
+        self.images = cache.LruCache(
+            int(params[protocol.PARAM_MAX_IMAGES]), int(params[protocol.PARAM_MAX_BYTES])
+        )
+        self.phrases = cache.LruCache(int(params[protocol.PARAM_MAX_PHRASES_CACHED]))
+        self.on_gpu = args.get("model_instance_kind") == "GPU"
+        self.device_id = int(args.get("model_instance_device_id") or 0)
+
+    async def execute(self, requests):
+        """Answer every request of the batch; their BLS calls overlap."""
+        runs = {}  # image id -> vision task: one run per new image in this batch
+        return list(await asyncio.gather(*(self._answer(r, runs) for r in requests)))
+
+    def finalize(self):
+        self.images = self.phrases = None
+
+    # -- one request ---------------------------------------------------------------------
+    async def _answer(self, request, runs):
+        try:
+            if hasattr(request, "is_cancelled") and request.is_cancelled():
+                return _error("request cancelled before execution", "CANCELLED")
+            wanted = set(_requested(request)) or set(protocol.OUTPUTS) - {
+                protocol.MASKS_PNG,
+                protocol.MASKS_LOGITS,
+            }
+            phrases = _phrases(request, self.max_phrases)  # [] = embed or probe only
+            threshold = _scalar(request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1)
+            mask_threshold = _scalar(
+                request, protocol.MASK_THRESHOLD, protocol.DEFAULT_MASK_THRESHOLD, 0, 1
+            )
+            limit = int(
+                _scalar(request, protocol.MAX_INSTANCES, self.num_queries, 1, self.num_queries)
+            )
+            token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
+            image_id, encoded, (features, hw) = await self._image(request, runs)
+            decoded = []
+            if phrases:
+                text = await self._text(token_ids, token_mask)
+                decoded = await self._decode(features, text, token_mask, threshold, limit, wanted)
+            outputs = self._outputs(decoded, hw, mask_threshold, wanted)
+            outputs[protocol.IMAGE_ID] = np.array([[image_id.encode()]], dtype=np.object_)
+            outputs[protocol.IMAGE_SIZE] = np.array([hw], np.int32)
+            outputs[protocol.ENCODED] = np.array([[encoded]], np.int32)
+            tensors = [pb_utils.Tensor(n, v) for n, v in outputs.items() if n in wanted]
+            return pb_utils.InferenceResponse(output_tensors=tensors)
+        except RequestError as e:
+            return _error(str(e), protocol.INVALID_ARG)
+        except ImageMiss as e:
+            return _error(f"{protocol.MISS_MARKER}: {e}", protocol.NOT_FOUND)
+        except Exception as e:  # never let one request take the stub (and its caches) down
+            return _error(f"{type(e).__name__}: {e}", protocol.INTERNAL)
+
+    async def _image(self, request, runs):
+        """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))).
+
+        The entry is returned, not looked up again later: another request of the batch may
+        evict it from the LRU before this one decodes.
+        """
+        pixels = _input(request, protocol.IMAGE)
+        if pixels is None:
+            image_id = _string(request, protocol.IMAGE_ID)
+            if image_id is None:
+                raise RequestError(
+                    f"{protocol.IMAGE}: missing; send the image (uint8 [H, W, 3]) or the "
+                    f"{protocol.IMAGE_ID} of an image this server answered"
+                )
+            # sent with its pixels by another request of this batch, or held
+            entry = await runs[image_id] if image_id in runs else self.images.get(image_id)
+            if entry is None:
+                raise ImageMiss(
+                    f"image_id {image_id!r} is not cached on this server (never sent, evicted, "
+                    "or the server restarted); send the image again"
+                )
+            return image_id, 0, entry
+        rgb = _single(pixels.as_numpy(), protocol.IMAGE)
+        try:
+            rgb = images.check_rgb(rgb, max_pixels=self.max_pixels)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        image_id = images.image_id(rgb, protocol.image_namespace(self.name))
+        entry = self.images.get(image_id)
+        if entry is not None:
+            return image_id, 0, entry
+        task = runs.get(image_id)
+        if task is not None:  # the same new image in another request of this batch
+            return image_id, 0, await task
+        task = runs[image_id] = asyncio.ensure_future(self._encode(image_id, rgb))
+        return image_id, 1, await task
+
+    async def _encode(self, image_id, rgb):
+        """Run the vision graph; keep and return the entry (features by name, (H, W))."""
+        pixels = pb_utils.Tensor("pixel_values", images.preprocess_sam3(rgb))
+        response = await self._bls(self.vision_model, [pixels], self.feature_names, gpu=self.on_gpu)
+        features = {}
+        for tensor in response.output_tensors():
+            # GPU: keep the BLS output tensor itself (device memory, no host copy); CPU: copy
+            # it out of the stub's shared-memory pool.
+            value = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
+            features[tensor.name()] = value
+        entry = (features, tuple(int(d) for d in rgb.shape[:2]))
+        self.images.put(image_id, entry, self.feature_bytes)
+        return entry
+
+    async def _text(self, token_ids, token_mask):
+        """Text features [N, 32, C] of the phrases; the text graph runs for the uncached."""
+        keys = [ids[: int(m.sum())].tobytes() for ids, m in zip(token_ids, token_mask, strict=True)]
+        missing, seen = [], set()
+        for i, key in enumerate(keys):  # a phrase given twice runs once
+            if key not in self.phrases and key not in seen:
+                seen.add(key)
+                missing.append(i)
+        fresh = {}
+        if missing:
+            feeds = [
+                pb_utils.Tensor("input_ids", token_ids[missing]),
+                pb_utils.Tensor(ATTENTION_MASK, token_mask[missing]),
+            ]
+            response = await self._bls(self.text_model, feeds, [TEXT_FEATURES], gpu=False)
+            values = pb_utils.get_output_tensor_by_name(response, TEXT_FEATURES).as_numpy()
+            for i, value in zip(missing, values, strict=True):
+                fresh[keys[i]] = np.array(value)
+                self.phrases.put(keys[i], fresh[keys[i]], value.nbytes)
+        return np.stack([fresh[k] if k in fresh else self.phrases.get(k) for k in keys])
+
+    async def _decode(self, features, text, token_mask, threshold, limit, wanted):
+        """Decoder outputs per phrase, concatenated over ``phrases_per_decode`` chunks."""
+        names = list(DECODER_OUTPUTS)
+        if wanted & set(protocol.MASK_OUTPUTS):
+            names.append("masks")
+        image_feeds = [
+            v if not isinstance(v, np.ndarray) else pb_utils.Tensor(n, v)
+            for n, v in sorted(features.items())
+        ]
+        step = self.phrases_per_decode
+        jobs = []
+        for start in range(0, len(text), step):
+            feeds = [
+                *image_feeds,
+                pb_utils.Tensor(TEXT_FEATURES, text[None, start : start + step]),
+                pb_utils.Tensor(ATTENTION_MASK, token_mask[None, start : start + step]),
+                pb_utils.Tensor("threshold", np.array([[threshold]], np.float32)),
+                pb_utils.Tensor("max_instances", np.array([[limit]], np.int64)),
+            ]
+            jobs.append(self._bls(self.decoder_model, feeds, names, gpu=False))
+        chunks = []
+        for response in await asyncio.gather(*jobs):
+            out = {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in names}
+            # One image per call: drop the batch dim; per phrase, keep its first num_instances.
+            counts = out["num_instances"][0]
+            for p, count in enumerate(counts):
+                chunks.append({n: out[n][0, p] for n in names} | {"count": int(count)})
+        return chunks
+
+    def _outputs(self, decoded, hw, mask_threshold, wanted):
+        """Protocol outputs (numpy, batch dim 1) from the per-phrase decoder outputs."""
+        per_instance = {protocol.PHRASE_INDEX: [], protocol.QUERY_INDEX: []}
+        per_instance |= {protocol.SCORES: [], protocol.BOXES: [], "masks": []}
+        for p, phrase in enumerate(decoded):
+            n = phrase["count"]
+            per_instance[protocol.PHRASE_INDEX] += [p] * n
+            per_instance[protocol.QUERY_INDEX] += list(phrase["query_index"][:n])
+            per_instance[protocol.SCORES] += list(phrase["scores"][:n])
+            per_instance[protocol.BOXES] += list(masks.scale_boxes(phrase["boxes"][:n], hw))
+            if "masks" in phrase:
+                per_instance["masks"] += list(phrase["masks"][:n])
+        k = len(per_instance[protocol.SCORES])
+        out = {
+            protocol.PRESENCE: np.array([[d["presence"] for d in decoded]], np.float32),
+            protocol.NUM_INSTANCES: np.array([[d["count"] for d in decoded]], np.int32),
+            protocol.PHRASE_INDEX: np.array([per_instance[protocol.PHRASE_INDEX]], np.int32),
+            protocol.QUERY_INDEX: np.array([per_instance[protocol.QUERY_INDEX]], np.int32),
+            protocol.SCORES: np.array([per_instance[protocol.SCORES]], np.float32).reshape(1, k),
+            protocol.BOXES: np.array(per_instance[protocol.BOXES], np.float32).reshape(1, k, 4),
+        }
+        logits = per_instance["masks"]
+        if protocol.MASKS_LOGITS in wanted:
+            size = (self.mask_size, self.mask_size)
+            out[protocol.MASKS_LOGITS] = np.array(logits, np.float32).reshape(1, k, *size)
+        encodings = [n for n in (protocol.MASKS_RLE, protocol.MASKS_PNG) if n in wanted]
+        encoded = {n: [] for n in encodings}
+        stacked = np.array(logits, np.float32) if encodings else np.zeros((0, 1, 1), np.float32)
+        for binary in masks.binary_masks(stacked, hw, mask_threshold):
+            for name in encodings:
+                codec = masks.encode_rle if name == protocol.MASKS_RLE else masks.encode_png
+                encoded[name].append(codec(binary))
+        for name, values in encoded.items():
+            out[name] = np.array(values, dtype=np.object_).reshape(1, k)
+        return out
+
+    async def _bls(self, model, inputs, outputs, *, gpu):
+        kwargs = {"requested_output_names": list(outputs)}
+        if hasattr(pb_utils, "PreferredMemory"):  # Triton 23.xx on
+            kind = pb_utils.TRITONSERVER_MEMORY_GPU if gpu else pb_utils.TRITONSERVER_MEMORY_CPU
+            device = self.device_id if gpu else 0
+            kwargs["preferred_memory"] = pb_utils.PreferredMemory(kind, device)
+        request = pb_utils.InferenceRequest(model_name=model, inputs=inputs, **kwargs)
+        response = await request.async_exec()
+        if response.has_error():
+            raise RuntimeError(f"{model}: {response.error().message()}")
+        return response
+
+
+# -- request parsing -------------------------------------------------------------------------
+def _input(request, name):
+    return pb_utils.get_input_tensor_by_name(request, name)
+
+
+def _single(array, field):
+    """The one item of a batch-1 input (a request is one image with its phrases)."""
+    if array.shape[0] != 1:
+        raise RequestError(f"{field}: batch {array.shape[0]}, expected 1 (one image per request)")
+    return array[0]
+
+
+def _string(request, name):
+    tensor = _input(request, name)
+    if tensor is None:
+        return None
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise RequestError(f"{name}: got {values.size} values, expected 1")
+    return _utf8(values[0], name)
+
+
+def _utf8(value, field):
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"{field}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def _phrases(request, max_phrases):
+    tensor = _input(request, protocol.TEXT)
+    if tensor is None:
+        return []
+    values = _single(tensor.as_numpy(), protocol.TEXT).reshape(-1)
+    if not 1 <= values.size <= max_phrases:
+        raise RequestError(
+            f"{protocol.TEXT}: got {values.size} phrases, expected 1 to {max_phrases} per request"
+        )
+    phrases = []
+    for i, value in enumerate(values):
+        field = f"{protocol.TEXT}[{i}]"
+        if len(value) > protocol.MAX_PHRASE_BYTES:
+            raise RequestError(
+                f"{field}: {len(value)} bytes, expected at most {protocol.MAX_PHRASE_BYTES}"
+            )
+        phrase = _utf8(value, field)
+        if not phrase.strip():
+            raise RequestError(f"{field}: empty, expected a noun phrase such as 'red car'")
+        phrases.append(phrase)
+    return phrases
+
+
+def _scalar(request, name, default, low, high):
+    tensor = _input(request, name)
+    if tensor is None:
+        return default
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise RequestError(f"{name}: got {values.size} values, expected 1")
+    value = values[0]
+    if not np.isfinite(value) or not low <= value <= high:
+        raise RequestError(f"{name}: got {value}, expected a number in [{low}, {high}]")
+    return value.item()
+
+
+def _requested(request):
+    if hasattr(request, "requested_output_names"):
+        return list(request.requested_output_names())
+    return []
+
+
+def _error(message, code):
+    # TritonError codes arrived in Triton 23.10; older stubs only take the message.
+    code = getattr(pb_utils.TritonError, code, None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)

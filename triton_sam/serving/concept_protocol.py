@@ -1,0 +1,136 @@
+"""The ``sam3_concept`` serving model's protocol: tensor names, limits and error codes.
+
+The single definition shared by the serving model (which the writer ships with this file)
+and the clients; standard library only. One request = one image and N phrases; every input is
+optional. Without ``text`` a request only embeds the image (or, with ``image_id`` alone, asks
+whether the server holds it), so a client can send an image once and its phrases later.
+Tensors carry Triton's batch dim first (size 1 per request).
+
+Inputs:
+    ``image``          UINT8 [H, W, 3] RGB pixels. The server preprocesses them (Sam3Processor's
+                       resize and normalisation), keeps the features under the content id it
+                       computes itself (:func:`triton_sam.serving.images.image_id`) and answers
+                       that id. Omit it to reuse an image the server holds: send ``image_id``.
+    ``image_id``       BYTES [1]: an id the server answered before (a lookup hint: the server
+                       never binds features to an id it did not compute from the pixels).
+    ``text``           BYTES [N]: UTF-8 phrases, 1..``max_phrases`` of them, each non-empty and
+                       at most ``CONTEXT_LENGTH`` tokens with its start/end tokens. A phrase
+                       is tokenised as Sam3Processor does (CLIP, lower-cased).
+    ``threshold``      FP32 [1]: keep instances whose score exceeds it (default 0.3).
+    ``mask_threshold`` FP32 [1]: binarise the resized mask probabilities above it (default 0.5).
+    ``max_instances``  INT32 [1]: at most this many instances per phrase, the best scores
+                       (default and maximum: the model's number of queries, 200).
+Outputs (ask only for what you need; masks are encoded only when asked for):
+    ``image_id`` BYTES [1]; ``image_size`` INT32 [2] (H, W); ``encoded`` INT32 [1] (1: the
+    vision graph ran, 0: the features were cached);
+    per phrase: ``presence`` FP32 [N] (sigmoid of the presence logit), ``num_instances`` INT32
+    [N];
+    per instance, phrase by phrase, in query order (Sam3Processor's order):
+    ``phrase_index`` INT32 [K], ``query_index`` INT32 [K], ``scores`` FP32 [K], ``boxes`` FP32
+    [K, 4] (x0, y0, x1, y1) in pixels of the original image, and the masks as
+    ``masks_rle`` BYTES [K] (COCO compressed RLE ``counts``; ``{"size": [H, W], "counts": c}``
+    decodes with ``pycocotools.mask.decode``), ``masks_png`` BYTES [K] (1-bit PNG at the
+    original size) or ``masks_logits`` FP32 [K, 288, 288] (low-resolution logits).
+
+Errors: a request the server refuses answers Triton's INVALID_ARG (HTTP 400) with a message
+``<field>: <what was given>, expected <what>``; an ``image_id`` the server does not hold answers
+NOT_FOUND with a message starting with :data:`MISS_MARKER` (send the image again). The
+server stays ready after either.
+"""
+
+MODEL = "sam3_concept"
+
+# inputs
+IMAGE = "image"
+IMAGE_ID = "image_id"
+TEXT = "text"
+THRESHOLD = "threshold"
+MASK_THRESHOLD = "mask_threshold"
+MAX_INSTANCES = "max_instances"
+INPUTS = (IMAGE, IMAGE_ID, TEXT, THRESHOLD, MASK_THRESHOLD, MAX_INSTANCES)
+
+# outputs
+IMAGE_SIZE = "image_size"
+ENCODED = "encoded"
+PRESENCE = "presence"
+NUM_INSTANCES = "num_instances"
+PHRASE_INDEX = "phrase_index"
+QUERY_INDEX = "query_index"
+SCORES = "scores"
+BOXES = "boxes"
+MASKS_RLE = "masks_rle"
+MASKS_PNG = "masks_png"
+MASKS_LOGITS = "masks_logits"
+MASK_OUTPUTS = (MASKS_RLE, MASKS_PNG, MASKS_LOGITS)
+OUTPUTS = (
+    IMAGE_ID,
+    IMAGE_SIZE,
+    ENCODED,
+    PRESENCE,
+    NUM_INSTANCES,
+    PHRASE_INDEX,
+    QUERY_INDEX,
+    SCORES,
+    BOXES,
+    *MASK_OUTPUTS,
+)
+
+# Sam3Processor's defaults.
+DEFAULT_THRESHOLD = 0.3
+DEFAULT_MASK_THRESHOLD = 0.5
+# Tokens per phrase, start and end tokens included (Sam3Processor pads to 32; CLIP's text
+# encoder has 32 positions, so a longer phrase cannot be encoded: refused, never truncated).
+CONTEXT_LENGTH = 32
+# Bounds enforced by the server (and checked first by the clients). Per request:
+MAX_PHRASES = 16  # each phrase runs the decoder once (0.7 s on 2 CPU cores at width 64)
+MAX_PHRASE_BYTES = 1024  # longer UTF-8 cannot fit 30 tokens of any CLIP vocabulary anyway
+# 4096 x 4096: masks are resized to the original size on the server (4 bytes per pixel per
+# instance while resizing), and Sam3 works at 1008 x 1008 anyway.
+MAX_IMAGE_PIXELS = 16_777_216
+
+# Image ids: images.image_id(rgb, image_namespace(model)); a client computes the same id to
+# ask whether the server holds an image before sending its pixels.
+IMAGE_ID_NAMESPACE = "sam3_concept/v1"
+
+
+def image_namespace(model: str) -> str:
+    """What an image id depends on besides the pixels: the protocol version and the model."""
+    return f"{IMAGE_ID_NAMESPACE}\0{model}"
+
+
+# Config parameters of the serving model (renderer and model.py read the same keys).
+PARAM_VISION_MODEL = "vision_model"
+PARAM_TEXT_MODEL = "text_model"
+PARAM_DECODER_MODEL = "decoder_model"
+PARAM_FEATURE_NAMES = "feature_names"  # the vision outputs = decoder inputs, comma-separated
+PARAM_FEATURE_BYTES = "feature_bytes"  # one image's features (the LRU's byte bound counts it)
+PARAM_PAD_TOKEN_ID = "pad_token_id"
+PARAM_NUM_QUERIES = "num_queries"
+PARAM_MAX_IMAGES = "max_images"
+PARAM_MAX_BYTES = "max_bytes"
+PARAM_MAX_PHRASES_CACHED = "max_phrases_cached"
+PARAM_MAX_PHRASES = "max_phrases"
+PARAM_PHRASES_PER_DECODE = "phrases_per_decode"
+PARAM_MAX_IMAGE_PIXELS = "max_image_pixels"
+PARAM_KEYS = (
+    PARAM_VISION_MODEL,
+    PARAM_TEXT_MODEL,
+    PARAM_DECODER_MODEL,
+    PARAM_FEATURE_NAMES,
+    PARAM_FEATURE_BYTES,
+    PARAM_PAD_TOKEN_ID,
+    PARAM_NUM_QUERIES,
+    PARAM_MAX_IMAGES,
+    PARAM_MAX_BYTES,
+    PARAM_MAX_PHRASES_CACHED,
+    PARAM_MAX_PHRASES,
+    PARAM_PHRASES_PER_DECODE,
+    PARAM_MAX_IMAGE_PIXELS,
+)
+TOKENIZER_FILE = "tokenizer.json"  # beside model.py
+
+# Error codes (Triton's TritonError codes) and the miss marker the clients recognise.
+INVALID_ARG = "INVALID_ARG"
+NOT_FOUND = "NOT_FOUND"
+INTERNAL = "INTERNAL"
+MISS_MARKER = "triton_sam.EmbeddingNotFound"
