@@ -17,6 +17,8 @@ from triton_sam.errors import ExportError, ExportValidationError
 if TYPE_CHECKING:
     import torch
 
+    from triton_sam.models.spec import TensorSpec
+
 # ONNX protobufs cannot exceed 2 GiB; above this the weights go to a sidecar file.
 _PROTOBUF_LIMIT_BYTES = 2**31 - 1
 EXTERNAL_DATA_SUFFIX = ".onnx_data"
@@ -169,6 +171,51 @@ def convert_to_fp16(path: Path) -> None:
         )
     else:
         onnx.save_model(model16, str(path))
+
+
+def set_output_dims(path: Path, outputs: Sequence[TensorSpec]) -> None:
+    """Declare fixed per-item output sizes in the graph's outputs, in place.
+
+    Triton's onnxruntime backend compares each output's config ``dims`` with the shape the
+    graph declares exactly, and the TorchScript exporter leaves most non-batch output dims
+    symbolic. Dim 0 stays the symbolic batch and a ``-1`` stays symbolic; only declarations
+    change (no weights are rewritten), and ``verify_graph`` then checks the real shapes.
+
+    Raises:
+        ExportError: the graph's outputs differ from ``outputs`` by name or rank, or a fixed
+            size disagrees (all listed at once).
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    declared = {value.name: value for value in model.graph.output}
+    problems = []
+    if set(declared) != {t.name for t in outputs}:
+        problems.append(
+            f"outputs are {sorted(declared)}, expected {sorted(t.name for t in outputs)}"
+        )
+    for spec in outputs:
+        value = declared.get(spec.name)
+        if value is None:
+            continue
+        dims = list(value.type.tensor_type.shape.dim)
+        if len(dims) != 1 + len(spec.shape):
+            problems.append(f"{spec.name} has rank {len(dims)}, expected 1 + {len(spec.shape)}")
+            continue
+        for i, (dim, size) in enumerate(zip(dims[1:], spec.shape, strict=True), start=1):
+            fixed = dim.dim_value if dim.HasField("dim_value") else None
+            if size >= 0 and fixed not in (None, size):
+                problems.append(f"{spec.name} dim {i} is {fixed}, expected {size}")
+            elif size >= 0:
+                dim.dim_value = size  # clears dim_param (a oneof)
+    if problems:
+        raise ExportError(f"{path.name}: cannot declare the output dims: " + "; ".join(problems))
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        onnx.save_model(model, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
