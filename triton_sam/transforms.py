@@ -24,6 +24,10 @@ from PIL import Image, ImageOps
 
 from triton_sam.errors import ConfigError, InputValidationError
 from triton_sam.models.spec import Preprocessing
+from triton_sam.tracking.resample import BLOCK as _BLOCK
+from triton_sam.tracking.resample import antialias_taps as _antialias_taps
+from triton_sam.tracking.resample import bilinear as _bilinear
+from triton_sam.tracking.resample import resample as _resample
 
 ImageLike = str | os.PathLike[str] | bytes | Image.Image | np.ndarray
 
@@ -513,96 +517,3 @@ def _check_logits(low_res_logits: np.ndarray) -> np.ndarray:
             "low_res_logits", f"got shape {logits.shape}; expected non-empty [B, M, h, w]"
         )
     return logits
-
-
-def _bilinear(x: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
-    """``F.interpolate(x, out_hw, mode="bilinear", align_corners=False)`` for [..., h, w]."""
-    along_w = _resample(x, _bilinear_taps(x.shape[-1], out_hw[1]), axis=-1)
-    return _resample(along_w, _bilinear_taps(x.shape[-2], out_hw[0]), axis=-2)
-
-
-# -- 1-d resampling kernels -----------------------------------------------------------------
-# A kernel is (start, weights): out[j] = sum_k weights[j, k] * x[start[j] + k], with zero
-# weights wherever start[j] + k falls past the input. Weights follow PyTorch's CPU kernels
-# in float32 so that results agree to float32 rounding.
-
-_BLOCK = 64  # outputs per matmul: large enough for BLAS, small enough to skip zero weights
-
-
-def _bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bilinear, align_corners=False, no antialias (``area_pixel_compute_source_index``).
-
-    ``src = (in / out) * (j + 0.5) - 0.5``, clamped at 0; taps floor(src) and the next one,
-    except at the last input pixel, where torch reads that pixel twice.
-    """
-    f32 = np.float32
-    scale = f32(in_size) / f32(out_size)
-    src = np.maximum(scale * (np.arange(out_size, dtype=f32) + f32(0.5)) - f32(0.5), f32(0))
-    start = src.astype(np.int64)  # floor, since src >= 0
-    frac = src - start.astype(f32)
-    weights = np.stack([f32(1) - frac, frac], axis=1)
-    last = start >= in_size - 1
-    weights[last] = [f32(1), f32(0)]  # (1 - f) * x + f * x of the same pixel
-    return start, weights
-
-
-def _antialias_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Antialiased bilinear as torch's ``_upsample_bilinear2d_aa`` (CPU, float32).
-
-    Triangle filter widened by the scale when downsampling, normalised per output. The
-    mixed float32/float64 steps mirror ``_compute_indices_min_size_weights_aa``.
-    """
-    f32, f64 = np.float32, np.float64
-    scale = f32(in_size) / f32(out_size)
-    downsampling = scale >= 1.0
-    support = scale if downsampling else f32(1.0)
-    invscale = f32(1.0 / f64(scale)) if downsampling else f32(1.0)
-    taps = int(np.ceil(support)) * 2 + 1
-    center = (f64(scale) * (np.arange(out_size, dtype=f64) + 0.5)).astype(f32)
-    start = np.trunc((center - support).astype(f64) + 0.5).astype(np.int64).clip(0, None)
-    stop = np.trunc((center + support).astype(f64) + 0.5).astype(np.int64).clip(None, in_size)
-    k = np.arange(taps)
-    offset = (start[:, None] + k).astype(f32) - center[:, None]
-    distance = np.abs(((offset.astype(f64) + 0.5) * f64(invscale)).astype(f32))
-    weights = np.where(distance < 1, (1.0 - distance.astype(f64)).astype(f32), f32(0))
-    weights[k >= (stop - start)[:, None]] = 0
-    total = np.zeros(out_size, f32)
-    for column in weights.T:  # torch sums the taps in order, in float32
-        total += column
-    np.divide(weights, total[:, None], out=weights, where=total[:, None] != 0)
-    return start, weights
-
-
-def _resample(x: np.ndarray, kernel: tuple[np.ndarray, np.ndarray], axis: int) -> np.ndarray:
-    """Apply a 1-d kernel along axis -1 or -2 of a float32 array.
-
-    Blocks of ``_BLOCK`` outputs read a short contiguous run of inputs, so each block is a
-    small dense matmul: BLAS speed without the out x in cost of a full resampling matrix.
-    """
-    start, weights = kernel
-    in_size, out_size = x.shape[axis], len(start)
-    if in_size == out_size and np.all(start == np.arange(out_size)) and np.all(weights[:, 0] == 1):
-        return x.copy()  # identity (both torch kernels then copy the input); never alias it
-    shape = list(x.shape)
-    shape[axis] = out_size
-    out = np.empty(shape, np.float32)
-    for j0 in range(0, out_size, _BLOCK):
-        lo, block = _dense_block(start[j0 : j0 + _BLOCK], weights[j0 : j0 + _BLOCK], in_size)
-        hi, j1 = lo + block.shape[1], j0 + block.shape[0]
-        if axis == -1:
-            np.matmul(x[..., lo:hi], block.T, out=out[..., j0:j1])
-        else:
-            np.matmul(block, x[..., lo:hi, :], out=out[..., j0:j1, :])
-    return out
-
-
-def _dense_block(start: np.ndarray, weights: np.ndarray, in_size: int) -> tuple[int, np.ndarray]:
-    """Scatter a block of taps into a dense [outputs, inputs] matrix starting at input ``lo``."""
-    lo = int(start.min())
-    hi = min(int(start.max()) + weights.shape[1], in_size)
-    block = np.zeros((len(start), hi - lo), np.float32)
-    rows, k = np.indices(weights.shape)
-    columns = start[:, None] - lo + k
-    inside = columns < hi - lo
-    block[rows[inside], columns[inside]] = weights[inside]
-    return lo, block

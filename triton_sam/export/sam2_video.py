@@ -50,6 +50,7 @@ from triton_sam.tracking import protocol
 from triton_sam.tracking.config import TrackerConfig
 
 GRAPH_KEYS = tuple(protocol.GRAPHS)
+TRACKER_CONFIG_FILENAME = "tracker_config.json"
 
 
 # -- the official model ---------------------------------------------------------------------
@@ -111,6 +112,8 @@ def tracker_config(model: nn.Module) -> TrackerConfig:
         "fill_hole_area": model.fill_hole_area != 0,
         "hidden_dim": model.hidden_dim != protocol.HIDDEN_DIM,
         "mem_dim": model.mem_dim != protocol.MEM_DIM,
+        # upstream's own path for it calls a method SAM2VideoPredictor does not define
+        "clear_non_cond_mem_around_input": bool(model.clear_non_cond_mem_around_input),
     }
     bad = [name for name, is_bad in unsupported.items() if is_bad]
     if bad or config.image_size != protocol.IMAGE_SIZE:
@@ -560,6 +563,8 @@ def export_video(
             seconds[f"verify_{key}"] = time.perf_counter() - t0
     if mismatches:
         raise ExportValidationError("the SAM2 video graphs", mismatches)
+    # the settings the orchestration needs, beside the graphs (OnnxVideoPredictor reads it)
+    (out_dir / TRACKER_CONFIG_FILENAME).write_text(config.to_json())
     return result
 
 

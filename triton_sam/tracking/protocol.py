@@ -247,3 +247,21 @@ def error_code(message: str) -> str | None:
     rest = message[start + len(ERROR_PREFIX) :]
     code = rest.split(":", 1)[0]
     return code if code in ERROR_STATUS else None
+
+
+class TrackingError(Exception):
+    """An error of the tracking orchestration, carrying its protocol code.
+
+    Attributes:
+        code: one of the ``ERR_*`` codes (the key of ``ERROR_STATUS``).
+        field: the input it concerns, when there is one.
+    """
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        self.code = code
+        self.field = field
+        super().__init__(message)
+
+    def wire_message(self) -> str:
+        """The message as the tracker model answers it (``triton_sam.<code>: ...``)."""
+        return error_message(self.code, str(self))
