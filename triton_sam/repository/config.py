@@ -193,6 +193,41 @@ def build_config(
     return config
 
 
+def build_graph_config(
+    name: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    options: RepositoryOptions,
+    *,
+    max_batch_size: int,
+    max_queue_size: int = 0,
+    queue_timeout_us: int = 0,
+) -> ModelConfig:
+    """The config of any ONNX graph served like the image pair (the video graphs use it).
+
+    Same rendering as :func:`build_config` (target, instance group, dynamic batching, queue
+    policy, TensorRT, warmup), for tensors given directly instead of a family's graph.
+
+    Raises:
+        InputValidationError: a bad name, batch size or dtype.
+    """
+    check_model_name(name)
+    _check_int("max_batch_size", max_batch_size, minimum=1)
+    config = ModelConfig(name=name, max_batch_size=max_batch_size)
+    config.input.extend(_tensor(t, model_config_pb2.ModelInput) for t in inputs)
+    config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.instance_group.add(kind=_KINDS[options.kind], count=options.instance_count)
+    config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
+    _apply_queue_policy(config, max_queue_size, queue_timeout_us)
+    if options.target == "onnxruntime":
+        _set_onnxruntime(config, options)
+    else:
+        _set_python(config, options)
+    if options.warmup:
+        _add_warmup(config, inputs)
+    return config
+
+
 def render_config(
     family: FamilySpec, graph: Graph, options: RepositoryOptions, name: str | None = None
 ) -> str:
@@ -284,6 +319,10 @@ def _set_queue_policy(config: ModelConfig, options: RepositoryOptions, graph: Gr
     """Bound the queue so overload is rejected quickly instead of piling up (REJECT)."""
     size = getattr(options, f"{graph}_max_queue_size")
     timeout_us = getattr(options, f"{graph}_queue_timeout_us")
+    _apply_queue_policy(config, size, timeout_us)
+
+
+def _apply_queue_policy(config: ModelConfig, size: int, timeout_us: int) -> None:
     if not size and not timeout_us:
         return
     policy = config.dynamic_batching.default_queue_policy

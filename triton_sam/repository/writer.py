@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError, RepositoryError
@@ -204,6 +205,49 @@ def write_pair(
     return staged[0][1].name, staged[1][1].name
 
 
+@dataclass(frozen=True)
+class ModelArtifact:
+    """One model of a set written together by :func:`write_models`.
+
+    Attributes:
+        name: Triton model name (must equal the config's).
+        config_text: its ``config.pbtxt``.
+        files: path inside ``<name>/1/`` (may contain ``/``) -> source file.
+    """
+
+    name: str
+    config_text: str
+    files: Mapping[str, Path]
+
+
+def write_models(repo_dir: str | os.PathLike[str], artifacts: Sequence[ModelArtifact]) -> list[str]:
+    """Write a set of models atomically as a whole, like :func:`write_pair` for two: every
+    model is staged completely before any of them is swapped in.
+
+    Returns:
+        The model names, in order.
+
+    Raises:
+        InputValidationError / RepositoryError: as :func:`write_model`.
+    """
+    repo_dir = Path(repo_dir)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for artifact in artifacts:
+            check_model_name(artifact.name)
+            if parse_config(artifact.config_text).name != artifact.name:
+                raise RepositoryError(f"{artifact.name}: config.pbtxt names another model")
+            sources = {target: Path(source) for target, source in artifact.files.items()}
+            _check_sources(sources)
+            staging = _stage(repo_dir, artifact.name, artifact.config_text, sources, link=False)
+            staged.append((staging, repo_dir / artifact.name))
+        _swap_all(staged)
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [artifact.name for artifact in artifacts]
+
+
 def _swap_all(staged: Sequence[tuple[Path, Path]]) -> None:
     """Swap every (staging, dest) in; on a failure, put back the ones already swapped."""
     done: list[tuple[Path, Path | None]] = []  # (dest, retired old model)
@@ -259,9 +303,20 @@ def embedded_repository(
     if all(c.backend == "python" and c == _cpu_twin(c) for c in configs.values()):
         return repo_dir
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
+    from triton_sam.repository.video_config import is_tracker_config
+
     for name, config in configs.items():
         if is_session_config(config):  # a BLS model, no ONNX: its CPU twin, same model.py
             write_python_model(twin_dir, name, config_to_text(session_twin(config)), SESSION_SOURCE)
+            continue
+        if is_tracker_config(config):  # a BLS model on CPU already: its files as they are
+            version_dir = repo_dir / name / VERSION
+            files = {
+                str(f.relative_to(version_dir)): f
+                for f in sorted(version_dir.rglob("*.py"))
+                if "__pycache__" not in f.parts
+            }
+            write_models(twin_dir, [ModelArtifact(name, config_to_text(config), files)])
             continue
         version_dir = repo_dir / name / VERSION
         files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
@@ -312,6 +367,7 @@ def _fill(staging: Path, config_text: str, sources: dict[str, Path], *, link: bo
     version_dir = staging / VERSION
     version_dir.mkdir()
     for target_name, source in sources.items():
+        (version_dir / target_name).parent.mkdir(parents=True, exist_ok=True)
         if link and source != RUNNER_SOURCE:
             (version_dir / target_name).symlink_to(source.resolve())
         else:

@@ -146,17 +146,50 @@ POINTS = "points"  # FP32 [N, 2]: (X, Y) pixels of the original frame
 LABELS = "labels"  # INT32 [N]: 1 foreground, 0 background
 BOX = "box"  # FP32 [4]: (X0, Y0, X1, Y1) pixels of the original frame
 CLEAR_OLD_POINTS = "clear_old_points"  # BOOL [1], default true
+NORMALIZE_COORDS = "normalize_coords"  # BOOL [1], default true: points/box in pixels
 MASK = "mask"  # BOOL [H, W] at the original resolution
 START_FRAME = "start_frame_index"  # INT32 [1], -1 = earliest conditioning frame
 MAX_FRAMES = "max_frame_num_to_track"  # INT32 [1], -1 = all
 REVERSE = "reverse"  # BOOL [1]
+STRICT = "strict"  # BOOL [1]: remove_object of an unknown object is an error
 # outputs
 OUT_FRAME_INDEX = "out_frame_index"  # INT32 [1]
 OUT_OBJECT_IDS = "object_ids"  # INT32 [K]
 OUT_MASKS = "masks"  # FP32 [K, 1, MASK_SIZE, MASK_SIZE] low-res logits (client upsamples)
 OUT_OBJECT_SCORES = "object_scores"  # FP32 [K]
+OUT_FRAMES = "frames"  # INT32 [F]: preflight's processing order; remove_object's frames
 OUT_STATUS = "status"  # BYTES [1]: JSON with counters, for info/tests
-OUTPUTS = (OUT_FRAME_INDEX, OUT_OBJECT_IDS, OUT_MASKS, OUT_OBJECT_SCORES, OUT_STATUS)
+OUTPUTS = (OUT_FRAME_INDEX, OUT_OBJECT_IDS, OUT_MASKS, OUT_OBJECT_SCORES, OUT_FRAMES, OUT_STATUS)
+# every request input: (name, dtype, per-item dims); all optional but COMMAND and SESSION_ID
+INPUTS: tuple[TensorContract, ...] = (
+    (COMMAND, "bytes", (1,)),
+    (SESSION_ID, "bytes", (1,)),
+    (FRAME_INDEX, "int32", (1,)),
+    (OBJECT_ID, "int32", (1,)),
+    (NUM_FRAMES, "int32", (1,)),
+    (VIDEO_HW, "int32", (2,)),
+    (FRAME, "uint8", (-1, -1, -1)),
+    (FRAME_BYTES, "bytes", (1,)),
+    (POINTS, "float32", (-1, 2)),
+    (LABELS, "int32", (-1,)),
+    (BOX, "float32", (4,)),
+    (CLEAR_OLD_POINTS, "bool", (1,)),
+    (NORMALIZE_COORDS, "bool", (1,)),
+    (MASK, "bool", (-1, -1)),
+    (START_FRAME, "int32", (1,)),
+    (MAX_FRAMES, "int32", (1,)),
+    (REVERSE, "bool", (1,)),
+    (STRICT, "bool", (1,)),
+)
+OUTPUT_TENSORS: tuple[TensorContract, ...] = (
+    (OUT_FRAME_INDEX, "int32", (1,)),
+    (OUT_OBJECT_IDS, "int32", (-1,)),
+    (OUT_MASKS, "float32", (-1, 1, MASK_SIZE, MASK_SIZE)),
+    (OUT_OBJECT_SCORES, "float32", (-1,)),
+    (OUT_FRAMES, "int32", (-1,)),
+    (OUT_STATUS, "bytes", (1,)),
+)
+REQUIRED_INPUTS = (COMMAND, SESSION_ID)
 
 # Commands. Frames are uploaded once (init, then add_frame per frame); propagation is one
 # request per frame ("track"), so each answer carries one frame's masks (~256 KiB per object
@@ -169,6 +202,7 @@ CMD_ADD_MASK = "add_mask"
 CMD_PREFLIGHT = "preflight"
 CMD_TRACK = "track"
 CMD_GET = "get"
+CMD_CLEAR_PROMPTS = "clear_prompts"
 CMD_REMOVE_OBJECT = "remove_object"
 CMD_RESET = "reset"
 CMD_CLOSE = "close"
@@ -181,6 +215,7 @@ COMMANDS = (
     CMD_PREFLIGHT,
     CMD_TRACK,
     CMD_GET,
+    CMD_CLEAR_PROMPTS,
     CMD_REMOVE_OBJECT,
     CMD_RESET,
     CMD_CLOSE,
@@ -205,7 +240,7 @@ ERROR_STATUS = {
     ERR_FRAME_MISSING: "INVALID_ARG",
     ERR_OBJECT_NOT_FOUND: "NOT_FOUND",
     ERR_INVALID_INPUT: "INVALID_ARG",
-    ERR_LIMIT: "UNAVAILABLE",
+    ERR_LIMIT: "INVALID_ARG",  # not retried: the same request would fail again
     ERR_NO_PROMPTS: "INVALID_ARG",
     ERR_INTERNAL: "INTERNAL",
 }

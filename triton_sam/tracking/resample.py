@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import protocol
+from .protocol import TrackingError
 
 
 def bilinear(x: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
@@ -160,7 +161,7 @@ def decode_frame(data: bytes) -> np.ndarray:
     frames (``Image.open(path).convert("RGB")``; EXIF orientation is not applied, as upstream).
 
     Raises:
-        ValueError: the bytes are not a readable image.
+        TrackingError: (InvalidInput) the bytes are not a readable image.
         ImportError: Pillow is not installed.
     """
     import io
@@ -171,4 +172,26 @@ def decode_frame(data: bytes) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as image:
             return np.asarray(image.convert("RGB"))
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ValueError(f"frame_bytes: not a readable image ({e})") from e
+        raise TrackingError(
+            protocol.ERR_INVALID_INPUT, f"frame_bytes: not a readable image ({e})", "frame_bytes"
+        ) from e
+
+
+def encoded_size(data: bytes) -> tuple[int, int]:
+    """(H, W) of an encoded frame, from its header (nothing is decoded).
+
+    Raises:
+        TrackingError: (InvalidInput) not a readable image.
+    """
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise TrackingError(
+            protocol.ERR_INVALID_INPUT, f"frame_bytes: not a readable image ({e})", "frame_bytes"
+        ) from e
+    return height, width

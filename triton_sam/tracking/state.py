@@ -118,7 +118,8 @@ class Session:
     def __init__(self, num_frames: int, video_hw: tuple[int, int], feature_cache_frames: int = 4):
         self.num_frames = int(num_frames)
         self.video_hw = (int(video_hw[0]), int(video_hw[1]))
-        self.frames: dict[int, np.ndarray] = {}  # decoded uint8 [H, W, C]
+        # uint8 [H, W, C] pixels, or a frame's encoded bytes (decoded when encoded)
+        self.frames: dict[int, np.ndarray | bytes] = {}
         self.features: OrderedDict[int, Features] = OrderedDict()
         self.feature_cache_frames = max(1, int(feature_cache_frames))
         self.objects: OrderedDict[int, ObjectState] = OrderedDict()  # obj_id -> state
@@ -131,7 +132,7 @@ class Session:
     @property
     def nbytes(self) -> int:
         """Bytes held: frames, cached features, and every object's inputs and outputs."""
-        total = sum(f.nbytes for f in self.frames.values())
+        total = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in self.frames.values())
         total += sum(a.nbytes for feats in self.features.values() for a in feats)
         return total + sum(o.nbytes for o in self.objects.values())
 

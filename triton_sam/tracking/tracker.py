@@ -23,7 +23,7 @@ from . import protocol
 from .config import TrackerConfig
 from .memory import select_memories
 from .protocol import TrackingError
-from .resample import antialias_resize, preprocess_frame
+from .resample import antialias_resize, decode_frame, preprocess_frame
 from .state import (
     Features,
     FrameOutput,
@@ -72,6 +72,15 @@ class Tracker:
                 protocol.ERR_FRAME_MISSING,
                 f"frame_index: frame {frame_idx} was not uploaded to this session",
                 "frame_index",
+            )
+        if isinstance(frame, bytes):
+            frame = decode_frame(frame)
+        if frame.shape[:2] != session.video_hw:
+            raise TrackingError(
+                protocol.ERR_INVALID_INPUT,
+                f"frame: frame {frame_idx} is {frame.shape[1]}x{frame.shape[0]}, the video "
+                f"{session.video_hw[1]}x{session.video_hw[0]} (W x H)",
+                "frame",
             )
         out = self._run("video_encoder", {"image": preprocess_frame(frame, self.size)})
         features = (out["vision_feats"], out["high_res_feats_0"], out["high_res_feats_1"])
