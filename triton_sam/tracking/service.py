@@ -161,7 +161,7 @@ class TrackingService:
             box=None if box is None else box.reshape(-1),
         )
         self.store.check_room(session_id, 0)
-        return _masks_out(frame, ids, masks)
+        return self._with_scores(session, _masks_out(frame, ids, masks))
 
     def _add_mask(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
         session = self.store.get(session_id)
@@ -176,7 +176,7 @@ class TrackingService:
         frame, ids, masks = self.tracker.add_new_mask(
             session, frame, _int(inputs, p.OBJECT_ID), mask
         )
-        return _masks_out(frame, ids, masks)
+        return self._with_scores(session, _masks_out(frame, ids, masks))
 
     def _preflight(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
         session = self.store.get(session_id)
@@ -204,14 +204,15 @@ class TrackingService:
         session = self.store.get(session_id)
         frame = self._frame_index(session, inputs)
         is_cond = any(frame in o.temp_outputs[COND] for o in session.objects.values())
-        return _masks_out(frame, session.obj_ids, self.tracker.consolidate(session, frame, is_cond))
+        masks = self.tracker.consolidate(session, frame, is_cond)
+        return self._with_scores(session, _masks_out(frame, session.obj_ids, masks))
 
     def _clear_prompts(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
         session = self.store.get(session_id)
         frame = self._frame_index(session, inputs)
         result = self.tracker.clear_all_prompts_in_frame(session, frame, _int(inputs, p.OBJECT_ID))
         assert result is not None
-        return _masks_out(*result)
+        return self._with_scores(session, _masks_out(*result))
 
     def _remove_object(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
         session = self.store.get(session_id)
@@ -235,6 +236,13 @@ class TrackingService:
         return self._status_out(session_id)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _with_scores(self, session: Session, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Add the objects' score logits on the answer's frame (as its masks show them)."""
+        frame = int(out[p.OUT_FRAME_INDEX][0])
+        is_cond = any(frame in o.temp_outputs[COND] for o in session.objects.values())
+        out[p.OUT_OBJECT_SCORES] = self.tracker.object_scores(session, frame, is_cond)
+        return out
+
     def _status_out(self, session_id: str | None) -> dict[str, np.ndarray]:
         text = json.dumps(self.status(session_id), sort_keys=True)
         return {p.OUT_STATUS: np.array([text.encode()], dtype=object)}

@@ -304,16 +304,31 @@ class Tracker:
     def consolidate(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
         """Every object's latest low-res logits on a frame, NO_OBJ_SCORE where it has none
         (``_consolidate_temp_output_across_obj``)."""
-        key = COND if is_cond else NON_COND
         size = self.size // 4
         masks = np.full((len(session.objects), 1, size, size), protocol.NO_OBJ_SCORE, _F32)
-        for i, obj in enumerate(session.objects.values()):
-            out = obj.temp_outputs[key].get(frame_idx)
-            if out is None:
-                out = obj.outputs[COND].get(frame_idx) or obj.outputs[NON_COND].get(frame_idx)
+        for i, out in enumerate(self._latest(session, frame_idx, is_cond)):
             if out is not None:
                 masks[i] = out.pred_masks[0]
         return masks
+
+    def object_scores(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
+        """Every object's latest object score logit on a frame (> 0: present), NaN where it
+        has no output; float32 [K], the objects of :meth:`consolidate`."""
+        scores = np.full(len(session.objects), np.nan, _F32)
+        for i, out in enumerate(self._latest(session, frame_idx, is_cond)):
+            if out is not None:
+                scores[i] = out.object_score_logits.reshape(-1)[0]
+        return scores
+
+    def _latest(self, session: Session, frame_idx: int, is_cond: bool) -> list[FrameOutput | None]:
+        key = COND if is_cond else NON_COND
+        latest = []
+        for obj in session.objects.values():
+            out = obj.temp_outputs[key].get(frame_idx)
+            if out is None:
+                out = obj.outputs[COND].get(frame_idx) or obj.outputs[NON_COND].get(frame_idx)
+            latest.append(out)
+        return latest
 
     # -- one frame of one object -------------------------------------------------------------
     def _infer_frame(
