@@ -171,3 +171,35 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     """IoU of two binary masks (1.0 when both are empty: they agree)."""
     union = np.logical_or(a, b).sum()
     return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+# -- comparing two runs ---------------------------------------------------------------------
+# Tolerances, per frame and object (the reasons are in tests/parity/test_sam2_video_parity.py)
+IOU_MIN = 0.99
+LOGIT_ATOL = LOGIT_RTOL = 1e-3
+SCORE_ATOL = 1e-3
+
+
+def assert_same_as_upstream(ours, upstream) -> None:
+    """Every step of two scenario runs agrees within the stated tolerances (all listed)."""
+    assert [(s, f, ids) for s, f, ids, _, _ in ours] == [
+        (s, f, ids) for s, f, ids, _, _ in upstream
+    ]
+    problems = []
+    for (step, frame, ids, masks, scores), (_, _, _, ref_masks, ref_scores) in zip(
+        ours, upstream, strict=True
+    ):
+        assert masks.shape == ref_masks.shape
+        for k, obj in enumerate(ids):
+            where = f"{step} frame {frame} object {obj}"
+            iou = mask_iou(masks[k, 0] > 0, ref_masks[k, 0] > 0)
+            if iou < IOU_MIN:
+                problems.append(f"{where}: IoU {iou:.4f} < {IOU_MIN}")
+            err = np.abs(masks[k] - ref_masks[k]) - LOGIT_RTOL * np.abs(ref_masks[k])
+            if err.max() > LOGIT_ATOL:
+                problems.append(f"{where}: logits off by {err.max() + LOGIT_ATOL:.3g}")
+            if not abs(scores[k] - ref_scores[k]) <= SCORE_ATOL or (scores[k] > 0) != (
+                ref_scores[k] > 0
+            ):
+                problems.append(f"{where}: object score {scores[k]:.5f} vs {ref_scores[k]:.5f}")
+    assert not problems, "\n".join(problems)

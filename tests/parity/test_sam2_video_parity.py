@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from video_support import local_scores, mask_iou, run_scenario
+from video_support import assert_same_as_upstream, local_scores, run_scenario
 
 from triton_sam.client.video_local import OnnxVideoPredictor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-IOU_MIN = 0.99
-LOGIT_ATOL = LOGIT_RTOL = 1e-3
-SCORE_ATOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -32,31 +28,6 @@ def local_run(sam2_video_export, video_clip):
     predictor = OnnxVideoPredictor(sam2_video_export.graphs["video_encoder"].parent)
     state = predictor.init_state(video_clip)
     return run_scenario(predictor, state, local_scores), predictor
-
-
-def assert_same_as_upstream(ours, upstream) -> None:
-    """Every step of two scenario runs agrees within the stated tolerances (all listed)."""
-    assert [(s, f, ids) for s, f, ids, _, _ in ours] == [
-        (s, f, ids) for s, f, ids, _, _ in upstream
-    ]
-    problems = []
-    for (step, frame, ids, masks, scores), (_, _, _, ref_masks, ref_scores) in zip(
-        ours, upstream, strict=True
-    ):
-        assert masks.shape == ref_masks.shape
-        for k, obj in enumerate(ids):
-            where = f"{step} frame {frame} object {obj}"
-            iou = mask_iou(masks[k, 0] > 0, ref_masks[k, 0] > 0)
-            if iou < IOU_MIN:
-                problems.append(f"{where}: IoU {iou:.4f} < {IOU_MIN}")
-            err = np.abs(masks[k] - ref_masks[k]) - LOGIT_RTOL * np.abs(ref_masks[k])
-            if err.max() > LOGIT_ATOL:
-                problems.append(f"{where}: logits off by {err.max() + LOGIT_ATOL:.3g}")
-            if not abs(scores[k] - ref_scores[k]) <= SCORE_ATOL or (scores[k] > 0) != (
-                ref_scores[k] > 0
-            ):
-                problems.append(f"{where}: object score {scores[k]:.5f} vs {ref_scores[k]:.5f}")
-    assert not problems, "\n".join(problems)
 
 
 def test_local_orchestration_matches_sam2_video_predictor(local_run, upstream_video_run):

@@ -45,6 +45,10 @@ class LocalVideoState:
     def obj_ids(self) -> list[int]:
         return self.session.obj_ids
 
+    @property
+    def video_hw(self) -> tuple[int, int]:
+        return self.session.video_hw
+
 
 class OnnxVideoPredictor:
     """Track objects through a video or volume with the exported SAM2 graphs, in-process.
@@ -152,6 +156,11 @@ class OnnxVideoPredictor:
     def reset_state(self, state: LocalVideoState) -> None:
         """Remove every object and result (the frames stay loaded)."""
         self.tracker.reset_state(state.session)
+
+    def close_state(self, state: LocalVideoState) -> None:
+        """Free the video's frames and features (the client's method of the same name)."""
+        state.session.frames.clear()
+        state.session.features.clear()
 
     @staticmethod
     def _video_res(state: LocalVideoState, low_res: np.ndarray) -> np.ndarray:
