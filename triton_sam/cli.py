@@ -451,6 +451,49 @@ def bench_cmd(
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
+@app.command("bench-video")
+def bench_video_cmd(
+    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
+    frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
+    objects: Annotated[int, typer.Option(min=1, max=3, help="Objects tracked.")] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed propagations per path.")] = 1,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
+    work_dir: Annotated[Path, typer.Option(help="Graphs and repository.")] = Path(".bench_video"),
+) -> None:
+    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs SAM2VideoPredictor and
+    onnxruntime in-process, one run; bytes per propagated frame; server memory per session."""
+    from triton_sam.bench.video import run_video_benchmark, write_video_report
+    from triton_sam.export.sam2_video import GRAPH_KEYS, TRACKER_CONFIG_FILENAME, export_video
+    from triton_sam.models import get_model
+    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.video_config import write_video_models
+    from triton_sam.server import EmbeddedTriton
+    from triton_sam.tracking.config import TrackerConfig
+
+    spec = get_model(model)
+    graphs_dir = work_dir / "graphs" / spec.name
+    if not (graphs_dir / TRACKER_CONFIG_FILENAME).is_file():
+        typer.echo(f"exporting {spec.name} (random weights) to {graphs_dir} ...")
+        export_video(spec, None, graphs_dir)
+    graphs = {key: graphs_dir / f"{key}.onnx" for key in GRAPH_KEYS}
+    config = TrackerConfig.from_json((graphs_dir / TRACKER_CONFIG_FILENAME).read_text())
+    repo = work_dir / "model_repository"
+    write_video_models(repo, graphs, config, RepositoryOptions(target="python"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        report = run_video_benchmark(
+            graphs_dir=graphs_dir,
+            spec=spec,
+            urls={"grpc": server.grpc_url, "http": server.http_url},
+            work_dir=work_dir,
+            frames=frames,
+            objects=objects,
+            repeats=repeats,
+        )
+    paths = write_video_report(report, output)
+    typer.echo(paths["md"].read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
 @app.command("perf-analyzer")
 def perf_analyzer_cmd(
     model: Annotated[str, typer.Option(help="Variant (its family gives shapes).")] = (

@@ -265,3 +265,52 @@ def test_a_grayscale_volume_is_tracked_slice_by_slice(video_server):
     assert sorted(frames) == [0, 1, 2]
     assert all(m.shape == (1, 1, y, x) for m in frames.values())
     assert info["session"]["frames_uploaded"] == 3  # each slice sent once, as uint8 pixels
+
+
+def test_track_command_writes_a_label_stack_for_a_volume(video_server, tmp_path):
+    from typer.testing import CliRunner
+
+    from triton_sam.cli import app
+    from triton_sam.client.video_source import read_stack
+
+    z, y, x = 3, 40, 50
+    zz, yy, xx = np.mgrid[0:z, 0:y, 0:x]
+    volume = np.where((xx - 20 - zz) ** 2 + (yy - 20) ** 2 < 36, 200, 20).astype(np.uint8)
+    np.save(tmp_path / "stack.npy", volume)
+    result = CliRunner().invoke(
+        app,
+        [
+            "track",
+            str(tmp_path / "stack.npy"),
+            "--click",
+            "21,20,1,3",
+            "--out",
+            str(tmp_path / "out"),
+            "--url",
+            video_server.grpc_url,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    labels = read_stack(tmp_path / "out" / "masks.tif")
+    assert labels.shape == (z, y, x) and set(np.unique(labels)) <= {0, 3}
+    assert "3 frames" in result.output
+
+
+def test_volume_notebook_executes(video_server, monkeypatch):
+    """examples/volume_tracking.ipynb top to bottom, against this module's server."""
+    from pathlib import Path
+
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("TRITON_SAM_VIDEO_GRPC_URL", video_server.grpc_url)
+    monkeypatch.setenv("TRITON_SAM_VOLUME_Z", "4")  # CI: 4 slices
+    nb = nbformat.read(root / "examples" / "volume_tracking.ipynb", as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(root)}}
+    )
+    client.execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1  # slice + XZ view
+    assert video_server.grpc_url in "".join(o.get("text", "") for o in outputs)

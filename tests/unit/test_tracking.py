@@ -307,3 +307,84 @@ def test_feature_cache_is_bounded():
         tracker.features(session, t)
     assert runner.graphs().count("video_encoder") == 4  # frame 0 was evicted by frame 2
     assert list(session.features) == [2, 0]
+
+
+# -- the service and its bounded store ----------------------------------------------------------
+def service(max_sessions=2, **bounds):
+    from triton_sam.tracking.service import TrackingService
+    from triton_sam.tracking.sessions import SessionStore
+
+    return TrackingService(FakeRunner(), CONFIG, SessionStore(max_sessions=max_sessions, **bounds))
+
+
+def call(svc, command, session, **tensors):
+    inputs = {
+        protocol.COMMAND: np.array([command.encode()], object),
+        protocol.SESSION_ID: np.array([session.encode()], object),
+        **tensors,
+    }
+    return svc.handle(inputs)
+
+
+def init(svc, session, frames=4, hw=(8, 8)):
+    return call(
+        svc,
+        "init",
+        session,
+        num_frames=np.array([frames], np.int32),
+        video_hw=np.array(hw, np.int32),
+    )
+
+
+def test_least_recently_used_sessions_are_evicted_beyond_the_bound():
+    svc = service(max_sessions=2)
+    for name in ("a", "b"):
+        init(svc, name)
+    call(svc, "info", "a")  # a is now more recent than b
+    init(svc, "c")
+    assert "b" not in svc.store and {"a", "c"} <= set(svc.store._sessions)
+    with pytest.raises(TrackingError) as info:
+        call(svc, "info", "b")
+    assert info.value.code == protocol.ERR_SESSION_NOT_FOUND
+    assert svc.store.evictions == 1
+
+
+def test_a_session_above_its_byte_bound_is_refused_and_kept():
+    svc = service(max_session_bytes=500)
+    init(svc, "a")
+    frame = np.zeros((8, 8, 3), np.uint8)  # 192 bytes
+    for t in (0, 1):
+        call(svc, "add_frame", "a", frame_index=np.array([t], np.int32), frame=frame)
+    with pytest.raises(TrackingError) as info:
+        call(svc, "add_frame", "a", frame_index=np.array([2], np.int32), frame=frame)
+    assert info.value.code == protocol.ERR_LIMIT and info.value.field == "session_id"
+    assert sorted(svc.store.get("a").frames) == [0, 1]
+
+
+def test_service_answers_a_prompt_with_masks_and_scores():
+    svc = service()
+    init(svc, "s", hw=(30, 40))
+    call(
+        svc,
+        "add_frame",
+        "s",
+        frame_index=np.array([0], np.int32),
+        frame=np.zeros((30, 40, 3), np.uint8),
+    )
+    out = call(
+        svc,
+        "add_points",
+        "s",
+        frame_index=np.array([0], np.int32),
+        object_id=np.array([3], np.int32),
+        points=np.array([[5.0, 5.0]], np.float32),
+        labels=np.array([1], np.int32),
+    )
+    assert out[protocol.OUT_MASKS].shape == (1, 1, 256, 256)
+    assert (
+        out[protocol.OUT_OBJECT_IDS].tolist() == [3] and out[protocol.OUT_OBJECT_SCORES][0] == 1.0
+    )
+    order = call(svc, "preflight", "s")[protocol.OUT_FRAMES]
+    assert order.tolist() == [0, 1, 2, 3]
+    status = json.loads(call(svc, "info", "s")[protocol.OUT_STATUS][0])
+    assert status["session"]["frames_uploaded"] == 1 and status["sessions"] == 1

@@ -38,7 +38,7 @@ class TrackingService:
         self, runner: GraphRunner, config: TrackerConfig, store: SessionStore | None = None
     ) -> None:
         self.tracker = Tracker(runner, config)
-        self.store = store or SessionStore()
+        self.store = store if store is not None else SessionStore()  # an empty store is falsy
         self.frames_tracked = 0  # frames answered by "track" (a counter for metrics/tests)
         self._handlers = {
             p.CMD_INIT: self._init,
@@ -233,6 +233,7 @@ class TrackingService:
         return self._status_out(None)
 
     def _info(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
+        self.store.get(session_id)  # SessionNotFound for a session this server lost
         return self._status_out(session_id)
 
     # -- helpers -----------------------------------------------------------------------------
