@@ -483,7 +483,7 @@ def bench_video_cmd(
         report = run_video_benchmark(
             graphs_dir=graphs_dir,
             spec=spec,
-            urls={"grpc": server.grpc_url, "http": server.http_url},
+            urls={"triton-grpc": server.grpc_url, "triton-http": server.http_url},
             work_dir=work_dir,
             frames=frames,
             objects=objects,

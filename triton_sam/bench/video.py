@@ -53,9 +53,10 @@ class VideoBenchReport:
     results: list[PathResult]
 
     def ratio(self, path: str, baseline: str) -> float:
-        """How many times slower ``path`` is than ``baseline`` (fps ratio; < 1: faster)."""
+        """How many times slower ``path`` is than ``baseline`` (fps ratio; < 1: faster; NaN
+        when the baseline was not measured)."""
         fps = {r.path: r.fps for r in self.results}
-        return fps[baseline] / fps[path]
+        return fps[baseline] / fps[path] if baseline in fps else float("nan")
 
     def markdown(self) -> str:
         """The report's table."""
@@ -121,14 +122,18 @@ def run_video_benchmark(
     objects: int = 1,
     hw: tuple[int, int] = (480, 640),
     repeats: int = 1,
+    baselines: bool = True,
 ) -> VideoBenchReport:
     """Measure every path on the same clip (see the module docstring).
 
     Args:
         graphs_dir: the exported graphs (``export_video``'s folder) for the ORT path.
         spec: the variant, for the upstream predictor.
-        urls: protocol -> URL of a server holding the same graphs and the tracker.
+        urls: path label -> ``grpc://`` or ``http://`` URL of a server holding the same
+            graphs and the tracker (e.g. ``{"triton-grpc": server.grpc_url}``).
         work_dir: where the clip is written.
+        baselines: also measure upstream and ORT in-process (False: Triton paths only, to
+            add another server's rows to a report).
     """
     from triton_sam.bench.wire import ByteCountingProxy
     from triton_sam.client.video import SAM2VideoTritonClient
@@ -138,15 +143,16 @@ def run_video_benchmark(
     clip = write_clip(work_dir / "clip", frames, hw)
     results = []
 
-    upstream = _Upstream(build_video_model(spec, None))
-    times = [time_propagation(upstream, clip, hw, objects)[0] for _ in range(repeats)]
-    results.append(PathResult("upstream", frames / statistics.median(times), times))
+    if baselines:
+        upstream = _Upstream(build_video_model(spec, None))
+        times = [time_propagation(upstream, clip, hw, objects)[0] for _ in range(repeats)]
+        results.append(PathResult("upstream", frames / statistics.median(times), times))
+        local = OnnxVideoPredictor(graphs_dir)
+        times = [time_propagation(local, clip, hw, objects)[0] for _ in range(repeats)]
+        results.append(PathResult("ort", frames / statistics.median(times), times))
 
-    local = OnnxVideoPredictor(graphs_dir)
-    times = [time_propagation(local, clip, hw, objects)[0] for _ in range(repeats)]
-    results.append(PathResult("ort", frames / statistics.median(times), times))
-
-    for protocol, url in urls.items():
+    for label, url in urls.items():
+        protocol = "http" if url.startswith(("http://", "https://")) else "grpc"
         proxy = ByteCountingProxy(url.split("://", 1)[-1])
         try:
             with SAM2VideoTritonClient(proxy.address, protocol=protocol) as client:
@@ -174,7 +180,7 @@ def run_video_benchmark(
             proxy.close()
         results.append(
             PathResult(
-                f"triton-{protocol}",
+                label,
                 frames / statistics.median(times),
                 times,
                 statistics.median(ups),

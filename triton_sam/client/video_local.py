@@ -167,7 +167,7 @@ class OnnxVideoPredictor:
         return bilinear(low_res, state.session.video_hw)
 
 
-def _call(fn, *args, **kwargs):  # noqa: ANN001, ANN202 - a thin translator
+def _call(fn, *args, **kwargs):
     """Run an orchestration call, turning its errors into the package's typed errors."""
     try:
         return fn(*args, **kwargs)
