@@ -141,55 +141,68 @@ def run_video_benchmark(
     from triton_sam.export.sam2_video import build_video_model
 
     clip = write_clip(work_dir / "clip", frames, hw)
-    results = []
-
+    runners: dict[str, object] = {}
     if baselines:
-        upstream = _Upstream(build_video_model(spec, None))
-        times = [time_propagation(upstream, clip, hw, objects)[0] for _ in range(repeats)]
-        results.append(PathResult("upstream", frames / statistics.median(times), times))
-        local = OnnxVideoPredictor(graphs_dir)
-        times = [time_propagation(local, clip, hw, objects)[0] for _ in range(repeats)]
-        results.append(PathResult("ort", frames / statistics.median(times), times))
-
-    for label, url in urls.items():
-        protocol = "http" if url.startswith(("http://", "https://")) else "grpc"
-        proxy = ByteCountingProxy(url.split("://", 1)[-1])
-        try:
-            with SAM2VideoTritonClient(proxy.address, protocol=protocol) as client:
-                times, ups, downs, uploads, held = [], [], [], [], None
-                for _ in range(repeats):
-                    before_init = proxy.snapshot()[0]
-                    state = client.init_state(clip)
-                    for obj_id, point in clicks(hw, objects):
-                        client.add_new_points_or_box(state, 0, obj_id, points=[point], labels=[1])
-                    for t in range(frames):  # every frame on the server first: time tracking
-                        client._ensure_frame(state, t)
-                    sent, received = proxy.snapshot()
-                    uploads.append((sent - before_init) / frames)
-                    start = time.perf_counter()
-                    for _ in client.propagate_in_video(state):
-                        pass
-                    times.append(time.perf_counter() - start)
-                    time.sleep(0.05)  # the proxy's threads count the last bytes
-                    after = proxy.snapshot()
-                    ups.append((after[0] - sent) / frames)
-                    downs.append((after[1] - received) / frames)
-                    held = client.session_info(state)["session"]["bytes"]
-                    client.close_state(state)
-        finally:
+        runners["upstream"] = _Upstream(build_video_model(spec, None))
+        runners["ort"] = OnnxVideoPredictor(graphs_dir)
+    proxies, clients = {}, {}
+    try:
+        for label, url in urls.items():
+            protocol = "http" if url.startswith(("http://", "https://")) else "grpc"
+            proxies[label] = ByteCountingProxy(url.split("://", 1)[-1])
+            clients[label] = SAM2VideoTritonClient(proxies[label].address, protocol=protocol)
+        samples: dict[str, list[dict[str, float]]] = {k: [] for k in [*runners, *urls]}
+        # Round robin: a machine whose load drifts (shared CI) slows every path alike.
+        for _ in range(repeats):
+            for label, runner in runners.items():
+                samples[label].append({"seconds": time_propagation(runner, clip, hw, objects)[0]})
+            for label in urls:
+                samples[label].append(
+                    _triton_run(clients[label], proxies[label], clip, hw, objects)
+                )
+    finally:
+        for client in clients.values():
+            client.close()
+        for proxy in proxies.values():
             proxy.close()
-        results.append(
-            PathResult(
-                label,
-                frames / statistics.median(times),
-                times,
-                statistics.median(ups),
-                statistics.median(downs),
-                statistics.median(uploads),
-                held,
-            )
-        )
+    results = []
+    for label, runs in samples.items():
+        seconds = [r["seconds"] for r in runs]
+        result = PathResult(label, frames / statistics.median(seconds), seconds)
+        if label in urls:
+            result.bytes_up = statistics.median(r["up"] for r in runs)
+            result.bytes_down = statistics.median(r["down"] for r in runs)
+            result.upload_bytes = statistics.median(r["upload"] for r in runs)
+            result.session_bytes = int(runs[-1]["held"])
+        results.append(result)
     return VideoBenchReport(frames, objects, hw, repeats, results)
+
+
+def _triton_run(client, proxy, clip: Path, hw: tuple[int, int], objects: int) -> dict[str, float]:
+    """One timed propagation through Triton, with its bytes on the wire per frame."""
+    before_init = proxy.snapshot()[0]
+    state = client.init_state(clip)
+    frames = state.num_frames
+    for obj_id, point in clicks(hw, objects):
+        client.add_new_points_or_box(state, 0, obj_id, points=[point], labels=[1])
+    for t in range(frames):  # every frame on the server first: the timing is tracking only
+        client._ensure_frame(state, t)
+    sent, received = proxy.snapshot()
+    start = time.perf_counter()
+    for _ in client.propagate_in_video(state):
+        pass
+    seconds = time.perf_counter() - start
+    time.sleep(0.05)  # the proxy's threads count the last bytes
+    after = proxy.snapshot()
+    held = client.session_info(state)["session"]["bytes"]
+    client.close_state(state)
+    return {
+        "seconds": seconds,
+        "up": (after[0] - sent) / frames,
+        "down": (after[1] - received) / frames,
+        "upload": (sent - before_init) / frames,
+        "held": held,
+    }
 
 
 def write_video_report(report: VideoBenchReport, out_dir: Path) -> dict[str, Path]:

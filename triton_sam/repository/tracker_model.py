@@ -140,26 +140,24 @@ class TritonPythonModel:
 
 
 def _tensors(request, outputs, p):
-    """Every requested output, with Triton's batch dim (empty when the command has none)."""
-    names = (
-        list(request.requested_output_names()) if hasattr(request, "requested_output_names") else []
-    )
+    """Every requested output with Triton's batch dim; an output the command does not produce
+    goes back empty (Triton wants every requested output in the response)."""
+    names = []
+    if hasattr(request, "requested_output_names"):
+        names = list(request.requested_output_names())
     names = names or list(outputs)
-    shapes = {name: dims for name, _, dims in p.OUTPUT_TENSORS}
+    contracts = {name: (dtype, dims) for name, dtype, dims in p.OUTPUT_TENSORS}
     tensors = []
     for name in names:
         value = outputs.get(name)
         if value is None:
-            dims = [0 if d < 0 else d for d in shapes[name]]
-            dtype = object if name == p.OUT_STATUS else _dtype(name, p)
-            value = np.zeros(dims, dtype) if name != p.OUT_STATUS else np.array([b"{}"], object)
+            dtype, dims = contracts[name]
+            if dtype == "bytes":
+                value = np.array([b"{}"], dtype=object)
+            else:
+                value = np.zeros([0 if d < 0 else d for d in dims], np.dtype(dtype))
         tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(value)[None]))
     return tensors
-
-
-def _dtype(name, p):
-    kinds = {name: dtype for name, dtype, _ in p.OUTPUT_TENSORS}
-    return np.float32 if kinds[name] == "float32" else np.int32
 
 
 class _Metrics:
