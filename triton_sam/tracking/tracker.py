@@ -22,6 +22,7 @@ import numpy as np
 from . import protocol
 from .config import TrackerConfig
 from .memory import select_memories
+from .prompts import point_inputs
 from .protocol import TrackingError
 from .resample import antialias_resize, decode_frame, preprocess_frame
 from .state import (
@@ -113,7 +114,7 @@ class Tracker:
             (frame_idx, obj_ids, low-res logits [K, 1, 256, 256] of every object).
         """
         self._check_frame(session, frame_idx)
-        new = self._point_inputs(session, points, labels, box, normalize_coords)
+        new = point_inputs(session.video_hw, points, labels, box, normalize_coords, self.size)
         if box is not None and not clear_old_points:
             raise TrackingError(
                 protocol.ERR_INVALID_INPUT,
@@ -447,54 +448,6 @@ class Tracker:
         is_cond = is_init or self.config.add_all_frames_to_correct_as_cond
         return is_init, reverse, COND if is_cond else NON_COND
 
-    def _point_inputs(
-        self,
-        session: Session,
-        points: np.ndarray | None,
-        labels: np.ndarray | None,
-        box: np.ndarray | None,
-        normalize_coords: bool = True,
-    ) -> PointInputs:
-        """Validated prompts, box corners first, scaled to the input frame as upstream
-        (``points / [W, H] * image_size`` in float32)."""
-        if (points is None) != (labels is None):
-            raise TrackingError(
-                protocol.ERR_INVALID_INPUT, "points: points and labels go together", "points"
-            )
-        if points is None and box is None:
-            raise TrackingError(
-                protocol.ERR_INVALID_INPUT, "points: give points (with labels) or a box", "points"
-            )
-        coords = (
-            _finite(points, "points", (-1, 2)) if points is not None else np.zeros((0, 2), _F32)
-        )
-        if labels is not None:
-            values = np.asarray(labels)
-            if values.shape != (len(coords),) or not np.isin(values, (0, 1)).all():
-                raise TrackingError(
-                    protocol.ERR_INVALID_INPUT,
-                    f"labels: expected {len(coords)} labels, each 0 or 1, got {values.tolist()}",
-                    "labels",
-                )
-            point_labels = values.astype(np.int32)
-        else:
-            point_labels = np.zeros(0, np.int32)
-        if box is not None:
-            corners = _finite(box, "box", (4,)).reshape(2, 2)
-            coords = np.concatenate([corners, coords])
-            point_labels = np.concatenate([np.array([2, 3], np.int32), point_labels])
-        if len(coords) > protocol.MAX_POINTS:
-            raise TrackingError(
-                protocol.ERR_INVALID_INPUT,
-                f"points: {len(coords)} points, at most {protocol.MAX_POINTS}",
-                "points",
-            )
-        if normalize_coords:
-            height, width = session.video_hw
-            coords = coords / np.array([width, height], _F32)
-        scaled = coords * _F32(self.size)
-        return PointInputs(scaled.astype(_F32), point_labels)
-
     def _object(self, session: Session, obj_id: int, *, create: bool) -> ObjectState:
         obj = session.objects.get(obj_id)
         if obj is None:
@@ -521,18 +474,3 @@ class Tracker:
                 f"{field}: got {frame_idx}, expected 0..{session.num_frames - 1}",
                 field,
             )
-
-
-def _finite(values: object, field: str, shape: tuple[int, ...]) -> np.ndarray:
-    try:
-        array = np.asarray(values, dtype=_F32)
-    except (TypeError, ValueError) as e:
-        raise TrackingError(protocol.ERR_INVALID_INPUT, f"{field}: not numbers ({e})", field) from e
-    wanted = tuple(len(array) if d == -1 else d for d in shape)
-    if array.shape != wanted or not np.isfinite(array).all():
-        raise TrackingError(
-            protocol.ERR_INVALID_INPUT,
-            f"{field}: got shape {array.shape}; expected finite {shape} (-1 = any)",
-            field,
-        )
-    return array
