@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from triton_sam.errors import ExportError
+from triton_sam.export.sam2_memory_attention import MemoryAttentionGraph
 from triton_sam.export.sam2_video import (
     MaskPromptGraph,
-    MemoryAttentionGraph,
     MemoryEncoderGraph,
     VideoDecoderGraph,
     VideoEncoder,
