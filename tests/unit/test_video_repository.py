@@ -74,7 +74,7 @@ def test_the_set_is_written_with_the_tracker_package(tmp_path):
     assert (version / "model.py").is_file()
     shipped = {p.name for p in (version / PACKAGE_DIR).glob("*.py")}
     assert {"protocol.py", "tracker.py", "service.py", "sessions.py", "__init__.py"} <= shipped
-    twin = embedded_repository(repo, tmp_path / "embedded")
+    twin = embedded_repository(repo, tmp_path / "embedded", target="python")  # fake graphs
     assert (twin / protocol.TRACKER_MODEL / "1" / PACKAGE_DIR / "tracker.py").is_file()
     assert parse_config(twin / "sam2_memory_attention" / "config.pbtxt").backend == "python"
 
