@@ -17,6 +17,42 @@ from pathlib import Path
 
 import pytest
 
+# The shared servers below are session-scoped (one export, one server, many test files), but
+# each is stopped right after the last collected test that uses it, not at the end of the
+# session: a tritonserver holding a model stays resident, and with every family's server alive
+# at once the full suite outgrew the 24 GB CI machine (the OOM killer took a server mid-run).
+_SHARED_SERVERS: dict[str, object] = {}  # fixture name -> running EmbeddedTriton
+_LAST_USERS: dict[str, list[str]] = {}  # test node id -> shared-server fixtures it is last for
+
+
+def _shared_server(name: str, repository: Path):
+    from triton_sam.server import EmbeddedTriton
+
+    with EmbeddedTriton(repository, http_port=0, grpc_port=0, metrics_port=0) as server:
+        _SHARED_SERVERS[name] = server
+        yield server
+        _SHARED_SERVERS.pop(name, None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    last: dict[str, str] = {}
+    for item in session.items:  # after deselection: the tests that will really run
+        for name in getattr(item, "fixturenames", ()):
+            if name.endswith("_server"):
+                last[name] = item.nodeid
+    _LAST_USERS.clear()
+    for name, nodeid in last.items():
+        _LAST_USERS.setdefault(nodeid, []).append(name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield  # module fixtures holding clients of the server are finalised first
+    for name in _LAST_USERS.get(item.nodeid, ()):
+        server = _SHARED_SERVERS.pop(name, None)
+        if server is not None:
+            server.stop()  # idempotent: the fixture's own exit at session end is a no-op
+
 
 @pytest.fixture(scope="session")
 def sam2_tiny_spec():
@@ -72,10 +108,7 @@ def sam2_tiny_repository(sam2_tiny_export) -> Path:
 
 @pytest.fixture(scope="session")
 def sam2_tiny_server(sam2_tiny_repository):
-    from triton_sam.server import EmbeddedTriton
-
-    with EmbeddedTriton(sam2_tiny_repository, http_port=0, grpc_port=0, metrics_port=0) as server:
-        yield server
+    yield from _shared_server("sam2_tiny_server", sam2_tiny_repository)
 
 
 @pytest.fixture(scope="session")
@@ -113,11 +146,7 @@ def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sam1_vit_b_server(sam1_vit_b_build):
-    from triton_sam.server import EmbeddedTriton
-
-    repo, _ = sam1_vit_b_build
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        yield server
+    yield from _shared_server("sam1_vit_b_server", sam1_vit_b_build[0])
 
 
 @pytest.fixture(scope="session")
@@ -182,11 +211,7 @@ def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_p
 
 @pytest.fixture(scope="session")
 def sam3_server(sam3_build):
-    from triton_sam.server import EmbeddedTriton
-
-    repo, _ = sam3_build
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        yield server
+    yield from _shared_server("sam3_server", sam3_build[0])
 
 
 @pytest.fixture(scope="session")
@@ -235,11 +260,7 @@ def concept_build(concept_spec, concept_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def concept_server(concept_build):
-    from triton_sam.server import EmbeddedTriton
-
-    repo, _ = concept_build
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        yield server
+    yield from _shared_server("concept_server", concept_build[0])
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Integration fixtures: a live embedded tritonserver over a tiny ONNX repository.
 
 ``embedded_triton`` starts servers on free ports (tests may run in parallel) and stops every
-one at the end of the session. The tiny models are built here with ``onnx.helper`` so the
+one at the end of its test module. The tiny models are built here with ``onnx.helper`` so the
 suite needs no export and runs in seconds.
 """
 
@@ -118,13 +118,14 @@ def tiny_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def embedded_triton(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[..., EmbeddedTriton]]:
     """A function ``start(repository, **kwargs) -> EmbeddedTriton`` (ready, on free ports).
 
-    Every server it started is stopped when the session ends; a test may stop one earlier.
+    Every server it started is stopped when the test module ends (a test may stop one
+    earlier): module scope, not session, so servers do not pile up in memory over the suite.
     Skips when the nvidia-pytriton wheel (the tritonserver binary) is not installed.
     """
     try:
