@@ -1,8 +1,9 @@
 """The ``<family>_session`` model's ``config.pbtxt``, rendered from the family spec, and its writer.
 
-The session model (``session_model.py``, deployed as ``1/model.py``) is a python-backend BLS
-model in BOTH targets: in the GPU container it calls the onnxruntime-backend encoder/decoder,
-in the embedded server the runner.py ones. Its tensors come from the spec:
+The session model (``serving/embedding_cache_model.py``, deployed as ``1/model.py``) is a
+python-backend BLS model in BOTH targets: in the GPU container it calls the
+onnxruntime-backend encoder/decoder, in the embedded server the runner_model.py ones. Its
+tensors come from the spec:
 
 - inputs: ``image_id`` (BYTES), then every encoder input, every decoder input that is not an
   encoder output (the prompts), and the control inputs ``logits_key``, ``previous_key``
@@ -10,8 +11,9 @@ in the embedded server the runner.py ones. Its tensors come from the spec:
   carries only the id and its prompt tensors (a few hundred bytes);
 - outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached).
 
-One instance, always (the cache lives in it; see session_model.py): ``KIND_GPU`` pinned to
-GPU 0 when the encoder runs on GPUs (features stay in device memory), else ``KIND_CPU``.
+One instance, always (the cache lives in it; see serving/embedding_cache_model.py):
+``KIND_GPU`` pinned to GPU 0 when the encoder runs on GPUs (features stay in device memory),
+else ``KIND_CPU``.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from triton_sam.repository.config import (
     model_config_pb2,
 )
 
-SESSION_SOURCE = Path(__file__).with_name("session_model.py")
+SESSION_SOURCE = Path(__file__).resolve().parent.parent / "serving" / "embedding_cache_model.py"
 IMAGE_ID = "image_id"
 ENCODED = "encoded"
 LOGITS_KEY = "logits_key"
 PREVIOUS_KEY = "previous_key"
 PREVIOUS_MASK_INDEX = "previous_mask_index"
-# Config ``parameters`` read by session_model.py (it cannot import this module; a unit test
+# Config ``parameters`` read by embedding_cache_model.py (it cannot import this module; a unit test
 # keeps both equal).
 PARAM_KEYS = (
     "encoder_model",

@@ -4,7 +4,7 @@ The repository writer copies this file verbatim to ``<family>_session/1/model.py
 targets. It runs inside Triton's stub, so it imports only asyncio, json, collections, numpy
 and ``triton_python_backend_utils``; the encoder and decoder it calls through BLS are the
 family's ``<family>_encoder`` / ``<family>_decoder`` models of the same repository (onnxruntime
-backend in the GPU container, runner.py in the embedded server).
+backend in the GPU container, runner_model.py in the embedded server).
 
 One request, three uses (every input but ``image_id`` is ``optional``):
 
