@@ -31,8 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client.transport import Transport
-from triton_sam.errors import ServerUnavailableError
 from triton_sam.models.spec import FamilySpec
 
 IMAGE_ID = "image_id"
@@ -141,13 +139,13 @@ class SessionImage:
             a miss (the mask itself instead of a reference to it).
         """
         key = f"{self.client_key}-{next(self._counter)}"
-        base = {
-            IMAGE_ID: bytes_tensor(self.image_id),
-            "point_coords": decoder_prompts["point_coords"],
-            "point_labels": decoder_prompts["point_labels"],
-            LOGITS_KEY: bytes_tensor(key),
-        }
-        has_mask = bool(decoder_prompts[HAS_MASK_INPUT].reshape(-1)[0])
+        # The layout's prompt tensors (point_coords/point_labels, or input_points/...), the
+        # mask apart: it may travel by reference.
+        base = {k: v for k, v in decoder_prompts.items() if k not in (MASK_INPUT, HAS_MASK_INPUT)}
+        base[IMAGE_ID] = bytes_tensor(self.image_id)
+        base[LOGITS_KEY] = bytes_tensor(key)
+        flag = decoder_prompts.get(HAS_MASK_INPUT)  # layouts without a mask input have none
+        has_mask = flag is not None and bool(flag.reshape(-1)[0])
         full = dict(base)
         if has_mask:  # a zero mask with has_mask_input = 0 is the server's default
             full[MASK_INPUT] = decoder_prompts[MASK_INPUT]
@@ -233,25 +231,3 @@ def request_bytes(
         parameters=None,
     )
     return request.ByteSize()
-
-
-def session_offered(transport: Transport, session_model: str, wanted: bool | None) -> bool:
-    """Whether a client keeps features on the server: ``wanted``, or (None) whether the
-    server has ``session_model`` ready.
-
-    Raises:
-        ServerUnavailableError: ``wanted`` is True and the server has no such model.
-    """
-    if wanted is False:
-        return False
-    try:
-        ready = transport.is_model_ready(session_model)
-    except ServerUnavailableError:  # unknown model (ModelNotReadyError)
-        ready = False
-    if wanted and not ready:
-        raise ServerUnavailableError(
-            f"model: {session_model!r} is not ready on {transport.endpoint.address}; "
-            "rebuild the repository with `triton-sam setup` (it writes the session model) "
-            "or pass use_server_embeddings=False"
-        )
-    return ready

@@ -69,8 +69,9 @@ class SpeculativeSAM2Client(AsyncDecoder):
 
     Raises:
         UnsupportedModelError: unknown ``model_type``.
-        ServerUnavailableError: server not reachable, or a model not ready (the client
-            closes itself before raising).
+        ServerUnavailableError: server not reachable, or a model not ready: raised by
+            ``async with`` (which then closes the client) or by the first blocking call
+            (:meth:`set_image`); the constructor does no I/O.
 
     Example:
         >>> async with SpeculativeSAM2Client("localhost:8001") as client:
@@ -88,7 +89,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> SpeculativeSAM2Client:
         try:
-            self._transport()
+            await self._aconnected()  # checks the server without blocking the loop
         except BaseException:
             await self.aclose()
             raise
@@ -244,7 +245,8 @@ class SpeculativeSAM2Client(AsyncDecoder):
         if request.image.session is not None:
             return self._decode_on_server_sync(request)
         inputs = {**request.image.features, **request.inputs}
-        out = self._sync.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
+        transport = self._blocking()
+        out = transport.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
         masks, scores = prompts.select_outputs(out, request.multimask, self.family)
         return make_prediction(masks, scores, request.image.orig_hw, self.family.preprocessing)
 
