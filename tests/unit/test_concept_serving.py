@@ -231,7 +231,8 @@ def test_serving_config_carries_the_protocol_and_every_parameter():
     # every key the model reads is one the renderer writes
     source = concept_repo.SERVING_SOURCE.read_text()
     read = set(re.findall(r"params\[protocol\.(PARAM_\w+)\]", source))
-    assert {getattr(protocol, k) for k in read} == set(protocol.PARAM_KEYS)
+    # every key but the kind, which is for the tools that read the repository
+    assert {getattr(protocol, k) for k in read} == set(protocol.PARAM_KEYS) - {protocol.PARAM_KIND}
 
 
 def test_graph_configs_serve_like_encoder_and_decoder():
@@ -257,7 +258,10 @@ def test_serving_files_ship_a_dependency_free_package(tmp_path):
 
 def _python_model(name: str) -> str:
     return config_to_text(
-        parse_config(f'name: "{name}"\nbackend: "python"\ninstance_group {{ kind: KIND_GPU }}')
+        parse_config(
+            f'name: "{name}"\nbackend: "python"\ninstance_group {{ kind: KIND_GPU }}\n'
+            'parameters { key: "triton_sam.kind" value { string_value: "concept" } }'
+        )
     )
 
 

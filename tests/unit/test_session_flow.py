@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_sam.client import async_decode, flow, prompts, session_path
+from triton_sam.client import async_decode, flow, prompts
 from triton_sam.client import sync as sync_client
 from triton_sam.client.speculative import SpeculativeSAM2Client
 from triton_sam.client.sync import SAM2TritonClient
 from triton_sam.errors import EmbeddingNotFoundError, ServerUnavailableError
 from triton_sam.models.registry import get_family
+from triton_sam.serving.protocol import embedding_cache
 
 IMAGE = np.zeros((60, 100, 3), np.uint8)
 
@@ -44,18 +45,18 @@ class FakeServer:
 
     def infer(self, model: str, inputs: dict, outputs: Any, **options: Any) -> dict:
         assert model == self.family.session_model
-        image = bytes(inputs[session_path.IMAGE_ID].reshape(-1)[0]).decode()
+        image = bytes(inputs[embedding_cache.IMAGE_ID].reshape(-1)[0]).decode()
         kind = "embed" if self.family.encoder_inputs[0].name in inputs else "click"
         if kind == "click" and len(inputs) == 1:
             kind = "probe"
         self.calls.append({"kind": kind, "outputs": tuple(outputs), **options})
         if kind == "embed":
             self.held.add(image)
-            return {session_path.ENCODED: np.ones((1, 1), np.int32)}
+            return {embedding_cache.ENCODED: np.ones((1, 1), np.int32)}
         if image not in self.held:
             raise EmbeddingNotFoundError(f"image_id {image!r}: not cached")
         if kind == "probe":
-            return {session_path.ENCODED: np.zeros((1, 1), np.int32)}
+            return {embedding_cache.ENCODED: np.zeros((1, 1), np.int32)}
         known = {t.name for t in self.family.decoder_outputs}
         assert set(outputs) <= known, f"asked for {outputs}, the decoder has {known}"
         return {n: self._output(n) for n in outputs}

@@ -33,6 +33,7 @@ from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.transport import Endpoint
 from triton_sam.errors import EmbeddingNotFoundError, ServerUnavailableError
 from triton_sam.models.spec import FamilySpec
+from triton_sam.serving.protocol import embedding_cache
 
 T = TypeVar("T")
 Inputs = Mapping[str, np.ndarray]
@@ -290,4 +291,4 @@ def click_request(
     return Click(key, inputs, fallback, outputs, bool(multimask))
 
 
-_ENCODED = (session_path.ENCODED,)
+_ENCODED = (embedding_cache.ENCODED,)

@@ -32,17 +32,19 @@ from typing import Any
 import numpy as np
 
 from triton_sam.models.spec import FamilySpec
+from triton_sam.serving.protocol.embedding_cache import (  # the protocol's names, re-exported
+    DEFAULT_LOGITS_PER_IMAGE,
+    HAS_MASK_INPUT,
+    IMAGE_ID,
+    LOGITS_KEY,
+    MASK_INPUT,
+    PREVIOUS_KEY,
+    PREVIOUS_MASK_INDEX,
+)
 
-IMAGE_ID = "image_id"
-ENCODED = "encoded"
-LOGITS_KEY = "logits_key"
-PREVIOUS_KEY = "previous_key"
-PREVIOUS_MASK_INDEX = "previous_mask_index"
-MASK_INPUT = "mask_input"
-HAS_MASK_INPUT = "has_mask_input"
 # Recent predictions remembered per image for refinement by reference; the server keeps
-# ``logits_per_image`` (SessionOptions, default 4) of them.
-RECENT_PREDICTIONS = 4
+# ``logits_per_image`` (SessionOptions) of them.
+RECENT_PREDICTIONS = DEFAULT_LOGITS_PER_IMAGE
 # request_bytes serialises requests up to this payload size to count them exactly.
 _EXACT_LIMIT = 1 << 20
 

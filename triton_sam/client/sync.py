@@ -339,9 +339,11 @@ class SAM2TritonClient:
         t0 = time.perf_counter()
         image = concepts.ConceptImage.of(rgb, self.session_model)
         try:  # a probe of a few bytes saves sending the pixels when the server has them
-            self._session_infer(image.probe_inputs(), (session_path.ENCODED,))
+            self._session_infer(image.probe_inputs(), (concepts.protocol.ENCODED,))
         except EmbeddingNotFoundError:
-            out = self._session_infer(image.embed_inputs(), (session_path.ENCODED, "image_id"))
+            out = self._session_infer(
+                image.embed_inputs(), (concepts.protocol.ENCODED, concepts.protocol.IMAGE_ID)
+            )
             server_id = bytes(out["image_id"].reshape(-1)[0]).decode()
             if server_id != image.image_id:  # the same function on both sides: a version skew
                 image.image_id = server_id

@@ -25,12 +25,12 @@ from triton_sam.models.spec import TensorSpec
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    _check_int,
-    _tensor,
     build_graph_config,
+    check_int,
     check_model_name,
     config_to_text,
     model_config_pb2,
+    tensor_message,
 )
 from triton_sam.repository.writer import (
     SERVING_DIR,
@@ -78,9 +78,9 @@ class ConceptOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("max_bytes", self.max_bytes, minimum=0)
-        _check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("max_bytes", self.max_bytes, minimum=0)
+        check_int("max_image_pixels", self.max_image_pixels, minimum=1)
 
 
 def graph_configs(
@@ -159,6 +159,7 @@ def build_serving_config(
         group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     params = {
+        protocol.PARAM_KIND: protocol.KIND,
         protocol.PARAM_VISION_MODEL: family.vision.model,
         protocol.PARAM_TEXT_MODEL: family.text.model,
         protocol.PARAM_DECODER_MODEL: family.decoder.model,
@@ -235,4 +236,4 @@ def _io(spec: TensorSpec, message: type) -> object:
         return message(
             name=spec.name, data_type=model_config_pb2.TYPE_STRING, dims=list(spec.shape)
         )
-    return _tensor(spec, message)
+    return tensor_message(spec, message)

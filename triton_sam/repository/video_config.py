@@ -22,8 +22,10 @@ from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
     build_graph_config,
+    check_int,
     check_model_name,
     config_to_text,
+    model_kind,
     triton_dtype,
 )
 from triton_sam.repository.writer import (
@@ -67,13 +69,11 @@ class TrackerOptions:
     graph_max_queue_size: int = 64
 
     def __post_init__(self) -> None:
-        from triton_sam.repository.config import _check_int
-
         for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
-        _check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
-        _check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
+        check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
+        check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
 
 
 def graph_specs(key: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -108,13 +108,14 @@ def build_tracker_config(
     model.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     model.dynamic_batching.max_queue_delay_microseconds = 0
     params = {
-        "graph_models": _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
-        "model_config": config.to_json(),
-        "max_sessions": tracker.max_sessions,
-        "max_frames": tracker.max_frames,
-        "max_session_bytes": tracker.max_session_bytes,
-        "max_total_bytes": tracker.max_total_bytes,
-        "feature_cache_frames": tracker.feature_cache_frames,
+        protocol.PARAM_KIND: protocol.KIND,
+        protocol.PARAM_GRAPH_MODELS: _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
+        protocol.PARAM_MODEL_CONFIG: config.to_json(),
+        protocol.PARAM_MAX_SESSIONS: tracker.max_sessions,
+        protocol.PARAM_MAX_FRAMES: tracker.max_frames,
+        protocol.PARAM_MAX_SESSION_BYTES: tracker.max_session_bytes,
+        protocol.PARAM_MAX_TOTAL_BYTES: tracker.max_total_bytes,
+        protocol.PARAM_FEATURE_CACHE_FRAMES: tracker.feature_cache_frames,
     }
     for key, value in params.items():
         model.parameters[key].string_value = str(value)
@@ -170,8 +171,8 @@ def write_video_models(
 
 
 def is_tracker_config(config: ModelConfig) -> bool:
-    """True for a tracker model's config (python backend with the BLS graph map)."""
-    return config.backend == "python" and "graph_models" in config.parameters
+    """True for a tracker model's config (by the kind it declares)."""
+    return model_kind(config) == protocol.KIND
 
 
 def _dtype(dtype: str) -> int:

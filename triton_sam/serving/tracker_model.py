@@ -84,20 +84,23 @@ class TritonPythonModel:
         self.protocol = protocol
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        p = protocol
+
+        def bound(key, default):
+            return int(params.get(key) or default)
+
         store = SessionStore(
-            max_sessions=int(params.get("max_sessions") or protocol.DEFAULT_MAX_SESSIONS),
-            max_frames=int(params.get("max_frames") or protocol.DEFAULT_MAX_FRAMES),
-            max_session_bytes=int(
-                params.get("max_session_bytes") or protocol.DEFAULT_MAX_SESSION_BYTES
-            ),
-            max_total_bytes=int(params.get("max_total_bytes") or protocol.DEFAULT_MAX_TOTAL_BYTES),
-            feature_cache_frames=int(
-                params.get("feature_cache_frames") or protocol.DEFAULT_FEATURE_CACHE_FRAMES
+            max_sessions=bound(p.PARAM_MAX_SESSIONS, p.DEFAULT_MAX_SESSIONS),
+            max_frames=bound(p.PARAM_MAX_FRAMES, p.DEFAULT_MAX_FRAMES),
+            max_session_bytes=bound(p.PARAM_MAX_SESSION_BYTES, p.DEFAULT_MAX_SESSION_BYTES),
+            max_total_bytes=bound(p.PARAM_MAX_TOTAL_BYTES, p.DEFAULT_MAX_TOTAL_BYTES),
+            feature_cache_frames=bound(
+                p.PARAM_FEATURE_CACHE_FRAMES, p.DEFAULT_FEATURE_CACHE_FRAMES
             ),
         )
-        runner = BlsRunner(json.loads(params["graph_models"]))
+        runner = BlsRunner(json.loads(params[protocol.PARAM_GRAPH_MODELS]))
         self.service = TrackingService(
-            runner, TrackerConfig.from_json(params["model_config"]), store
+            runner, TrackerConfig.from_json(params[protocol.PARAM_MODEL_CONFIG]), store
         )
         self.input_names = [t["name"] for t in config["input"]]
         self.metrics = _Metrics(args)
