@@ -14,8 +14,8 @@ import pytest
 
 from triton_sam.serving.protocol import tracker as protocol
 from triton_sam.serving.protocol.tracker import TrackingError
+from triton_sam.serving.resample import antialias_resize
 from triton_sam.serving.tracking.config import TrackerConfig
-from triton_sam.serving.tracking.frames import antialias_resize
 from triton_sam.serving.tracking.memory import select_closest_cond_frames, select_memories
 from triton_sam.serving.tracking.state import Session, from_bfloat16, to_bfloat16
 from triton_sam.serving.tracking.tracker import COND, NON_COND, Tracker

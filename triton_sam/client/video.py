@@ -32,7 +32,7 @@ from triton_sam.errors import (
     TritonSamError,
 )
 from triton_sam.serving.protocol import tracker as p
-from triton_sam.serving.tracking.frames import bilinear
+from triton_sam.serving.resample import bilinear
 
 _MASK_OUTPUTS = (p.OUT_FRAME_INDEX, p.OUT_OBJECT_IDS, p.OUT_MASKS, p.OUT_OBJECT_SCORES)
 

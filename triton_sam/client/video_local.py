@@ -16,8 +16,8 @@ import numpy as np
 
 from triton_sam.client.video_source import VideoSource, open_video
 from triton_sam.serving.protocol.tracker import TrackingError
+from triton_sam.serving.resample import bilinear
 from triton_sam.serving.tracking.config import TrackerConfig
-from triton_sam.serving.tracking.frames import bilinear
 from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
 from triton_sam.serving.tracking.state import Session
 from triton_sam.serving.tracking.tracker import Tracker

@@ -26,7 +26,7 @@ ONNX quirks met, and what was done:
   only where upstream rotates, then concatenated in upstream's order.
 - ``F.interpolate(..., antialias=True)`` needs opset 18's Resize; the one place that needs it
   (a mask prompt's low-res logits) is resampled by the orchestration instead, with torch's
-  antialias weights (:mod:`triton_sam.serving.tracking.frames`).
+  antialias weights (:mod:`triton_sam.serving.resample`).
 - Zeros/-1 padding points are derived from an input (``x * 0``), not ``torch.zeros(B, ...)``,
   which the tracer would fix to the traced batch size.
 """

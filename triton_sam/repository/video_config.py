@@ -153,7 +153,7 @@ def video_artifacts(
 def tracker_files() -> dict[str, Path]:
     """The tracker's version directory: model.py and the tracking package."""
     tracking = sorted(f"tracking/{p.stem}" for p in (SERVING_DIR / "tracking").glob("*.py"))
-    modules = ["__init__", "protocol/__init__", "protocol/tracker", *tracking]
+    modules = ["__init__", "resample", "protocol/__init__", "protocol/tracker", *tracking]
     return {RUNNER_NAME: TRACKER_SOURCE} | shipped_modules(modules)
 
 

@@ -21,8 +21,9 @@ import numpy as np
 
 from ..protocol import tracker as protocol
 from ..protocol.tracker import TrackingError
+from ..resample import antialias_resize
 from .config import TrackerConfig
-from .frames import antialias_resize, decode_frame, preprocess_frame
+from .frames import decode_frame, preprocess_frame
 from .memory import select_memories
 from .prompts import point_inputs
 from .state import (
