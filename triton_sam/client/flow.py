@@ -77,32 +77,42 @@ def infer(
 # -- runners ---------------------------------------------------------------------------------
 def run(flow: Flow[T], send: Callable[[Step], Any]) -> T:
     """Drive ``flow`` to its end with the blocking ``send`` (see :func:`sender`)."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
+    outcome: _Outcome = (None, None)
+    while not isinstance(step := _resume(flow, outcome), _Done):
         try:
-            step = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value, error = send(step), None
+            outcome = (send(step), None)
         except Exception as e:  # the flow decides: handled at its yield, or re-raised
-            value, error = None, e
+            outcome = (None, e)
+    return step.value
 
 
 async def arun(flow: Flow[T], send: Callable[[Step], Awaitable[Any]]) -> T:
     """Drive ``flow`` to its end with the asyncio ``send`` (see :func:`async_sender`)."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
+    outcome: _Outcome = (None, None)
+    while not isinstance(step := _resume(flow, outcome), _Done):
         try:
-            step = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value, error = await send(step), None
+            outcome = (await send(step), None)
         except Exception as e:  # never asyncio.CancelledError: a cancel ends the flow
-            value, error = None, e
+            outcome = (None, e)
+    return step.value
+
+
+_Outcome = tuple[Any, Exception | None]  # the last step's result, or its error
+
+
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+
+
+def _resume(flow: Flow[Any], outcome: _Outcome) -> Step | _Done:
+    """Hand the last step's result (or throw its error) into ``flow``: its next step, or
+    :class:`_Done` with what it returned."""
+    value, error = outcome
+    try:
+        return flow.send(value) if error is None else flow.throw(error)
+    except StopIteration as stop:
+        return _Done(stop.value)
 
 
 def sender(

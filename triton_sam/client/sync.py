@@ -246,24 +246,21 @@ class SAM2TritonClient:
                 "predict_concepts(text=...) (points and boxes: model_type='sam3')"
             )
         self._require_image()
+        assert self._orig_hw is not None
+        decoder_prompts = prompts.build_decoder_prompts(
+            point_coords=point_coords,
+            point_labels=point_labels,
+            box=box,
+            mask_input=mask_input,
+            orig_hw=self._orig_hw,
+            family=self.family,
+        )
         if self._session is not None:
-            return self._predict_on_server(
-                point_coords, point_labels, box, mask_input, multimask_output
-            )
-        assert self._features is not None and self._orig_hw is not None
+            return self._predict_on_server(decoder_prompts, mask_input, multimask_output)
+        assert self._features is not None
         pre = self.family.preprocessing
         names = prompts.output_names(multimask_output, self.family)
-        inputs = {
-            **self._features,
-            **prompts.build_decoder_prompts(
-                point_coords=point_coords,
-                point_labels=point_labels,
-                box=box,
-                mask_input=mask_input,
-                orig_hw=self._orig_hw,
-                family=self.family,
-            ),
-        }
+        inputs = {**self._features, **decoder_prompts}
         t0 = time.perf_counter()
         out = self._transport.infer(self.decoder_model, inputs, names, idempotent=True)
         t1 = time.perf_counter()
@@ -360,19 +357,11 @@ class SAM2TritonClient:
         self.last_timings_ms = timings
 
     def _predict_on_server(
-        self, point_coords: Any, point_labels: Any, box: Any, mask_input: Any, multimask: bool
+        self, decoder_prompts: dict[str, np.ndarray], mask_input: Any, multimask: bool
     ) -> Prediction:
         """One click through the session model; re-embeds once if the server lost the image."""
         image = self._session
         assert image is not None
-        decoder_prompts = prompts.build_decoder_prompts(
-            point_coords=point_coords,
-            point_labels=point_labels,
-            box=box,
-            mask_input=mask_input,
-            orig_hw=image.orig_hw,
-            family=self.family,
-        )
         click = flow.click_request(image, self.family, decoder_prompts, mask_input, multimask)
         timings: dict[str, float] = {}
         t0 = time.perf_counter()

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec
@@ -178,17 +179,15 @@ class ModelFiles:
 
 
 def write_pair(
-    repo_dir: str | os.PathLike[str],
-    family: FamilySpec,
-    *,
-    encoder_onnx: str | os.PathLike[str],
-    decoder_onnx: str | os.PathLike[str],
-    options: RepositoryOptions,
-    encoder_name: str | None = None,
-    decoder_name: str | None = None,
+    repo_dir: str | os.PathLike[str], family: FamilySpec, **graphs: Any
 ) -> tuple[str, str]:
-    """Write a family's encoder and decoder models as one atomic set (:func:`pair_artifacts`,
-    :func:`write_models`).
+    """Write a family's encoder and decoder models as one atomic set.
+
+    Args:
+        repo_dir: the model repository.
+        family: the family spec.
+        graphs: :func:`pair_artifacts`' keyword arguments (``encoder_onnx``,
+            ``decoder_onnx``, ``options``, optional ``encoder_name`` / ``decoder_name``).
 
     Returns:
         The two model names, encoder first.
@@ -197,16 +196,9 @@ def write_pair(
         RepositoryError / InputValidationError: as :func:`pair_artifacts` and
             :func:`write_models`.
     """
-    artifacts = pair_artifacts(
-        family,
-        encoder_onnx=encoder_onnx,
-        decoder_onnx=decoder_onnx,
-        options=options,
-        encoder_name=encoder_name,
-        decoder_name=decoder_name,
-    )
-    write_models(repo_dir, artifacts)
-    return artifacts[0].name, artifacts[1].name
+    encoder, decoder = pair_artifacts(family, **graphs)
+    write_models(repo_dir, [encoder, decoder])
+    return encoder.name, decoder.name
 
 
 def pair_artifacts(

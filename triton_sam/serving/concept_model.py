@@ -132,7 +132,9 @@ class TritonPythonModel:
     async def _answer(self, request, runs):
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
-                return _error(envelope.ERR_CANCELLED, "request cancelled before execution")
+                return envelope.error_response(
+                    pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
+                )
             wanted = set(_requested(request)) or set(protocol.OUTPUTS) - {
                 protocol.MASKS_PNG,
                 protocol.MASKS_LOGITS,
@@ -158,11 +160,13 @@ class TritonPythonModel:
             tensors = [pb_utils.Tensor(n, v) for n, v in outputs.items() if n in wanted]
             return pb_utils.InferenceResponse(output_tensors=tensors)
         except RequestError as e:
-            return _error(envelope.ERR_INVALID_INPUT, str(e))
+            return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
         except ImageMiss as e:
-            return _error(envelope.ERR_EMBEDDING_NOT_FOUND, str(e))
+            return envelope.error_response(pb_utils, envelope.ERR_EMBEDDING_NOT_FOUND, str(e))
         except Exception as e:  # never let one request take the stub (and its caches) down
-            return _error(envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}")
+            return envelope.error_response(
+                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
+            )
 
     async def _image(self, request, runs):
         """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))).
@@ -385,12 +389,3 @@ def _requested(request):
     if hasattr(request, "requested_output_names"):
         return list(request.requested_output_names())
     return []
-
-
-def _error(code, message):
-    """The error response of protocol ``code`` (its status, and the code heading the text)."""
-    message = envelope.error_message(code, message)
-    # TritonError codes arrived in Triton 23.10; older stubs only take the message.
-    code = getattr(pb_utils.TritonError, envelope.ERROR_STATUS[code], None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)

@@ -219,10 +219,14 @@ class TritonPythonModel:
     async def _answer(self, request, embeds):
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
-                return _error(envelope.ERR_CANCELLED, "request cancelled before execution")
+                return envelope.error_response(
+                    pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
+                )
             image_id = _string(request, IMAGE_ID)
             if image_id is None:
-                return _error(envelope.ERR_INVALID_INPUT, f"{IMAGE_ID}: required")
+                return envelope.error_response(
+                    pb_utils, envelope.ERR_INVALID_INPUT, f"{IMAGE_ID}: required"
+                )
             wanted = _requested(request)
             encoder_feeds = [_input(request, n) for n in self.encoder_inputs]
             outputs = []
@@ -249,13 +253,16 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(output_tensors=outputs)
         except EmbeddingMiss as e:
             self.metrics.count("misses")
-            return _error(
+            return envelope.error_response(
+                pb_utils,
                 envelope.ERR_EMBEDDING_NOT_FOUND,
                 f"{e} on this server (never embedded, evicted, or the server restarted); "
                 "embed it again (send image_id with the image)",
             )
         except Exception as e:  # never let one request take the stub (and its cache) down
-            return _error(envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}")
+            return envelope.error_response(
+                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
+            )
 
     async def _embed(self, image_id, feeds):
         if image_id in self.cache:
@@ -426,12 +433,3 @@ def _requested(request):
     if hasattr(request, "requested_output_names"):
         return list(request.requested_output_names())
     return []
-
-
-def _error(code, message):
-    """The error response of protocol ``code`` (its status, and the code heading the text)."""
-    message = envelope.error_message(code, message)
-    # TritonError codes arrived in Triton 23.10; older stubs only take the message.
-    code = getattr(pb_utils.TritonError, envelope.ERROR_STATUS[code], None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)

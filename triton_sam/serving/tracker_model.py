@@ -120,7 +120,9 @@ class TritonPythonModel:
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
                 self.metrics.count("cancelled_skipped")
-                return _error("request cancelled before execution", "CANCELLED")
+                return p.error_response(
+                    pb_utils, p.ERR_CANCELLED, "request cancelled before execution"
+                )
             inputs = {}
             for name in self.input_names:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -135,11 +137,9 @@ class TritonPythonModel:
             outputs = self.service.handle(inputs)
             return pb_utils.InferenceResponse(output_tensors=_tensors(request, outputs, p))
         except Exception as e:  # never let one request take the sessions down
-            code = getattr(e, "code", None) or p.ERR_INTERNAL
-            message = e.wire_message() if hasattr(e, "wire_message") else f"{type(e).__name__}: {e}"
-            if code == p.ERR_INTERNAL and not message.startswith(p.ERROR_PREFIX):
-                message = p.error_message(code, message)
-            return _error(message, p.ERROR_STATUS.get(code, "INTERNAL"))
+            if isinstance(e, p.ProtocolError):
+                return p.error_response(pb_utils, e.code, str(e))
+            return p.error_response(pb_utils, p.ERR_INTERNAL, f"{type(e).__name__}: {e}")
 
 
 def _tensors(request, outputs, p):
@@ -208,9 +208,3 @@ class _Metrics:
     def close(self):
         self._metrics.clear()
         self._families.clear()
-
-
-def _error(message, code):
-    code = getattr(pb_utils.TritonError, code, None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)

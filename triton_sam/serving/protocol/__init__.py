@@ -103,6 +103,28 @@ def error_message(code: str, message: str) -> str:
     return f"{ERROR_PREFIX}{code}: {message}"
 
 
+def error_response(pb_utils, code: str, message: str):
+    """The python backend's error response for protocol ``code``: its status, and the code
+    heading the message (unless the message already carries one).
+
+    Args:
+        pb_utils: ``triton_python_backend_utils`` (passed in: this package never imports
+            Triton, so the clients can import it).
+        code: one of the ``ERR_*`` codes.
+        message: what went wrong, naming the field when there is one.
+    """
+    if not message.startswith(ERROR_PREFIX):
+        message = error_message(code, message)
+    # TritonError codes arrived in Triton 23.10; older stubs only take the message.
+    status = getattr(pb_utils.TritonError, ERROR_STATUS.get(code, "INTERNAL"), None)
+    error = (
+        pb_utils.TritonError(message, status)
+        if status is not None
+        else pb_utils.TritonError(message)
+    )
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
 def error_code(message: str) -> str | None:
     """The code in a protocol error message (None when it is not one), wherever the client
     library put the message (``str()`` of tritonclient's exception prefixes the status)."""

@@ -14,6 +14,7 @@ coordinates are (X, Y) in the input frame.
 from __future__ import annotations
 
 from . import (  # noqa: F401 - the codes the orchestration raises, re-exported for it
+    ERR_CANCELLED,
     ERR_FRAME_MISSING,
     ERR_FRAME_OUT_OF_RANGE,
     ERR_INTERNAL,
@@ -29,6 +30,7 @@ from . import (  # noqa: F401 - the codes the orchestration raises, re-exported 
     ProtocolError,
     error_code,
     error_message,
+    error_response,
 )
 
 KIND = KIND_TRACKER
