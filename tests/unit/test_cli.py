@@ -173,3 +173,41 @@ def test_serve_without_the_onnxruntime_backend_says_what_to_do(tmp_path):
     for needle in ("libtriton_onnxruntime.so", "TRITON_SAM_ONNXRUNTIME_BACKEND",
                    "make onnxruntime-backend", str(tmp_path / "no_backend")):  # fmt: skip
         assert needle in out.stderr
+
+
+def test_serve_takes_the_configurations_serve_section_and_its_options_override_it(
+    tmp_path, monkeypatch
+):
+    """The serve: section of conf/config.yaml is what `triton-sam serve` runs with (the
+    start-up timeout included); a command-line option overrides its key."""
+    from triton_sam import cli, server
+    from triton_sam.config import load_config, section
+    from triton_sam.repository import writer
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_server(repo, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(server, "EmbeddedTriton", fake_server)
+    monkeypatch.setattr(writer, "embedded_repository", lambda repo, target: repo)
+    with pytest.raises(Stop):
+        cli.serve_cmd(repository=tmp_path, http_port=0, target="onnxruntime")
+    expected = section(load_config(), "serve") | {"http_port": 0}
+    assert {k: seen[k] for k in expected} == expected
+    assert seen["startup_timeout_s"] == load_config().serve.startup_timeout_s
+
+
+def test_session_options_come_from_the_configuration():
+    from triton_sam import cli
+    from triton_sam.config import load_config, section
+    from triton_sam.repository.session_config import SessionOptions
+
+    values = section(load_config(), "session")
+    assert cli._session_options(values, SessionOptions) == SessionOptions()  # same defaults
+    assert cli._session_options(values | {"enabled": False}, SessionOptions) is None
+    assert cli._session_options(values | {"max_images": 3}, SessionOptions).max_images == 3
