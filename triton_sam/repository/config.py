@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec, TensorSpec
 from triton_sam.serving import protocol
+from triton_sam.serving.protocol import runner as runner_protocol
 
 Target = Literal["onnxruntime", "python"]
 Graph = Literal["encoder", "decoder"]
@@ -34,10 +35,9 @@ GRAPHS: tuple[str, ...] = get_args(Graph)
 ModelConfig = model_config_pb2.ModelConfig
 
 ONNX_FILENAME = "model.onnx"
-# Keys of the config ``parameters`` that runner_model.py reads. runner_model.py cannot import this
-# module (it runs inside Triton's stub), so it repeats them; a unit test keeps both equal.
-ONNX_FILE_PARAM = "onnx_file"
-INTRA_OP_THREADS_PARAM = "intra_op_threads"
+# Keys of the config ``parameters`` that runner_model.py reads (serving/protocol/runner.py).
+ONNX_FILE_PARAM = runner_protocol.PARAM_ONNX_FILE
+INTRA_OP_THREADS_PARAM = runner_protocol.PARAM_INTRA_OP_THREADS
 # The onnxruntime backend's own key for the same setting.
 ORT_INTRA_OP_PARAM = "intra_op_thread_count"
 
@@ -467,6 +467,7 @@ def _set_python(
     config: ModelConfig, options: RepositoryOptions, *, onnx_file: str = ONNX_FILENAME
 ) -> None:
     config.backend = "python"
+    config.parameters[runner_protocol.PARAM_KIND].string_value = runner_protocol.KIND
     config.parameters[ONNX_FILE_PARAM].string_value = onnx_file
     if options.intra_op_threads:
         config.parameters[INTRA_OP_THREADS_PARAM].string_value = str(options.intra_op_threads)

@@ -51,6 +51,7 @@ VERSION = "1"
 RUNNER_NAME = "model.py"  # what the python backend loads
 SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 RUNNER_SOURCE = SERVING_DIR / "runner_model.py"
+RUNNER_MODULES = ("__init__", "protocol/__init__", "protocol/runner")  # what it imports
 SHIPPED_PACKAGE = protocol.SHIPPED_PACKAGE  # what a python model imports beside its model.py
 _STAGING = ".{repo}.{name}.staging-"
 _RETIRED = ".{repo}.{name}.old-"
@@ -121,6 +122,7 @@ def _model_sources(
     sources = {ONNX_FILENAME: Path(onnx_path)} | sidecars
     if target == "python":
         sources[RUNNER_NAME] = RUNNER_SOURCE
+        sources |= shipped_modules(RUNNER_MODULES)
     _check_sources(sources)
     return sources
 

@@ -7,7 +7,8 @@ model, what they share here:
 
 - :mod:`.embedding_cache`: ``<family>_session``, image features kept on the server;
 - :mod:`.concept`: ``sam3_concept``, text prompts to instances;
-- :mod:`.tracker`: ``sam2_tracker`` and the five video graphs it calls.
+- :mod:`.tracker`: ``sam2_tracker`` and the five video graphs it calls;
+- :mod:`.runner`: the python-target runner of an ONNX graph.
 
 Model kinds: every python-backend model the writer renders carries its kind in the config
 parameter :data:`KIND_PARAM`, so tools recognise it by what it says it is, not by sniffing
@@ -35,7 +36,8 @@ KIND_PARAM = "triton_sam.kind"
 KIND_EMBEDDING_CACHE = "embedding_cache"  # <family>_session
 KIND_CONCEPT = "concept"  # sam3_concept
 KIND_TRACKER = "tracker"  # sam2_tracker
-KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER)
+KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER)  # BLS models: they call others
+KIND_RUNNER = "onnx_runner"  # an ONNX graph on the python target (runner_model.py)
 # The top-level name the package is shipped under beside model.py: unique, so nothing on the
 # stub's sys.path (which holds the server interpreter's site-packages) can shadow it.
 SHIPPED_PACKAGE = "triton_sam_serving"
