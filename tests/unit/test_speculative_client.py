@@ -183,6 +183,13 @@ def test_the_constructor_does_no_io_and_makes_no_blocking_transport():
     assert FakeSync.instances == []  # async use alone never makes the blocking transport
 
 
+def test_the_constructor_shows_the_decoders_arguments():
+    import inspect
+
+    params = inspect.signature(SpeculativeSAM2Client.__init__).parameters
+    assert {"url", "model_type", "protocol", "use_server_embeddings", "retry"} <= set(params)
+
+
 def test_start_up_failure_closes_the_transport_and_hints_at_the_grpc_port():
     FakeSync.ready = False
     client = SpeculativeSAM2Client("localhost:8000")

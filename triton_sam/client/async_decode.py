@@ -93,10 +93,6 @@ class AsyncDecoder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._image: EncodedImage | None = None
         self._closed = False
-        self._setup()
-
-    def _setup(self) -> None:
-        """Subclasses' own state, made before anything can fail (close() may need it)."""
 
     # -- connections -----------------------------------------------------------------------
     def _connect_flow(self) -> flow.Flow[flow.ServedModels]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -81,10 +82,13 @@ class SpeculativeSAM2Client(AsyncDecoder):
         ...     prediction = await client.latest("drag")   # mask of the last position
     """
 
-    def _setup(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The request book and the latest-wins slots; the decoder (connections, image) is
+        # AsyncDecoder's, whose constructor does no I/O, so nothing here can be half-made.
         self._book = SessionBook()
         self._tracks: dict[str, LatestWins] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        super().__init__(*args, **kwargs)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> SpeculativeSAM2Client:
@@ -484,6 +488,10 @@ class SpeculativeSAM2Client(AsyncDecoder):
         event = self._changed.pop(session_id, None)
         if event is not None:
             event.set()
+
+
+# The constructor takes AsyncDecoder's arguments: say so to help(), IDEs and inspect.
+SpeculativeSAM2Client.__init__.__signature__ = inspect.signature(AsyncDecoder.__init__)  # type: ignore[attr-defined]
 
 
 def _cancel_task(handle: Any) -> None:
