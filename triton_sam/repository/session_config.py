@@ -39,7 +39,6 @@ from triton_sam.repository.writer import (
     SERVING_DIR,
     ModelFiles,
     shipped_modules,
-    single_cpu_instance,
     write_models,
 )
 from triton_sam.serving.protocol import embedding_cache as protocol
@@ -170,11 +169,6 @@ def session_artifact(
     config = build_session_config(family, options, session)
     files = {"model.py": SESSION_SOURCE} | shipped_modules(SHIPPED_MODULES)
     return ModelFiles(config.name, config_to_text(config), files)
-
-
-def session_twin(config: ModelConfig) -> ModelConfig:
-    """The embedded (CPU) twin of a session config: same tensors and bounds, ``KIND_CPU``."""
-    return single_cpu_instance(config)
 
 
 def write_session(
