@@ -8,6 +8,9 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -186,6 +189,12 @@ def setup_cmd(
     _export(model, overrides, None, random_init, fp16, target, repository, download=True)
 
 
+def _session_options(values: dict, options: type) -> object | None:
+    """The ``session:`` section as SessionOptions, or None when ``enabled`` is false."""
+    values = dict(values)
+    return options(**values) if values.pop("enabled", True) else None
+
+
 def _export(
     model: str,
     overrides: list[str] | None,
@@ -201,6 +210,7 @@ def _export(
     from triton_sam.export import ExportOptions
     from triton_sam.pipeline import build_repository, obtain_checkpoint
     from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.session_config import SessionOptions
 
     extra = list(overrides or [])
     extra += ["export.fp16=true"] if fp16 else []
@@ -227,6 +237,7 @@ def _export(
         export_options=ExportOptions(**export_cfg),
         repository_options=RepositoryOptions(**section(cfg, "repository")),
         checkpoints_dir=Path(cfg.paths.checkpoints),
+        session=_session_options(section(cfg, "session"), SessionOptions),
     )
     if ckpt is not None:
         meta = build.metadata
@@ -348,10 +359,14 @@ def track_cmd(
 @app.command("serve")
 def serve_cmd(
     repository: RepositoryOpt = None,
-    http_port: Annotated[int, typer.Option(help="HTTP port (0 = any free port).")] = 8000,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
-    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    http_port: Annotated[
+        int | None, typer.Option(help="HTTP port (0 = any free port; default serve.http_port).")
+    ] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="gRPC port (serve.grpc_port).")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Prometheus metrics port (serve.metrics_port).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (serve.host).")] = None,
     target: Annotated[
         str,
         typer.Option(
@@ -377,18 +392,16 @@ def serve_cmd(
     (KIND_GPU -> KIND_CPU, no TensorRT); the twins are written next to it and use the same
     ONNX files.
     """
+    from triton_sam.config import load_config, section
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
 
-    repo = embedded_repository(repository or Path("model_repository"), target=target)  # type: ignore[arg-type]
-    server = EmbeddedTriton(
-        repo,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        host=host,
-        onnxruntime_backend=onnxruntime_backend,
-    )
+    cfg = load_config()
+    serve = section(cfg, "serve")  # the configuration's serve: section, options override it
+    given = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+    serve.update({k: v for k, v in (*given.items(), ("host", host)) if v is not None})
+    repo = embedded_repository(repository or Path(cfg.paths.repository), target=target)  # type: ignore[arg-type]
+    server = EmbeddedTriton(repo, onnxruntime_backend=onnxruntime_backend, **serve)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
         typer.echo(f"HTTP    {server.http_url}\ngRPC    {server.grpc_url}")
@@ -546,7 +559,7 @@ def bench_cmd(
     from triton_sam.sample import sample_image
     from triton_sam.server import EmbeddedTriton
 
-    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench"))
+    spec, repo, _ = build_local_repository(model, _checkpoints_dir(), Path(".bench"))
     with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         report = run_latency_benchmark(
             repo,
@@ -581,7 +594,7 @@ def bench_backends_cmd(
     from triton_sam.server import EmbeddedTriton
 
     work = Path(".bench")
-    spec, backend_repo, _ = build_local_repository(model, Path("checkpoints"), work)
+    spec, backend_repo, _ = build_local_repository(model, _checkpoints_dir(), work)
     runner_repo = embedded_repository(
         work / "model_repository", work / "model_repository_runner", target="python"
     )
@@ -619,7 +632,7 @@ def bench_video_cmd(
     from triton_sam.repository.config import RepositoryOptions
     from triton_sam.repository.video_config import write_video_models
     from triton_sam.server import EmbeddedTriton
-    from triton_sam.tracking.config import TrackerConfig
+    from triton_sam.serving.tracking.config import TrackerConfig
 
     spec = get_model(model)
     graphs_dir = work_dir / "graphs" / spec.name
@@ -684,15 +697,8 @@ def perf_analyzer_cmd(
                 f"{r['server_compute']:.1f} |"
             )
 
-    if url:
-        run(url.split("://", 1)[-1])
-        return
-    from triton_sam.demo import build_local_repository
-    from triton_sam.server import EmbeddedTriton
-
-    _, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench"))
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        run(server.grpc_address if protocol == "grpc" else server.http_address)
+    with _served(url, protocol=protocol, model=model, model_type="", work=Path(".bench")) as s:
+        run(s.url.split("://", 1)[-1])
 
 
 def _levels(text: str) -> list[int]:
@@ -764,17 +770,12 @@ def stress_cmd(
         typer.echo(paths["md"].read_text())
         typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
 
-    if url:
-        stats, metrics = counter_urls(url, http_url, metrics_url)
-        run(url, stats, metrics, model_type, model_type)
-        return
-    from triton_sam.demo import build_local_repository
-    from triton_sam.server import EmbeddedTriton
-
-    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".stress"))
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        target = server.grpc_url if protocol == "grpc" else server.http_url
-        run(target, server.http_url, server.metrics_url, spec.family.family, spec.name)
+    work = Path(".stress")
+    with _served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
+        stats, metrics = (s.http_url, s.metrics_url)
+        if url:
+            stats, metrics = counter_urls(url, http_url, metrics_url)
+        run(s.url, stats, metrics, s.family, s.name)
 
 
 @app.command("soak")
@@ -837,16 +838,56 @@ def soak_cmd(
         if report.failures:
             raise typer.Exit(1)
 
+    work = Path(".soak")
+    with _served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
+        run(s.url, s.family, s.name, s.pid)
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The server a measuring command talks to.
+
+    Attributes:
+        url: the server for ``protocol`` as the clients take it (``host:port``).
+        http_url / metrics_url: its HTTP and metrics endpoints when known (embedded).
+        pid: the server process when embedded (memory sampling).
+        family / name: the model family and variant served.
+    """
+
+    url: str
+    http_url: str | None = None
+    metrics_url: str | None = None
+    pid: int | None = None
+    family: str = "sam2"
+    name: str = "sam2"
+
+
+@contextmanager
+def _served(
+    url: str | None, *, protocol: str, model: str, model_type: str, work: Path
+) -> Iterator[_Served]:
+    """The server at ``url``, or an embedded one over the production repository of ``model``
+    (exported into ``work`` as ``docker compose`` would serve it, on Triton's onnxruntime
+    backend for CPU), for as long as the block runs."""
     if url:
-        run(url, model_type, model_type, None)
+        yield _Served(url, family=model_type, name=model_type)
         return
     from triton_sam.demo import build_local_repository
     from triton_sam.server import EmbeddedTriton
 
-    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".soak"))
+    spec, repo, _ = build_local_repository(model, _checkpoints_dir(), work)
     with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         target = server.grpc_url if protocol == "grpc" else server.http_url
-        run(target, spec.family.family, spec.name, server.pid)
+        yield _Served(
+            target, server.http_url, server.metrics_url, server.pid, spec.family.family, spec.name
+        )
+
+
+def _checkpoints_dir() -> Path:
+    """``paths.checkpoints`` of the composed configuration."""
+    from triton_sam.config import load_config
+
+    return Path(load_config().paths.checkpoints)
 
 
 def main() -> None:

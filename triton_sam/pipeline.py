@@ -19,9 +19,9 @@ from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import ModelSpec
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
-from triton_sam.repository.session_config import SessionOptions, write_session
+from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
-from triton_sam.repository.writer import write_pair
+from triton_sam.repository.writer import pair_artifacts, write_models
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def build_repository(
         work_dir: scratch parent for the export (default: the repository's parent; never
             the repository itself, where Triton would try to load the scratch directory).
         session: bounds of the ``<family>_session`` model (server-side embeddings, see
-            ``repository/session_model.py``), written beside the pair; None writes none.
+            ``serving/embedding_cache_model.py``), written beside the pair; None writes none.
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
@@ -171,16 +171,16 @@ def build_repository(
                 metadata,
             )
         result = export_model(spec, checkpoint, scratch / "onnx", export_options, metadata=metadata)
-        names = write_pair(
-            repository,
-            spec.family,
-            encoder_onnx=result.encoder,
-            decoder_onnx=result.decoder,
-            options=options,
+        artifacts = pair_artifacts(
+            spec.family, encoder_onnx=result.encoder, decoder_onnx=result.decoder, options=options
         )
-        session_model = (
-            None if session is None else write_session(repository, spec.family, options, session)
-        )
+        if session is not None:
+            artifacts.append(session_artifact(spec.family, options, session))
+        # One atomic set: a restarted server never sees a new encoder beside an old session
+        # model, or the other way round.
+        written = [p.name for p in write_models(repository, artifacts)]
+        names = (written[0], written[1])
+        session_model = written[2] if session is not None else None
         sizes = {
             name: sum(p.stat().st_size for p in _graph_files(result, graph))
             for name, graph in zip(names, ("encoder", "decoder"), strict=True)

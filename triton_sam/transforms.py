@@ -1,6 +1,8 @@
 """Client-side pre- and post-processing, numpy + PIL only (no torch: clients stay light).
 
-Each function reproduces the official predictors, chosen by ``Preprocessing.resize``:
+Each function reproduces the official predictors through the family's upstream rule
+(:func:`resize_rule`: :class:`SamPredictorRule`, :class:`Sam2TransformsRule`,
+:class:`Sam3ProcessorRule`, chosen once from ``Preprocessing``):
 
 - ``"square"`` (SAM2, SAM3) follows ``sam2.utils.transforms.SAM2Transforms``: ToTensor
   (uint8 / 255), torchvision ``Resize((S, S))`` on the float tensor (bilinear, antialiased),
@@ -212,18 +214,7 @@ def resized_hw(orig_hw: tuple[int, int], pre: Preprocessing) -> tuple[int, int]:
         InputValidationError: ``orig_hw`` is not two positive ints, or the image is so thin
             that its short side would resize to 0 pixels.
     """
-    h, w = _check_hw(orig_hw)
-    size = pre.image_size
-    if _resize_rule(pre) == "square":
-        return size, size
-    # Same float arithmetic as upstream so the rounding matches at .5 boundaries.
-    scale = size * 1.0 / max(h, w)
-    new_h, new_w = int(h * scale + 0.5), int(w * scale + 0.5)
-    if new_h == 0 or new_w == 0:
-        raise InputValidationError(
-            "orig_hw", f"got {h}x{w}; the short side resizes to 0 pixels at {size}"
-        )
-    return new_h, new_w
+    return resize_rule(pre).resized_hw(_check_hw(orig_hw), pre.image_size)
 
 
 def transform_coords(
@@ -251,26 +242,7 @@ def transform_coords(
         raise InputValidationError(
             "coords", f"got shape {points.shape}; expected ...x2 (X, Y) pixels"
         )
-    h, w = _check_hw(orig_hw)
-    if _resize_rule(pre) == "square" and pre.coord_rule == "ratio":
-        # transformers' processors (return_tensors="pt"): the ratio is S / original size with
-        # the size an int64 tensor, which torch computes in float32 as S * (1 / size); then
-        # a float32 product.
-        out = points.astype(np.float32)
-        one, size = np.float32(1), np.float32(pre.image_size)
-        out[..., 0] = out[..., 0] * (size * (one / np.float32(w)))
-        out[..., 1] = out[..., 1] * (size * (one / np.float32(h)))
-        return out
-    if _resize_rule(pre) == "square":
-        out = points.astype(np.float32)  # upstream casts to float32 before scaling
-        out[..., 0] = out[..., 0] / np.float32(w)
-        out[..., 1] = out[..., 1] / np.float32(h)
-        return out * np.float32(pre.image_size)
-    new_h, new_w = resized_hw((h, w), pre)
-    out = points.astype(np.float64)
-    out[..., 0] = out[..., 0] * (new_w / w)
-    out[..., 1] = out[..., 1] * (new_h / h)
-    return out.astype(np.float32)
+    return resize_rule(pre).coords(points, _check_hw(orig_hw), pre.image_size)
 
 
 def transform_boxes(boxes: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing) -> np.ndarray:
@@ -319,13 +291,116 @@ def _check_hw(orig_hw: tuple[int, int]) -> tuple[int, int]:
     return h, w
 
 
-def _resize_rule(pre: Preprocessing) -> str:
-    """``pre.resize``, checked: an unknown rule is a spec bug, not a user input error."""
-    if pre.resize not in ("square", "longest_side"):
+# -- resize rules: one per upstream processor ------------------------------------------------
+class SamPredictorRule:
+    """``segment_anything``'s ``SamPredictor`` (``Preprocessing.resize = "longest_side"``).
+
+    ``ResizeLongestSide``: the longest side to S (the other rounded half up), PIL bilinear on
+    uint8, normalise on the 0-255 scale, zero-pad bottom/right; masks: bilinear to S x S, crop
+    the unpadded region, bilinear to (H, W) (``Sam.postprocess_masks``).
+    """
+
+    def resized_hw(self, hw: tuple[int, int], size: int) -> tuple[int, int]:
+        """``ResizeLongestSide.get_preprocess_shape`` (upstream's float arithmetic, so the
+        rounding matches at .5 boundaries)."""
+        h, w = hw
+        scale = size * 1.0 / max(h, w)
+        new_h, new_w = int(h * scale + 0.5), int(w * scale + 0.5)
+        if new_h == 0 or new_w == 0:
+            raise InputValidationError(
+                "orig_hw", f"got {h}x{w}; the short side resizes to 0 pixels at {size}"
+            )
+        return new_h, new_w
+
+    def coords(self, points: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
+        """``ResizeLongestSide.apply_coords`` in float64, then float32 as fed to the model."""
+        new_h, new_w = self.resized_hw(hw, size)
+        out = points.astype(np.float64)
+        out[..., 0] = out[..., 0] * (new_w / hw[1])
+        out[..., 1] = out[..., 1] * (new_h / hw[0])
+        return out.astype(np.float32)
+
+    def preprocess(self, rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
+        try:
+            new_h, new_w = self.resized_hw(rgb.shape[:2], pre.image_size)
+        except InputValidationError as e:
+            raise InputValidationError("image", str(e)) from e
+        # Upstream resizes the uint8 image with PIL (rounding to uint8), then normalises.
+        resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), Image.BILINEAR))
+        chw = _scale_pixels(np.ascontiguousarray(resized), pre.pixel_scale)
+        out = np.zeros((1, 3, pre.image_size, pre.image_size), np.float32)
+        out[0, :, :new_h, :new_w] = _normalize(chw, pre)
+        return out
+
+    def upsample(self, logits: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
+        new_h, new_w = self.resized_hw(hw, size)
+        return _bilinear(_bilinear(logits, (size, size))[..., :new_h, :new_w], hw)
+
+
+class Sam2TransformsRule:
+    """``sam2.utils.transforms.SAM2Transforms`` (``resize = "square"``): ToTensor (/ 255),
+    torchvision ``Resize((S, S))`` on the float tensor (bilinear, antialias), Normalize;
+    prompts ``x / w * S`` in float32; masks straight to (H, W) with one bilinear resize."""
+
+    def resized_hw(self, hw: tuple[int, int], size: int) -> tuple[int, int]:
+        return size, size
+
+    def coords(self, points: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
+        out = points.astype(np.float32)  # upstream casts to float32 before scaling
+        out[..., 0] = out[..., 0] / np.float32(hw[1])
+        out[..., 1] = out[..., 1] / np.float32(hw[0])
+        return out * np.float32(size)
+
+    def preprocess(self, rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
+        chw = _resize_square(_scale_pixels(rgb, pre.pixel_scale), pre.image_size)
+        return _normalize(chw, pre)[None]
+
+    def upsample(self, logits: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
+        return _bilinear(logits, hw)
+
+
+class Sam3ProcessorRule(Sam2TransformsRule):
+    """transformers' ``Sam3Processor`` (``resize = "square"``, ``resize_dtype = "uint8"``,
+    ``coord_rule = "ratio"``): the uint8 image resized (rounded back to uint8) before
+    rescaling; prompts ``x * (S / w)``."""
+
+    def coords(self, points: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
+        # return_tensors="pt": the ratio is S / original size with the size an int64 tensor,
+        # which torch computes in float32 as S * (1 / size); then a float32 product.
+        out = points.astype(np.float32)
+        one, side = np.float32(1), np.float32(size)
+        out[..., 0] = out[..., 0] * (side * (one / np.float32(hw[1])))
+        out[..., 1] = out[..., 1] * (side * (one / np.float32(hw[0])))
+        return out
+
+    def preprocess(self, rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
+        chw = np.ascontiguousarray(rgb.transpose(2, 0, 1))
+        resized = _resize_square_uint8(chw, pre.image_size)
+        return _normalize(_scale_pixels(resized.transpose(1, 2, 0), pre.pixel_scale), pre)[None]
+
+
+UpstreamRule = SamPredictorRule | Sam2TransformsRule | Sam3ProcessorRule
+_RULES: dict[tuple[str, str, str], UpstreamRule] = {
+    ("longest_side", "float32", "divide_then_scale"): SamPredictorRule(),
+    ("square", "float32", "divide_then_scale"): Sam2TransformsRule(),
+    ("square", "uint8", "ratio"): Sam3ProcessorRule(),
+}
+
+
+def resize_rule(pre: Preprocessing) -> UpstreamRule:
+    """The upstream processor ``pre`` describes (the one place its strings are read).
+
+    Raises:
+        ConfigError: a combination no upstream processor has (a spec bug, not a user input
+            error).
+    """
+    rule = _RULES.get((pre.resize, pre.resize_dtype, pre.coord_rule))
+    if rule is None:
         raise ConfigError(
-            f"Preprocessing.resize: got {pre.resize!r}; expected 'square' or 'longest_side'"
+            f"Preprocessing.resize: got {pre.resize!r} (resize_dtype={pre.resize_dtype!r}, "
+            f"coord_rule={pre.coord_rule!r}); expected one of {sorted(_RULES)}"
         )
-    return pre.resize
+    return rule
 
 
 # -- preprocessing --------------------------------------------------------------------------
@@ -350,22 +425,7 @@ def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
             "image", f"got {type(image).__name__}; expected {_EXPECTED_ARRAY} (see load_image)"
         )
     rgb = _check_rgb_array(image)
-    if _resize_rule(pre) == "square" and pre.resize_dtype == "uint8":
-        resized = _resize_square_uint8(np.ascontiguousarray(rgb.transpose(2, 0, 1)), pre.image_size)
-        return _normalize(_scale_pixels(resized.transpose(1, 2, 0), pre.pixel_scale), pre)[None]
-    if _resize_rule(pre) == "square":
-        chw = _resize_square(_scale_pixels(rgb, pre.pixel_scale), pre.image_size)
-        return _normalize(chw, pre)[None]
-    try:
-        new_h, new_w = resized_hw(rgb.shape[:2], pre)
-    except InputValidationError as e:
-        raise InputValidationError("image", str(e)) from e
-    # Upstream resizes the uint8 image with PIL (rounding to uint8), then normalises.
-    resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), Image.BILINEAR))
-    chw = _scale_pixels(np.ascontiguousarray(resized), pre.pixel_scale)
-    out = np.zeros((1, 3, pre.image_size, pre.image_size), np.float32)
-    out[0, :, :new_h, :new_w] = _normalize(chw, pre)
-    return out
+    return resize_rule(pre).preprocess(rgb, pre)
 
 
 def _scale_pixels(rgb: np.ndarray, pixel_scale: float) -> np.ndarray:
@@ -416,12 +476,7 @@ def postprocess_masks(
             ``orig_hw`` is invalid.
     """
     logits = _check_logits(low_res_logits)
-    h, w = _check_hw(orig_hw)
-    if _resize_rule(pre) == "longest_side":
-        size = pre.image_size
-        new_h, new_w = resized_hw((h, w), pre)
-        logits = _bilinear(logits, (size, size))[..., :new_h, :new_w]
-    return _bilinear(logits, (h, w))
+    return resize_rule(pre).upsample(logits, _check_hw(orig_hw), pre.image_size)
 
 
 def clamp_low_res(logits: np.ndarray, limit: float | None = LOW_RES_LOGIT_LIMIT) -> np.ndarray:

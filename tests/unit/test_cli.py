@@ -173,3 +173,78 @@ def test_serve_without_the_onnxruntime_backend_says_what_to_do(tmp_path):
     for needle in ("libtriton_onnxruntime.so", "TRITON_SAM_ONNXRUNTIME_BACKEND",
                    "make onnxruntime-backend", str(tmp_path / "no_backend")):  # fmt: skip
         assert needle in out.stderr
+
+
+def test_serve_takes_the_configurations_serve_section_and_its_options_override_it(
+    tmp_path, monkeypatch
+):
+    """The serve: section of conf/config.yaml is what `triton-sam serve` runs with (the
+    start-up timeout included); a command-line option overrides its key."""
+    from triton_sam import cli, server
+    from triton_sam.config import load_config, section
+    from triton_sam.repository import writer
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_server(repo, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(server, "EmbeddedTriton", fake_server)
+    monkeypatch.setattr(writer, "embedded_repository", lambda repo, target: repo)
+    with pytest.raises(Stop):
+        cli.serve_cmd(repository=tmp_path, http_port=0, target="onnxruntime")
+    expected = section(load_config(), "serve") | {"http_port": 0}
+    assert {k: seen[k] for k in expected} == expected
+    assert seen["startup_timeout_s"] == load_config().serve.startup_timeout_s
+
+
+def test_session_options_come_from_the_configuration():
+    from triton_sam import cli
+    from triton_sam.config import load_config, section
+    from triton_sam.repository.session_config import SessionOptions
+
+    values = section(load_config(), "session")
+    assert cli._session_options(values, SessionOptions) == SessionOptions()  # same defaults
+    assert cli._session_options(values | {"enabled": False}, SessionOptions) is None
+    assert cli._session_options(values | {"max_images": 3}, SessionOptions).max_images == 3
+
+
+def test_measuring_commands_use_the_url_or_an_embedded_production_server(monkeypatch, tmp_path):
+    """cli._served: --url as given; else the production repository of --model, built with the
+    configured checkpoints directory and served embedded for the block."""
+    from triton_sam import cli, demo, server
+    from triton_sam.config import load_config
+    from triton_sam.models import get_model
+
+    with cli._served("h:1", protocol="grpc", model="x", model_type="sam1", work=tmp_path) as s:
+        assert (s.url, s.family, s.pid) == ("h:1", "sam1", None)
+    built = {}
+
+    def build(model, checkpoints_dir, work_dir):
+        built.update(model=model, checkpoints=checkpoints_dir, work=work_dir)
+        return get_model(model), tmp_path / "embedded", None
+
+    class FakeServer:
+        grpc_url, http_url, metrics_url, pid = "g:1", "http://h:2", "http://h:3", 42
+
+        def __init__(self, repo, **ports):
+            assert repo == tmp_path / "embedded" and set(ports.values()) == {0}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            built["stopped"] = True
+
+    monkeypatch.setattr(demo, "build_local_repository", build)
+    monkeypatch.setattr(server, "EmbeddedTriton", FakeServer)
+    with cli._served(
+        None, protocol="grpc", model="sam2.1_hiera_tiny", model_type="sam1", work=tmp_path
+    ) as s:
+        assert (s.url, s.http_url, s.metrics_url, s.pid) == ("g:1", "http://h:2", "http://h:3", 42)
+        assert (s.family, s.name) == ("sam2", "sam2.1_hiera_tiny")
+    assert built["checkpoints"] == Path(load_config().paths.checkpoints) and built["stopped"]

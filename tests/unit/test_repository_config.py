@@ -4,6 +4,7 @@ GPU-only keys (TensorRT accelerator) checked by name against Triton's onnxruntim
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -242,24 +243,29 @@ def test_the_renderer_checks_what_it_writes(monkeypatch) -> None:
         build_config(SAM2_FAMILY, "encoder", RepositoryOptions(tensorrt_fp16=True))
 
 
-def test_runner_reads_the_same_parameter_keys() -> None:
-    # runner.py runs inside Triton's stub and cannot import config.py; it repeats the keys.
-    source = (Path(cfg.__file__).parent / "runner.py").read_text()
-    constants = {
-        node.targets[0].id: node.value.value
-        for node in ast.parse(source).body
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+def test_the_python_target_declares_its_kind_and_the_runner_reads_the_protocols_keys() -> None:
+    from triton_sam.serving.protocol import runner as runner_protocol
+
+    config = to_python_target(
+        parse_config(render_config(SAM2_FAMILY, "decoder", RepositoryOptions()))
+    )
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params[runner_protocol.PARAM_KIND] == runner_protocol.KIND
+    source = (Path(cfg.__file__).parent.parent / "serving" / "runner_model.py").read_text()
+    read = set(re.findall(r"params\.get\(protocol\.(PARAM_\w+)\)", source))
+    assert {getattr(runner_protocol, k) for k in read} == set(runner_protocol.PARAM_KEYS) - {
+        runner_protocol.PARAM_KIND
     }
-    assert constants["ONNX_FILE_PARAM"] == cfg.ONNX_FILE_PARAM
-    assert constants["INTRA_OP_THREADS_PARAM"] == cfg.INTRA_OP_THREADS_PARAM
 
 
 def test_runner_imports_only_what_the_stub_has() -> None:
-    source = (Path(cfg.__file__).parent / "runner.py").read_text()
+    source = (Path(cfg.__file__).parent.parent / "serving" / "runner_model.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"json", "os", "numpy", "onnxruntime", "triton_python_backend_utils"}
+    stub = {"json", "os", "sys", "numpy", "onnxruntime", "triton_python_backend_utils"}
+    # the shipped protocol package (triton_sam itself only in the source tree's fallback)
+    assert imported <= stub | {"triton_sam_serving", "triton_sam"}

@@ -4,6 +4,7 @@ and the clients' pure request builders."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -25,6 +26,7 @@ from triton_sam.repository.session_config import (
     write_session,
 )
 from triton_sam.repository.writer import embedded_repository, list_models
+from triton_sam.serving.protocol import embedding_cache as protocol
 
 SAM2 = get_family("sam2")
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
@@ -32,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 @pytest.fixture(scope="module")
 def model_module():
-    """session_model.py imported with a stand-in for triton_python_backend_utils."""
+    """embedding_cache_model.py imported with a stand-in for triton_python_backend_utils."""
     sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("pb_utils"))
     spec = importlib.util.spec_from_file_location("session_model", session_config.SESSION_SOURCE)
     module = importlib.util.module_from_spec(spec)
@@ -78,14 +80,57 @@ def test_reembedding_an_id_replaces_its_bytes(model_module):
     assert cache.nbytes == 30 and len(cache) == 1
 
 
-def test_model_and_renderer_agree_on_names(model_module):
-    assert model_module.MISS_MARKER == "triton_sam.EmbeddingNotFound"
-    for name in ("IMAGE_ID", "ENCODED", "LOGITS_KEY", "PREVIOUS_KEY", "PREVIOUS_MASK_INDEX"):
-        assert getattr(model_module, name) == getattr(session_config, name)
-        assert getattr(model_module, name) == getattr(session_path, name)
-    source = session_config.SESSION_SOURCE.read_text()
-    for key in session_config.PARAM_KEYS:
-        assert f'"{key}"' in source, key
+def test_the_shipped_session_model_reads_the_one_protocol_without_triton_sam(tmp_path):
+    """What Triton's stub does: model.py with the shipped package beside it, no triton_sam."""
+    repo = tmp_path / "model_repository"
+    write_session(repo, SAM2, RepositoryOptions())
+    version = repo / "sam2_session" / "1"
+    stub = tmp_path / "stub" / "triton_python_backend_utils.py"
+    stub.parent.mkdir()
+    stub.write_text("")
+    code = (
+        "import sys, importlib.util;"
+        "spec = importlib.util.spec_from_file_location('model', sys.argv[1] + '/model.py');"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        "assert not any(n == 'triton_sam' or n.startswith('triton_sam.') for n in sys.modules);"
+        "print(m.protocol.__name__, m.envelope.ERR_EMBEDDING_NOT_FOUND)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(version)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(stub.parent)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "triton_sam_serving.protocol.embedding_cache",
+        "EmbeddingNotFound",
+    ]
+
+
+def test_the_renderer_writes_every_parameter_the_protocol_names_and_its_kind():
+    config = build_session_config(SAM2, RepositoryOptions())
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert set(params) == set(protocol.PARAM_KEYS)
+    assert params[protocol.PARAM_KIND] == protocol.KIND_EMBEDDING_CACHE
+
+
+def test_a_miss_is_known_by_its_code_and_status_not_by_prose():
+    from tritonclient.utils import InferenceServerException
+
+    header = "triton_sam.EmbeddingNotFound: image_id 'x' is not cached"
+    for status, message, miss in [
+        ("404", header, True),
+        ("StatusCode.NOT_FOUND", header, True),
+        ("400", header, False),  # the code is answered with NOT_FOUND, never 400
+        ("404", "Request for unknown model: 'sam2_session' is not found", False),
+        ("500", f"Internal: quoting {header}", False),
+    ]:
+        error = translate_error(
+            InferenceServerException(msg=message, status=status), what="infer on sam2_session"
+        )
+        assert isinstance(error, EmbeddingNotFoundError) == miss, (status, message)
 
 
 # -- the config --------------------------------------------------------------------------------
@@ -105,7 +150,7 @@ def test_session_config_follows_the_spec(family):
     assert group.count == 1 and group.kind == group.KIND_CPU
     assert config.HasField("dynamic_batching")
     params = {k: v.string_value for k, v in config.parameters.items()}
-    assert set(params) == set(session_config.PARAM_KEYS)
+    assert set(params) == set(protocol.PARAM_KEYS)
     assert params["embedding_names"] == ",".join(spec.embedding_names)
 
 

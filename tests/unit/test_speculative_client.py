@@ -84,7 +84,16 @@ class FakeAsync:
         self.models: list[tuple[str, tuple[str, ...]]] = []
         self.prepared = 0
         self.closed = False
+        self.checks = 0  # readiness calls (the start-up checks, awaited)
         FakeAsync.instances.append(self)
+
+    async def is_server_ready(self) -> bool:
+        self.checks += 1
+        return FakeSync.ready
+
+    async def is_model_ready(self, model: str) -> bool:
+        self.checks += 1
+        return not model.endswith("_session")
 
     def prepare_inputs(self, inputs: dict) -> PreparedInputs:
         self.prepared += 1
@@ -160,11 +169,41 @@ async def until(predicate, timeout_s: float = 2.0) -> None:
 
 
 # -- lifecycle ------------------------------------------------------------------------------
-def test_start_up_failure_closes_the_client_and_hints_at_the_grpc_port():
+def test_the_constructor_does_no_io_and_makes_no_blocking_transport():
+    """Drift fix: the old constructor built a blocking Transport and checked the server with
+    it (retries included), which stalls an event loop for up to timeout_s."""
+    client = SpeculativeSAM2Client("localhost:8001")
+    assert FakeSync.instances == [] and FakeAsync.instances == []
+
+    async def main():
+        async with client:  # the start-up checks, on the asyncio transport
+            assert FakeAsync.instances[-1].checks >= 3  # server, encoder, decoder (+ session)
+
+    asyncio.run(main())
+    assert FakeSync.instances == []  # async use alone never makes the blocking transport
+
+
+def test_the_constructor_shows_the_decoders_arguments():
+    import inspect
+
+    params = inspect.signature(SpeculativeSAM2Client.__init__).parameters
+    assert {"url", "model_type", "protocol", "use_server_embeddings", "retry"} <= set(params)
+
+
+def test_start_up_failure_closes_the_transport_and_hints_at_the_grpc_port():
     FakeSync.ready = False
+    client = SpeculativeSAM2Client("localhost:8000")
     with pytest.raises(ServerUnavailableError, match="8000 is Triton's HTTP port"):
-        SpeculativeSAM2Client("localhost:8000")
+        client.set_image(IMAGE)  # the first blocking call checks the server
     assert FakeSync.instances[-1].closed
+
+    async def main():
+        with pytest.raises(ServerUnavailableError, match="8000 is Triton's HTTP port"):
+            async with SpeculativeSAM2Client("localhost:8000"):
+                pass
+        assert FakeAsync.instances[-1].closed
+
+    asyncio.run(main())
 
 
 def test_aclose_cancels_outstanding_requests_and_closes_both_transports():

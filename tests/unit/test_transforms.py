@@ -233,6 +233,18 @@ def test_longest_side_rejects_an_image_too_thin_to_resize():
     assert "0 pixels" in str(err)
 
 
+def test_every_registered_family_has_its_upstream_rule():
+    from triton_sam.models.registry import family_names, get_family
+
+    expected = {"sam1": transforms.SamPredictorRule, "sam2": transforms.Sam2TransformsRule}
+    for name in family_names():
+        rule = transforms.resize_rule(get_family(name).preprocessing)
+        if name in expected:
+            assert type(rule) is expected[name]
+        elif name.startswith("sam3"):
+            assert type(rule) is transforms.Sam3ProcessorRule
+
+
 def test_unknown_resize_rule_is_a_config_error():
     bad = Preprocessing(1024, "stretch", (0, 0, 0), (1, 1, 1), 1.0, 256)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="resize"):

@@ -284,6 +284,7 @@ def test_write_pair_carries_external_data(tmp_path: Path) -> None:
     assert sorted(p.name for p in (repo / "sam2_decoder" / "1").iterdir()) == [
         "model.onnx",
         "model.py",
+        "triton_sam_serving",  # the runner's protocol
     ]
     assert parse_config(repo / "sam2_decoder" / "config.pbtxt").backend == "python"
 

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 from triton_sam.errors import ServerUnavailableError
+from triton_sam.serving.protocol import runner as runner_protocol
 
-SKIPPED_METRIC = "triton_sam_cancelled_requests_skipped"  # = runner.SKIPPED_METRIC
+SKIPPED_METRIC = runner_protocol.SKIPPED_METRIC  # what runner_model.py counts
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

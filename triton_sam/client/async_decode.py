@@ -10,7 +10,6 @@ SpeculativeSAM2Client`'s concern, built on this class.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,14 +17,12 @@ from typing import Any
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import prompts, session_path
+from triton_sam.client import flow, prompts, session_path
 from triton_sam.client.async_transport import AsyncTransport
-from triton_sam.client.connect import connect
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Endpoint, TlsOptions, Transport, resolve_endpoint
 from triton_sam.errors import (
-    EmbeddingNotFoundError,
     ImageNotSetError,
     InputValidationError,
     ServerUnavailableError,
@@ -52,16 +49,18 @@ class DecodeRequest:
     inputs: dict[str, np.ndarray]
     outputs: tuple[str, str]
     multimask: bool = False
-    logits_key: str = ""  # session path: where the server keeps this click's logits
-    fallback: dict[str, np.ndarray] | None = None  # session path: the request after a miss
+    click: flow.Click | None = None  # session path: the click on the session model
 
 
 class AsyncDecoder:
     """An encoded image and the transports that decode prompts on it.
 
     Arguments are :class:`~triton_sam.client.speculative.SpeculativeSAM2Client`'s (which
-    documents them); the constructor checks the server and models are ready and reads which
-    decoder layout and session model the server offers.
+    documents them). The constructor does no I/O: the server is checked (models ready,
+    decoder layout, session model offered) on first use, by ``async with`` /
+    :meth:`set_image_async` over the asyncio transport without blocking the loop, or by the
+    blocking :meth:`set_image` / :meth:`set_image_embedding`. The blocking transport exists
+    only once a blocking method was called.
     """
 
     def __init__(
@@ -87,31 +86,64 @@ class AsyncDecoder:
         self.timeout_s = timeout_s
         self.endpoint: Endpoint = resolve_endpoint(url, protocol)
         self.retry, self.tls = retry, tls
-        self._sync = Transport(self.endpoint, timeout_s=timeout_s, retry=retry, tls=tls)
+        self._use_server_embeddings = use_server_embeddings
+        self._connected = False
+        self._sync: Transport | None = None  # made by the first blocking call
         self._aio: AsyncTransport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._image: EncodedImage | None = None
         self._closed = False
-        self._setup()
-        try:
-            served = connect(
-                self._sync,
-                self.family,
-                self.encoder_model,
-                self.decoder_model,
-                self.session_model,
-                use_server_embeddings,
-            )
-        except BaseException:
-            self.close()
-            raise
-        self.family, self.session_model = served.family, served.session_model
-        self.uses_server_embeddings = served.uses_server_embeddings
-
-    def _setup(self) -> None:
-        """Subclasses' own state, made before anything can fail (close() may need it)."""
 
     # -- connections -----------------------------------------------------------------------
+    def _connect_flow(self) -> flow.Flow[flow.ServedModels]:
+        return flow.connect(
+            self.endpoint,
+            self.family,
+            self.encoder_model,
+            self.decoder_model,
+            self.session_model,
+            self._use_server_embeddings,
+        )
+
+    def _served(self, served: flow.ServedModels) -> None:
+        self.family, self.session_model = served.family, served.session_model
+        self.uses_server_embeddings = served.uses_server_embeddings
+        self._connected = True
+
+    def _blocking(self) -> Transport:
+        """The blocking transport, connected (checks the server on first use).
+
+        Raises:
+            ServerUnavailableError: no ready server or models (the transport is closed; a
+                later call tries again).
+        """
+        if self._closed:
+            raise ServerUnavailableError("client: closed; create a new SpeculativeSAM2Client")
+        if self._sync is None:
+            self._sync = Transport(
+                self.endpoint, timeout_s=self.timeout_s, retry=self.retry, tls=self.tls
+            )
+        if not self._connected:
+            try:
+                self._served(flow.run(self._connect_flow(), flow.sender(self._sync)))
+            except BaseException:
+                self._sync.close()
+                self._sync = None
+                raise
+        return self._sync
+
+    async def _aconnected(self) -> AsyncTransport:
+        """The asyncio transport of the running loop, connected without blocking the loop."""
+        transport = self._transport()
+        if not self._connected:
+            try:
+                self._served(await flow.arun(self._connect_flow(), flow.async_sender(transport)))
+            except BaseException:
+                self._aio = None
+                await transport.close()
+                raise
+        return transport
+
     def _transport(self) -> AsyncTransport:
         """The asyncio transport of the running loop (created on first use in that loop)."""
         try:
@@ -141,7 +173,8 @@ class AsyncDecoder:
         if self._aio is not None:
             await self._aio.close()
             self._aio = None
-        self._sync.close()
+        if self._sync is not None:
+            self._sync.close()
         self._closed = True
 
     def close(self) -> None:
@@ -150,7 +183,8 @@ class AsyncDecoder:
             aio, self._aio = self._aio, None
             if self._loop is not None and self._loop.is_running() and self._in_loop_thread():
                 self._loop.create_task(aio.close())
-        self._sync.close()
+        if self._sync is not None:
+            self._sync.close()
         self._closed = True
 
     # -- image -----------------------------------------------------------------------------
@@ -172,17 +206,15 @@ class AsyncDecoder:
             ServerError: the encoder failed.
         """
         rgb = transforms.load_image(image)
+        transport = self._blocking()
         if self.uses_server_embeddings:
             session = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
-            try:  # a probe of a few bytes saves sending the image when the server has it
-                self._sync.infer(self.session_model, *self._probe(session), idempotent=True)
-            except EmbeddingNotFoundError:
-                self._sync.infer(self.session_model, *self._embed(session), idempotent=True)
+            flow.run(flow.embed(session, self.family, self.session_model), flow.sender(transport))
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
         name = self.family.encoder_inputs[0].name
-        features = self._sync.infer(
+        features = transport.infer(
             self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
         )
         self._image = EncodedImage(features, (int(rgb.shape[0]), int(rgb.shape[1])))
@@ -191,21 +223,18 @@ class AsyncDecoder:
     async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
         rgb = await asyncio.to_thread(transforms.load_image, image)
+        transport = await self._aconnected()
         if self.uses_server_embeddings:
             session = await asyncio.to_thread(
                 session_path.SessionImage.of, rgb, self.family, self.encoder_model
             )
-            transport = self._transport()
-            try:
-                await transport.infer(self.session_model, *self._probe(session), idempotent=True)
-            except EmbeddingNotFoundError:
-                inputs, outputs = await asyncio.to_thread(self._embed, session)
-                await transport.infer(self.session_model, inputs, outputs, idempotent=True)
+            steps = flow.embed(session, self.family, self.session_model)
+            await flow.arun(steps, flow.async_sender(transport))
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
         tensor = await asyncio.to_thread(transforms.preprocess, rgb, self.family.preprocessing)
         name = self.family.encoder_inputs[0].name
-        features = await self._transport().infer(
+        features = await transport.infer(
             self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
         )
         self._image = EncodedImage(features, (int(rgb.shape[0]), int(rgb.shape[1])))
@@ -225,7 +254,11 @@ class AsyncDecoder:
 
         Raises:
             InputValidationError: naming ``embedding`` or ``original_size``.
+            ServerUnavailableError: the client was never connected and the server is not
+                ready (the decoder's layout is read from it).
         """
+        if not self._connected:
+            self._blocking()
         features = {}
         for spec in self.family.encoder_outputs:
             if spec.name not in embedding:
@@ -277,59 +310,23 @@ class AsyncDecoder:
             family=self.family,
         )
         if image.session is not None:
-            key, click, fallback = image.session.click_inputs(inputs, mask_input)
-            return DecodeRequest(
-                image, click, outputs, multimask, logits_key=key, fallback=fallback
-            )
+            click = flow.click_request(image.session, self.family, inputs, mask_input, multimask)
+            return DecodeRequest(image, click.inputs, outputs, multimask, click=click)
         return DecodeRequest(image, inputs, outputs, multimask)
 
     # -- server-side embeddings (the <family>_session model) ------------------------------
-    def _probe(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
-        return session_path.probe_inputs(session.image_id), (session_path.ENCODED,)
-
-    def _embed(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
-        return session.embed_inputs(self.family), (session_path.ENCODED,)
-
-    def _session_prediction(self, request: DecodeRequest, out: dict[str, np.ndarray]) -> Prediction:
-        image = request.image
-        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
-        prediction = make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
-        assert image.session is not None
-        image.session.remember(request.logits_key, prediction.low_res_logits)
-        return prediction
-
-    async def _decode_on_server(self, request: DecodeRequest, request_id: str) -> Prediction:
-        """One click through the session model; re-embeds once if the server lost the image.
-
-        Idempotent (retried when the server is unreachable): a click only (re)writes its own
-        logits key."""
-        transport = self._transport()
-        call = functools.partial(transport.infer, self.session_model, request_id=request_id)
-        try:
-            out = await call(request.inputs, request.outputs, idempotent=True)
-        except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
-            assert request.image.session is not None and request.fallback is not None
-            inputs, outputs = await asyncio.to_thread(self._embed, request.image.session)
-            await call(inputs, outputs, idempotent=True)
-            out = await call(request.fallback, request.outputs, idempotent=True)
-        return self._session_prediction(request, out)
+    def _click_flow(self, request: DecodeRequest) -> flow.Flow[Prediction]:
+        assert request.image.session is not None and request.click is not None
+        return flow.click(request.image.session, self.family, self.session_model, request.click)
 
     def _decode_on_server_sync(self, request: DecodeRequest) -> Prediction:
-        try:
-            out = self._sync.infer(
-                self.session_model, request.inputs, request.outputs, idempotent=True
-            )
-        except EmbeddingNotFoundError:
-            assert request.image.session is not None and request.fallback is not None
-            self._sync.infer(self.session_model, *self._embed(request.image.session))
-            out = self._sync.infer(
-                self.session_model, request.fallback, request.outputs, idempotent=True
-            )
-        return self._session_prediction(request, out)
+        """One click through the session model; re-embeds once if the server lost the image."""
+        return flow.run(self._click_flow(request), flow.sender(self._blocking()))
 
     async def _decode(self, request: DecodeRequest, request_id: str) -> Prediction:
         if request.image.session is not None:
-            return await self._decode_on_server(request, request_id)
+            send = flow.async_sender(self._transport(), request_id)
+            return await flow.arun(self._click_flow(request), send)
         transport = self._transport()
         image = request.image
         prepared = image.prepared.get(id(transport))

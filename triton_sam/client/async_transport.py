@@ -181,6 +181,19 @@ class AsyncTransport:
         )
         return bool(ready)
 
+    async def model_metadata(self, model: str) -> dict[str, Any]:
+        """The model's metadata (inputs/outputs with shapes and datatypes) as a dict."""
+        kwargs = {} if self.is_http else {"as_json": True}
+        meta = await acall_with_retry(
+            lambda: self._call(
+                f"metadata of {model}", self._client.get_model_metadata(model, **kwargs)
+            ),
+            self.retry,
+            deadline_s=self.timeout_s,
+            before_retry=self._reconnect_quietly,
+        )
+        return dict(meta)
+
     def prepare_inputs(self, inputs: Mapping[str, np.ndarray]) -> PreparedInputs:
         """Encode tensors reused by many requests (the embeddings) once, for :meth:`infer`."""
         names = tuple(inputs)

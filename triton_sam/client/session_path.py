@@ -1,6 +1,6 @@
 """Server-side embeddings, client side: pure request builders shared by both clients (no I/O).
 
-With the ``<family>_session`` model on the server (``repository/session_model.py``), an image
+With the ``<family>_session`` model on the server (``serving/embedding_cache_model.py``), an image
 is sent once (``embed``: image id + preprocessed image) and its features stay on the server;
 a click then carries the image id and the prompt tensors only (a few hundred bytes instead of
 4-21 MiB of features). This module builds those requests; :class:`SessionImage` is the
@@ -31,20 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client.transport import Transport
-from triton_sam.errors import ServerUnavailableError
 from triton_sam.models.spec import FamilySpec
+from triton_sam.serving.protocol.embedding_cache import (  # the protocol's names, re-exported
+    DEFAULT_LOGITS_PER_IMAGE,
+    HAS_MASK_INPUT,
+    IMAGE_ID,
+    LOGITS_KEY,
+    MASK_INPUT,
+    PREVIOUS_KEY,
+    PREVIOUS_MASK_INDEX,
+)
 
-IMAGE_ID = "image_id"
-ENCODED = "encoded"
-LOGITS_KEY = "logits_key"
-PREVIOUS_KEY = "previous_key"
-PREVIOUS_MASK_INDEX = "previous_mask_index"
-MASK_INPUT = "mask_input"
-HAS_MASK_INPUT = "has_mask_input"
 # Recent predictions remembered per image for refinement by reference; the server keeps
-# ``logits_per_image`` (SessionOptions, default 4) of them.
-RECENT_PREDICTIONS = 4
+# ``logits_per_image`` (SessionOptions) of them.
+RECENT_PREDICTIONS = DEFAULT_LOGITS_PER_IMAGE
 # request_bytes serialises requests up to this payload size to count them exactly.
 _EXACT_LIMIT = 1 << 20
 
@@ -141,13 +141,13 @@ class SessionImage:
             a miss (the mask itself instead of a reference to it).
         """
         key = f"{self.client_key}-{next(self._counter)}"
-        base = {
-            IMAGE_ID: bytes_tensor(self.image_id),
-            "point_coords": decoder_prompts["point_coords"],
-            "point_labels": decoder_prompts["point_labels"],
-            LOGITS_KEY: bytes_tensor(key),
-        }
-        has_mask = bool(decoder_prompts[HAS_MASK_INPUT].reshape(-1)[0])
+        # The layout's prompt tensors (point_coords/point_labels, or input_points/...), the
+        # mask apart: it may travel by reference.
+        base = {k: v for k, v in decoder_prompts.items() if k not in (MASK_INPUT, HAS_MASK_INPUT)}
+        base[IMAGE_ID] = bytes_tensor(self.image_id)
+        base[LOGITS_KEY] = bytes_tensor(key)
+        flag = decoder_prompts.get(HAS_MASK_INPUT)  # layouts without a mask input have none
+        has_mask = flag is not None and bool(flag.reshape(-1)[0])
         full = dict(base)
         if has_mask:  # a zero mask with has_mask_input = 0 is the server's default
             full[MASK_INPUT] = decoder_prompts[MASK_INPUT]
@@ -233,25 +233,3 @@ def request_bytes(
         parameters=None,
     )
     return request.ByteSize()
-
-
-def session_offered(transport: Transport, session_model: str, wanted: bool | None) -> bool:
-    """Whether a client keeps features on the server: ``wanted``, or (None) whether the
-    server has ``session_model`` ready.
-
-    Raises:
-        ServerUnavailableError: ``wanted`` is True and the server has no such model.
-    """
-    if wanted is False:
-        return False
-    try:
-        ready = transport.is_model_ready(session_model)
-    except ServerUnavailableError:  # unknown model (ModelNotReadyError)
-        ready = False
-    if wanted and not ready:
-        raise ServerUnavailableError(
-            f"model: {session_model!r} is not ready on {transport.endpoint.address}; "
-            "rebuild the repository with `triton-sam setup` (it writes the session model) "
-            "or pass use_server_embeddings=False"
-        )
-    return ready

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -69,8 +70,9 @@ class SpeculativeSAM2Client(AsyncDecoder):
 
     Raises:
         UnsupportedModelError: unknown ``model_type``.
-        ServerUnavailableError: server not reachable, or a model not ready (the client
-            closes itself before raising).
+        ServerUnavailableError: server not reachable, or a model not ready: raised by
+            ``async with`` (which then closes the client) or by the first blocking call
+            (:meth:`set_image`); the constructor does no I/O.
 
     Example:
         >>> async with SpeculativeSAM2Client("localhost:8001") as client:
@@ -80,15 +82,18 @@ class SpeculativeSAM2Client(AsyncDecoder):
         ...     prediction = await client.latest("drag")   # mask of the last position
     """
 
-    def _setup(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The request book and the latest-wins slots; the decoder (connections, image) is
+        # AsyncDecoder's, whose constructor does no I/O, so nothing here can be half-made.
         self._book = SessionBook()
         self._tracks: dict[str, LatestWins] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        super().__init__(*args, **kwargs)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> SpeculativeSAM2Client:
         try:
-            self._transport()
+            await self._aconnected()  # checks the server without blocking the loop
         except BaseException:
             await self.aclose()
             raise
@@ -244,7 +249,8 @@ class SpeculativeSAM2Client(AsyncDecoder):
         if request.image.session is not None:
             return self._decode_on_server_sync(request)
         inputs = {**request.image.features, **request.inputs}
-        out = self._sync.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
+        transport = self._blocking()
+        out = transport.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
         masks, scores = prompts.select_outputs(out, request.multimask, self.family)
         return make_prediction(masks, scores, request.image.orig_hw, self.family.preprocessing)
 
@@ -482,6 +488,10 @@ class SpeculativeSAM2Client(AsyncDecoder):
         event = self._changed.pop(session_id, None)
         if event is not None:
             event.set()
+
+
+# The constructor takes AsyncDecoder's arguments: say so to help(), IDEs and inspect.
+SpeculativeSAM2Client.__init__.__signature__ = inspect.signature(AsyncDecoder.__init__)  # type: ignore[attr-defined]
 
 
 def _cancel_task(handle: Any) -> None:

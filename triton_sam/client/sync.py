@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import concepts, prompts, session_path
+from triton_sam.client import concepts, flow, prompts, session_path
 from triton_sam.client.connect import connect, connect_concepts
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
@@ -246,24 +246,21 @@ class SAM2TritonClient:
                 "predict_concepts(text=...) (points and boxes: model_type='sam3')"
             )
         self._require_image()
+        assert self._orig_hw is not None
+        decoder_prompts = prompts.build_decoder_prompts(
+            point_coords=point_coords,
+            point_labels=point_labels,
+            box=box,
+            mask_input=mask_input,
+            orig_hw=self._orig_hw,
+            family=self.family,
+        )
         if self._session is not None:
-            return self._predict_on_server(
-                point_coords, point_labels, box, mask_input, multimask_output
-            )
-        assert self._features is not None and self._orig_hw is not None
+            return self._predict_on_server(decoder_prompts, mask_input, multimask_output)
+        assert self._features is not None
         pre = self.family.preprocessing
         names = prompts.output_names(multimask_output, self.family)
-        inputs = {
-            **self._features,
-            **prompts.build_decoder_prompts(
-                point_coords=point_coords,
-                point_labels=point_labels,
-                box=box,
-                mask_input=mask_input,
-                orig_hw=self._orig_hw,
-                family=self.family,
-            ),
-        }
+        inputs = {**self._features, **decoder_prompts}
         t0 = time.perf_counter()
         out = self._transport.infer(self.decoder_model, inputs, names, idempotent=True)
         t1 = time.perf_counter()
@@ -339,9 +336,11 @@ class SAM2TritonClient:
         t0 = time.perf_counter()
         image = concepts.ConceptImage.of(rgb, self.session_model)
         try:  # a probe of a few bytes saves sending the pixels when the server has them
-            self._session_infer(image.probe_inputs(), (session_path.ENCODED,))
+            self._session_infer(image.probe_inputs(), (concepts.protocol.ENCODED,))
         except EmbeddingNotFoundError:
-            out = self._session_infer(image.embed_inputs(), (session_path.ENCODED, "image_id"))
+            out = self._session_infer(
+                image.embed_inputs(), (concepts.protocol.ENCODED, concepts.protocol.IMAGE_ID)
+            )
             server_id = bytes(out["image_id"].reshape(-1)[0]).decode()
             if server_id != image.image_id:  # the same function on both sides: a version skew
                 image.image_id = server_id
@@ -351,53 +350,37 @@ class SAM2TritonClient:
     # -- server-side embeddings (the <family>_session model) --------------------------------
     def _set_image_on_server(self, rgb: np.ndarray) -> None:
         """Embed ``rgb`` on the server under its content id (skipped when already there)."""
-        t0 = time.perf_counter()
         image = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
-        try:  # a probe of a few bytes saves sending the image when the server has it
-            self._session_infer(session_path.probe_inputs(image.image_id), (session_path.ENCODED,))
-            timings = {"probe": (time.perf_counter() - t0) * 1e3}
-        except EmbeddingNotFoundError:
-            t1 = time.perf_counter()
-            inputs = image.embed_inputs(self.family)
-            t2 = time.perf_counter()
-            self._session_infer(inputs, (session_path.ENCODED,))
-            t3 = time.perf_counter()
-            timings = {"probe": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3}
-            timings["encode"] = (t3 - t2) * 1e3
+        timings: dict[str, float] = {}
+        flow.run(flow.embed(image, self.family, self.session_model), self._session_send(timings))
         self._session, self._orig_hw = image, image.orig_hw
         self.last_timings_ms = timings
 
     def _predict_on_server(
-        self, point_coords: Any, point_labels: Any, box: Any, mask_input: Any, multimask: bool
+        self, decoder_prompts: dict[str, np.ndarray], mask_input: Any, multimask: bool
     ) -> Prediction:
         """One click through the session model; re-embeds once if the server lost the image."""
         image = self._session
         assert image is not None
-        outputs = prompts.output_names(multimask)
-        decoder_prompts = prompts.build_decoder_prompts(
-            point_coords=point_coords,
-            point_labels=point_labels,
-            box=box,
-            mask_input=mask_input,
-            orig_hw=image.orig_hw,
-            family=self.family,
-        )
-        key, inputs, fallback = image.click_inputs(decoder_prompts, mask_input)
+        click = flow.click_request(image, self.family, decoder_prompts, mask_input, multimask)
+        timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        try:
-            out = self._session_infer(inputs, outputs)
-        except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
-            self._session_infer(image.embed_inputs(self.family), (session_path.ENCODED,))
-            inputs = fallback
-            out = self._session_infer(inputs, outputs)
-        t1 = time.perf_counter()
-        prediction = make_prediction(
-            out[outputs[0]], out[outputs[1]], image.orig_hw, self.family.preprocessing
-        )
-        image.remember(key, prediction.low_res_logits)
-        t2 = time.perf_counter()
-        self.last_timings_ms = {"decode": (t1 - t0) * 1e3, "postprocess": (t2 - t1) * 1e3}
+        steps = flow.click(image, self.family, self.session_model, click)
+        prediction = flow.run(steps, self._session_send(timings))
+        total = (time.perf_counter() - t0) * 1e3
+        timings["postprocess"] = max(0.0, total - sum(timings.values()))
+        self.last_timings_ms = timings
         return prediction
+
+    def _session_send(self, timings: dict[str, float]) -> Callable[[flow.Step], Any]:
+        """The flows' ``send``, counting each session request's bytes (last_request_bytes)."""
+
+        def observe(model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]) -> None:
+            self.last_request_bytes = session_path.request_bytes(
+                self._transport.endpoint.protocol, model, inputs, outputs
+            )
+
+        return flow.sender(self._transport, timings, observe=observe)
 
     def _session_infer(
         self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]

@@ -29,10 +29,9 @@ from triton_sam.errors import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
+from triton_sam.serving import protocol
 
 Protocol = Literal["http", "grpc"]
-# Start of the session model's error for an image id it does not hold (session_model.py).
-EMBEDDING_MISS_MARKER = "triton_sam.EmbeddingNotFound"
 # Triton's messages (2.51) for a request rejected by the queue policy (max_queue_size,
 # default_timeout_microseconds with timeout_action REJECT), lowercased.
 _OVERLOAD_MESSAGES = ("exceeds maximum queue size", "request timeout expired")
@@ -114,7 +113,8 @@ def translate_error(e: Exception, *, what: str) -> Exception:
         status = str(e.status() or "")
         message = e.message() or str(e)
         lowered = message.lower()
-        if EMBEDDING_MISS_MARKER in message:
+        parsed = protocol.parse_error(status, message)
+        if parsed is not None and parsed[0] == protocol.ERR_EMBEDDING_NOT_FOUND:
             return EmbeddingNotFoundError(f"{what}: {message}")
         if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
             return InferenceTimeoutError(f"{what}: timed out ({message})")

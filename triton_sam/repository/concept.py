@@ -19,28 +19,31 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from triton_sam.models.sam3_concept import ConceptFamilySpec
 from triton_sam.models.spec import TensorSpec
-from triton_sam.repository.config import (
-    ModelConfig,
-    RepositoryOptions,
-    _check_int,
-    _tensor,
-    build_graph_config,
-    check_model_name,
-    config_to_text,
-    model_config_pb2,
+from triton_sam.repository import config as cfg
+from triton_sam.repository.writer import (
+    SERVING_DIR,
+    ModelFiles,
+    onnx_model_files,
+    shipped_modules,
+    write_models,
 )
-from triton_sam.repository.writer import ModelFiles, onnx_model_files, write_models
-from triton_sam.serving import concept_protocol as protocol
+from triton_sam.serving.protocol import concept as protocol
 
-SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 SERVING_SOURCE = SERVING_DIR / "concept_model.py"
-SHIPPED_PACKAGE = "triton_sam_serving"
-# The dependency-free modules the serving model imports (all of triton_sam.serving but the
-# model itself and its siblings that need Triton).
-SHIPPED_MODULES = ("__init__", "cache", "concept_protocol", "images", "masks", "resample")
+# The dependency-free modules the serving model imports.
+SHIPPED_MODULES = (
+    "__init__",
+    "cache",
+    "protocol/__init__",
+    "protocol/concept",
+    "images",
+    "masks",
+    "resample",
+)
 
 
 @dataclass(frozen=True)
@@ -67,25 +70,25 @@ class ConceptOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("max_bytes", self.max_bytes, minimum=0)
-        _check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+            cfg.check_int(name, getattr(self, name), minimum=1)
+        cfg.check_int("max_bytes", self.max_bytes, minimum=0)
+        cfg.check_int("max_image_pixels", self.max_image_pixels, minimum=1)
 
 
 def graph_configs(
-    family: ConceptFamilySpec, options: RepositoryOptions, concept: ConceptOptions
-) -> dict[str, ModelConfig]:
+    family: ConceptFamilySpec, options: cfg.RepositoryOptions, concept: ConceptOptions
+) -> dict[str, cfg.ModelConfig]:
     """Configs of the three graphs, by role."""
     configs = {
-        "vision": build_graph_config(
+        "vision": cfg.build_graph_config(
             family.vision.model, family.vision.inputs, family.vision.outputs, options,
             serves_like="encoder",
         ),
-        "text": build_graph_config(
+        "text": cfg.build_graph_config(
             family.text.model, family.text.inputs, family.text.outputs, options,
             serves_like="decoder",
         ),
-        "decoder": build_graph_config(
+        "decoder": cfg.build_graph_config(
             family.decoder.model, family.decoder.inputs, family.decoder.outputs, options,
             serves_like="encoder",
         ),
@@ -98,18 +101,18 @@ def graph_configs(
 
 def build_serving_config(
     family: ConceptFamilySpec,
-    options: RepositoryOptions,
+    options: cfg.RepositoryOptions,
     concept: ConceptOptions,
     *,
     pad_token_id: int,
-) -> ModelConfig:
+) -> cfg.ModelConfig:
     """The serving model's config: the protocol's tensors, one instance, BLS parameters.
 
     Raises:
         InputValidationError: a bad model name.
     """
-    check_model_name(family.serving_model)
-    config = ModelConfig(
+    cfg.check_model_name(family.serving_model)
+    config = cfg.ModelConfig(
         name=family.serving_model, backend="python", max_batch_size=options.encoder_max_batch_size
     )
     size = family.mask_size
@@ -122,7 +125,7 @@ def build_serving_config(
         TensorSpec(protocol.MAX_INSTANCES, "int32", (1,)),
     )
     for spec in inputs:  # all optional: see the protocol (embed, probe, predict)
-        message = _io(spec, model_config_pb2.ModelInput)
+        message = _io(spec, cfg.model_config_pb2.ModelInput)
         message.optional = True
         config.input.append(message)
     outputs = (
@@ -139,15 +142,16 @@ def build_serving_config(
         TensorSpec(protocol.MASKS_PNG, "bytes", (-1,)),
         TensorSpec(protocol.MASKS_LOGITS, "float32", (-1, size, size)),
     )
-    config.output.extend(_io(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.output.extend(_io(t, cfg.model_config_pb2.ModelOutput) for t in outputs)
     group = config.instance_group.add(count=1)
     if options.kind == "gpu":
-        group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
+        group.kind = cfg.model_config_pb2.ModelInstanceGroup.KIND_GPU
         group.gpus.append(0)  # one instance in total: one cache
     else:
-        group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+        group.kind = cfg.model_config_pb2.ModelInstanceGroup.KIND_CPU
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     params = {
+        protocol.PARAM_KIND: protocol.KIND,
         protocol.PARAM_VISION_MODEL: family.vision.model,
         protocol.PARAM_TEXT_MODEL: family.text.model,
         protocol.PARAM_DECODER_MODEL: family.decoder.model,
@@ -175,30 +179,48 @@ def feature_bytes(family: ConceptFamilySpec) -> int:
 def serving_files(tokenizer: Path) -> dict[str, Path]:
     """What goes into the serving model's version directory."""
     files = {"model.py": SERVING_SOURCE, protocol.TOKENIZER_FILE: Path(tokenizer)}
-    for module in SHIPPED_MODULES:
-        files[f"{SHIPPED_PACKAGE}/{module}.py"] = SERVING_DIR / f"{module}.py"
-    return files
+    return files | shipped_modules(SHIPPED_MODULES)
 
 
-def write_concept_models(
-    repo_dir: str | os.PathLike[str],
+def concept_artifacts(
     family: ConceptFamilySpec,
     *,
     graphs: dict[str, Path],
     tokenizer: Path,
     pad_token_id: int,
-    options: RepositoryOptions,
+    options: cfg.RepositoryOptions,
     concept: ConceptOptions | None = None,
-) -> list[str]:
-    """Write the three graphs and the serving model as one atomic set.
+) -> list[ModelFiles]:
+    """The three graphs and the serving model, as artifacts of one build.
 
     Args:
-        repo_dir: the model repository.
         family: the concept family (names, tensors).
         graphs: role (``"vision"``, ``"text"``, ``"decoder"``) -> exported ``.onnx``.
         tokenizer: the ``tokenizer.json`` to ship; pad_token_id: its padding id.
         options: target and serving options of the repository.
         concept: bounds of the serving model.
+
+    Raises:
+        RepositoryError / InputValidationError: as ``writer.onnx_model_files``.
+    """
+    concept = concept or ConceptOptions()
+    configs = graph_configs(family, options, concept)
+    models = [
+        onnx_model_files(
+            configs[g.role].name, graphs[g.role], cfg.config_to_text(configs[g.role]),
+            target=options.target,
+        )
+        for g in family.graphs
+    ]  # fmt: skip
+    serving = build_serving_config(family, options, concept, pad_token_id=pad_token_id)
+    models.append(ModelFiles(serving.name, cfg.config_to_text(serving), serving_files(tokenizer)))
+    return models
+
+
+def write_concept_models(
+    repo_dir: str | os.PathLike[str], family: ConceptFamilySpec, **build: Any
+) -> list[str]:
+    """Write :func:`concept_artifacts` (same keyword arguments) as one atomic set.
 
     Returns:
         The model names written: vision, text, decoder, serving model.
@@ -206,24 +228,14 @@ def write_concept_models(
     Raises:
         RepositoryError / InputValidationError: as ``writer.write_models``.
     """
-    concept = concept or ConceptOptions()
-    configs = graph_configs(family, options, concept)
-    models = [
-        onnx_model_files(
-            configs[g.role].name, graphs[g.role], config_to_text(configs[g.role]),
-            target=options.target,
-        )
-        for g in family.graphs
-    ]  # fmt: skip
-    serving = build_serving_config(family, options, concept, pad_token_id=pad_token_id)
-    models.append(ModelFiles(serving.name, config_to_text(serving), serving_files(tokenizer)))
-    return [path.name for path in write_models(repo_dir, models)]
+    artifacts = concept_artifacts(family, **build)
+    return [path.name for path in write_models(repo_dir, artifacts)]
 
 
 def _io(spec: TensorSpec, message: type) -> object:
     # BYTES tensors are Triton's TYPE_STRING (numpy object arrays of bytes).
     if spec.dtype == "bytes":
         return message(
-            name=spec.name, data_type=model_config_pb2.TYPE_STRING, dims=list(spec.shape)
+            name=spec.name, data_type=cfg.model_config_pb2.TYPE_STRING, dims=list(spec.shape)
         )
-    return _tensor(spec, message)
+    return cfg.tensor_message(spec, message)

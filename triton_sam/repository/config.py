@@ -5,7 +5,7 @@
   Runtime's TensorRT execution provider in FP16. The embedded server runs the same configs
   on Triton's onnxruntime backend built for CPU, through :func:`to_cpu_twin`.
 - ``python``: a fallback for an embedded server without that backend: a python-backend model
-  (``runner.py``) runs ``model.onnx`` with onnxruntime (see :func:`to_python_target`).
+  (``serving/runner_model.py``) runs ``model.onnx`` with onnxruntime (see :func:`to_python_target`).
 
 Configs are built as Triton's own protobuf (``model_config_pb2.ModelConfig``) and written with
 ``text_format``, never from string templates, so what we write is what Triton parses.
@@ -23,6 +23,8 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec, TensorSpec
+from triton_sam.serving import protocol
+from triton_sam.serving.protocol import runner as runner_protocol
 
 Target = Literal["onnxruntime", "python"]
 Graph = Literal["encoder", "decoder"]
@@ -33,10 +35,9 @@ GRAPHS: tuple[str, ...] = get_args(Graph)
 ModelConfig = model_config_pb2.ModelConfig
 
 ONNX_FILENAME = "model.onnx"
-# Keys of the config ``parameters`` that runner.py reads. runner.py cannot import this
-# module (it runs inside Triton's stub), so it repeats them; a unit test keeps both equal.
-ONNX_FILE_PARAM = "onnx_file"
-INTRA_OP_THREADS_PARAM = "intra_op_threads"
+# Keys of the config ``parameters`` that runner_model.py reads (serving/protocol/runner.py).
+ONNX_FILE_PARAM = runner_protocol.PARAM_ONNX_FILE
+INTRA_OP_THREADS_PARAM = runner_protocol.PARAM_INTRA_OP_THREADS
 # The onnxruntime backend's own key for the same setting.
 ORT_INTRA_OP_PARAM = "intra_op_thread_count"
 
@@ -152,14 +153,14 @@ class RepositoryOptions:
         _check_choice("target", self.target, TARGETS)
         _check_choice("instance_kind", self.instance_kind, ("cpu", "gpu", None))
         for field in ("encoder_max_batch_size", "decoder_max_batch_size", "instance_count"):
-            _check_int(field, getattr(self, field), minimum=1)
-        _check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
-        _check_int("intra_op_threads", self.intra_op_threads, minimum=0)
+            check_int(field, getattr(self, field), minimum=1)
+        check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
+        check_int("intra_op_threads", self.intra_op_threads, minimum=0)
         for graph in GRAPHS:
-            _check_int(
+            check_int(
                 f"{graph}_max_queue_size", getattr(self, f"{graph}_max_queue_size"), minimum=0
             )
-            _check_int(
+            check_int(
                 f"{graph}_queue_timeout_us", getattr(self, f"{graph}_queue_timeout_us"), minimum=0
             )
         if self.tensorrt_fp16 and self.target != "onnxruntime":
@@ -258,10 +259,10 @@ def build_graph_config(
         max_batch_size = options.max_batch_size(serves_like)
         max_queue_size = getattr(options, f"{serves_like}_max_queue_size")
         queue_timeout_us = getattr(options, f"{serves_like}_queue_timeout_us")
-    _check_int("max_batch_size", max_batch_size, minimum=1)
+    check_int("max_batch_size", max_batch_size, minimum=1)
     config = ModelConfig(name=name, max_batch_size=max_batch_size)
-    config.input.extend(_tensor(t, model_config_pb2.ModelInput) for t in inputs)
-    config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.input.extend(tensor_message(t, model_config_pb2.ModelInput) for t in inputs)
+    config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in outputs)
     config.instance_group.add(kind=_KINDS[options.kind], count=options.instance_count)
     # Triton drops a cancelled request still in the queue only for models with a dynamic
     # batcher; the default scheduler hands requests straight to the backend. Speculative
@@ -403,6 +404,14 @@ def check_accelerators(config: ModelConfig) -> None:
         )
 
 
+def model_kind(config: ModelConfig) -> str | None:
+    """The kind a triton_sam python-backend model declares (``protocol.KINDS``), else None
+    (an ONNX graph, or its python-target runner)."""
+    if protocol.KIND_PARAM not in config.parameters:
+        return None
+    return config.parameters[protocol.KIND_PARAM].string_value
+
+
 def check_model_name(name: str) -> None:
     """Refuse names Triton cannot use as a repository directory.
 
@@ -424,7 +433,7 @@ def _graph_tensors(
     return family.decoder_inputs, family.decoder_outputs
 
 
-def _tensor(spec: TensorSpec, message: type) -> object:
+def tensor_message(spec: TensorSpec, message: type) -> object:
     return message(name=spec.name, data_type=triton_dtype(spec.dtype), dims=list(spec.shape))
 
 
@@ -458,6 +467,7 @@ def _set_python(
     config: ModelConfig, options: RepositoryOptions, *, onnx_file: str = ONNX_FILENAME
 ) -> None:
     config.backend = "python"
+    config.parameters[runner_protocol.PARAM_KIND].string_value = runner_protocol.KIND
     config.parameters[ONNX_FILE_PARAM].string_value = onnx_file
     if options.intra_op_threads:
         config.parameters[INTRA_OP_THREADS_PARAM].string_value = str(options.intra_op_threads)
@@ -494,7 +504,7 @@ def _check_choice(field: str, value: object, choices: tuple[object, ...]) -> Non
         raise InputValidationError(field, f"got {value!r}, expected one of {shown}")
 
 
-def _check_int(field: str, value: object, *, minimum: int) -> None:
+def check_int(field: str, value: object, *, minimum: int) -> None:
     # bool is an int subclass; `max_batch_size=True` is a mistake, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InputValidationError(field, f"got {value!r}, expected an integer >= {minimum}")

@@ -1,8 +1,9 @@
 """The ``<family>_session`` model's ``config.pbtxt``, rendered from the family spec, and its writer.
 
-The session model (``session_model.py``, deployed as ``1/model.py``) is a python-backend BLS
-model in BOTH targets: in the GPU container it calls the onnxruntime-backend encoder/decoder,
-in the embedded server the runner.py ones. Its tensors come from the spec:
+The session model (``serving/embedding_cache_model.py``, deployed as ``1/model.py``) is a
+python-backend BLS model in BOTH targets: in the GPU container it calls the
+onnxruntime-backend encoder/decoder, in the embedded server the runner_model.py ones. Its
+tensors come from the spec:
 
 - inputs: ``image_id`` (BYTES), then every encoder input, every decoder input that is not an
   encoder output (the prompts), and the control inputs ``logits_key``, ``previous_key``
@@ -10,8 +11,9 @@ in the embedded server the runner.py ones. Its tensors come from the spec:
   carries only the id and its prompt tensors (a few hundred bytes);
 - outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached).
 
-One instance, always (the cache lives in it; see session_model.py): ``KIND_GPU`` pinned to
-GPU 0 when the encoder runs on GPUs (features stay in device memory), else ``KIND_CPU``.
+One instance, always (the cache lives in it; see serving/embedding_cache_model.py):
+``KIND_GPU`` pinned to GPU 0 when the encoder runs on GPUs (features stay in device memory),
+else ``KIND_CPU``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -28,32 +29,30 @@ from triton_sam.models.spec import FamilySpec, TensorSpec
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    _check_int,
-    _tensor,
+    check_int,
     check_model_name,
     config_to_text,
     model_config_pb2,
+    tensor_message,
+)
+from triton_sam.repository.writer import (
+    SERVING_DIR,
+    ModelFiles,
+    shipped_modules,
+    write_models,
+)
+from triton_sam.serving.protocol import embedding_cache as protocol
+from triton_sam.serving.protocol.embedding_cache import (
+    ENCODED,
+    IMAGE_ID,
+    LOGITS_KEY,
+    PREVIOUS_KEY,
+    PREVIOUS_MASK_INDEX,
 )
 
-SESSION_SOURCE = Path(__file__).with_name("session_model.py")
-IMAGE_ID = "image_id"
-ENCODED = "encoded"
-LOGITS_KEY = "logits_key"
-PREVIOUS_KEY = "previous_key"
-PREVIOUS_MASK_INDEX = "previous_mask_index"
-# Config ``parameters`` read by session_model.py (it cannot import this module; a unit test
-# keeps both equal).
-PARAM_KEYS = (
-    "encoder_model",
-    "decoder_model",
-    "encoder_inputs",
-    "embedding_names",
-    "embedding_bytes",
-    "max_images",
-    "max_bytes",
-    "logits_per_image",
-    "low_res_logit_limit",
-)
+SESSION_SOURCE = SERVING_DIR / "embedding_cache_model.py"
+# What the session model imports beside its model.py (triton_sam_serving/...).
+SHIPPED_MODULES = ("__init__", "protocol/__init__", "protocol/embedding_cache")
 
 
 @dataclass(frozen=True)
@@ -68,14 +67,14 @@ class SessionOptions:
             them (the most recent predictions that asked to keep them).
     """
 
-    max_images: int = 16
-    max_bytes: int = 2 * 2**30
-    logits_per_image: int = 4
+    max_images: int = protocol.DEFAULT_MAX_IMAGES
+    max_bytes: int = protocol.DEFAULT_MAX_BYTES
+    logits_per_image: int = protocol.DEFAULT_LOGITS_PER_IMAGE
 
     def __post_init__(self) -> None:
-        _check_int("max_images", self.max_images, minimum=1)
-        _check_int("max_bytes", self.max_bytes, minimum=0)
-        _check_int("logits_per_image", self.logits_per_image, minimum=0)
+        check_int("max_images", self.max_images, minimum=1)
+        check_int("max_bytes", self.max_bytes, minimum=0)
+        check_int("logits_per_image", self.logits_per_image, minimum=0)
 
 
 def embedding_bytes(family: FamilySpec) -> int:
@@ -118,12 +117,14 @@ def build_session_config(
     config = ModelConfig(name=name, backend="python", max_batch_size=options.decoder_max_batch_size)
     config.input.append(_string_input(IMAGE_ID))
     for spec in (*family.encoder_inputs, *_prompt_inputs(family)):
-        config.input.append(_optional(_tensor(spec, model_config_pb2.ModelInput)))
+        config.input.append(_optional(tensor_message(spec, model_config_pb2.ModelInput)))
     config.input.extend(_optional(_string_input(n)) for n in (LOGITS_KEY, PREVIOUS_KEY))
-    index = _tensor(TensorSpec(PREVIOUS_MASK_INDEX, "int32", (1,)), model_config_pb2.ModelInput)
+    index = tensor_message(
+        TensorSpec(PREVIOUS_MASK_INDEX, "int32", (1,)), model_config_pb2.ModelInput
+    )
     config.input.append(_optional(index))
     outputs = (*family.decoder_outputs, TensorSpec(ENCODED, "int32", (1,)))
-    config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in outputs)
     group = config.instance_group.add(count=1)
     if options.kind == "gpu":
         group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
@@ -135,15 +136,16 @@ def build_session_config(
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     limit = family.preprocessing.low_res_logit_limit
     params = {
-        "encoder_model": encoder_model or family.encoder_model,
-        "decoder_model": decoder_model or family.decoder_model,
-        "encoder_inputs": ",".join(t.name for t in family.encoder_inputs),
-        "embedding_names": ",".join(family.embedding_names),
-        "embedding_bytes": str(embedding_bytes(family)),
-        "max_images": str(session.max_images),
-        "max_bytes": str(session.max_bytes),
-        "logits_per_image": str(session.logits_per_image),
-        "low_res_logit_limit": "" if limit is None else repr(float(limit)),
+        protocol.PARAM_KIND: protocol.KIND,
+        protocol.PARAM_ENCODER_MODEL: encoder_model or family.encoder_model,
+        protocol.PARAM_DECODER_MODEL: decoder_model or family.decoder_model,
+        protocol.PARAM_ENCODER_INPUTS: ",".join(t.name for t in family.encoder_inputs),
+        protocol.PARAM_EMBEDDING_NAMES: ",".join(family.embedding_names),
+        protocol.PARAM_EMBEDDING_BYTES: str(embedding_bytes(family)),
+        protocol.PARAM_MAX_IMAGES: str(session.max_images),
+        protocol.PARAM_MAX_BYTES: str(session.max_bytes),
+        protocol.PARAM_LOGITS_PER_IMAGE: str(session.logits_per_image),
+        protocol.PARAM_LOW_RES_LOGIT_LIMIT: "" if limit is None else repr(float(limit)),
     }
     for key, value in params.items():
         config.parameters[key].string_value = value
@@ -157,18 +159,16 @@ def render_session_config(
     return config_to_text(build_session_config(family, options, session))
 
 
-def is_session_config(config: ModelConfig) -> bool:
-    """True for a session model's config (python backend, BLS parameters, no ONNX file)."""
-    return config.backend == "python" and "embedding_names" in config.parameters
-
-
-def session_twin(config: ModelConfig) -> ModelConfig:
-    """The embedded (CPU) twin of a session config: same tensors and bounds, ``KIND_CPU``."""
-    twin = ModelConfig()
-    twin.CopyFrom(config)
-    del twin.instance_group[:]
-    twin.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
-    return twin
+def session_artifact(
+    family: FamilySpec,
+    options: RepositoryOptions,
+    session: SessionOptions | None = None,
+) -> ModelFiles:
+    """The session model as one artifact of a repository build: its config, ``model.py`` and
+    the protocol package it imports (write it with the pair, :func:`writer.write_models`)."""
+    config = build_session_config(family, options, session)
+    files = {"model.py": SESSION_SOURCE} | shipped_modules(SHIPPED_MODULES)
+    return ModelFiles(config.name, config_to_text(config), files)
 
 
 def write_session(
@@ -177,16 +177,14 @@ def write_session(
     options: RepositoryOptions,
     session: SessionOptions | None = None,
 ) -> str:
-    """Write ``<repo>/<family>_session/{config.pbtxt, 1/model.py}`` atomically; returns the name.
+    """Write ``<repo>/<family>_session/`` alone, atomically; returns the name.
 
     Raises:
-        RepositoryError / InputValidationError: as ``writer.write_model``.
+        RepositoryError / InputValidationError: as ``writer.write_models``.
     """
-    from triton_sam.repository.writer import write_python_model
-
-    config = build_session_config(family, options, session)
-    write_python_model(repo_dir, config.name, config_to_text(config), SESSION_SOURCE)
-    return config.name
+    artifact = session_artifact(family, options, session)
+    write_models(repo_dir, [artifact])
+    return artifact.name
 
 
 def _prompt_inputs(family: FamilySpec) -> tuple[TensorSpec, ...]:

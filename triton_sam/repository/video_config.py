@@ -2,9 +2,10 @@
 
 Graphs are configured like the image pair (:func:`config.build_graph_config`: target,
 dynamic batching, queue policy); the tracker is a python-backend BLS model whose directory
-holds ``model.py`` (``tracker_model.py``) and the dependency-free ``triton_sam/tracking``
-package as ``triton_sam_tracking/``. Everything is written as one set
-(:func:`writer.write_models`): the graphs and the tracker that calls them change together.
+holds ``model.py`` (``serving/tracker_model.py``) and the dependency-free
+``triton_sam/serving`` modules it needs (protocol, tracking) as ``triton_sam_serving/``.
+Everything is written as one set (:func:`writer.write_models`): the graphs and the tracker
+that calls them change together.
 """
 
 from __future__ import annotations
@@ -15,23 +16,32 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-import triton_sam.tracking as tracking_package
 from triton_sam.models.spec import TensorSpec
 from triton_sam.repository.config import (
     ONNX_FILENAME,
     ModelConfig,
     RepositoryOptions,
     build_graph_config,
+    check_int,
     check_model_name,
     config_to_text,
+    model_kind,
     triton_dtype,
 )
-from triton_sam.repository.writer import RUNNER_NAME, RUNNER_SOURCE, ModelFiles, write_models
-from triton_sam.tracking import protocol
-from triton_sam.tracking.config import TrackerConfig
+from triton_sam.repository.writer import (
+    RUNNER_NAME,
+    RUNNER_SOURCE,
+    SERVING_DIR,
+    SHIPPED_PACKAGE,
+    ModelFiles,
+    shipped_modules,
+    write_models,
+)
+from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.tracking.config import TrackerConfig
 
-TRACKER_SOURCE = Path(__file__).with_name("tracker_model.py")
-PACKAGE_DIR = "triton_sam_tracking"  # what tracker_model.py imports
+TRACKER_SOURCE = SERVING_DIR / "tracker_model.py"
+PACKAGE_DIR = SHIPPED_PACKAGE  # what tracker_model.py imports
 
 
 @dataclass(frozen=True)
@@ -59,13 +69,11 @@ class TrackerOptions:
     graph_max_queue_size: int = 64
 
     def __post_init__(self) -> None:
-        from triton_sam.repository.config import _check_int
-
         for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
-        _check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
-        _check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
+        check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
+        check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
 
 
 def graph_specs(key: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -100,13 +108,14 @@ def build_tracker_config(
     model.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     model.dynamic_batching.max_queue_delay_microseconds = 0
     params = {
-        "graph_models": _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
-        "model_config": config.to_json(),
-        "max_sessions": tracker.max_sessions,
-        "max_frames": tracker.max_frames,
-        "max_session_bytes": tracker.max_session_bytes,
-        "max_total_bytes": tracker.max_total_bytes,
-        "feature_cache_frames": tracker.feature_cache_frames,
+        protocol.PARAM_KIND: protocol.KIND,
+        protocol.PARAM_GRAPH_MODELS: _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
+        protocol.PARAM_MODEL_CONFIG: config.to_json(),
+        protocol.PARAM_MAX_SESSIONS: tracker.max_sessions,
+        protocol.PARAM_MAX_FRAMES: tracker.max_frames,
+        protocol.PARAM_MAX_SESSION_BYTES: tracker.max_session_bytes,
+        protocol.PARAM_MAX_TOTAL_BYTES: tracker.max_total_bytes,
+        protocol.PARAM_FEATURE_CACHE_FRAMES: tracker.feature_cache_frames,
     }
     for key, value in params.items():
         model.parameters[key].string_value = str(value)
@@ -143,11 +152,9 @@ def video_artifacts(
 
 def tracker_files() -> dict[str, Path]:
     """The tracker's version directory: model.py and the tracking package."""
-    package = Path(tracking_package.__file__).parent
-    files = {RUNNER_NAME: TRACKER_SOURCE}
-    for source in sorted(package.glob("*.py")):
-        files[f"{PACKAGE_DIR}/{source.name}"] = source
-    return files
+    tracking = sorted(f"tracking/{p.stem}" for p in (SERVING_DIR / "tracking").glob("*.py"))
+    modules = ["__init__", "resample", "protocol/__init__", "protocol/tracker", *tracking]
+    return {RUNNER_NAME: TRACKER_SOURCE} | shipped_modules(modules)
 
 
 def write_video_models(
@@ -164,8 +171,8 @@ def write_video_models(
 
 
 def is_tracker_config(config: ModelConfig) -> bool:
-    """True for a tracker model's config (python backend with the BLS graph map)."""
-    return config.backend == "python" and "graph_models" in config.parameters
+    """True for a tracker model's config (by the kind it declares)."""
+    return model_kind(config) == protocol.KIND
 
 
 def _dtype(dtype: str) -> int:

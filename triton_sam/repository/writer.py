@@ -4,7 +4,7 @@ Layout per model::
 
     <repo>/<name>/config.pbtxt
     <repo>/<name>/1/model.onnx       (+ external-data sidecars, under their own names)
-    <repo>/<name>/1/model.py         (python target only: a copy of runner.py)
+    <repo>/<name>/1/model.py         (python target only: a copy of runner_model.py)
 
 A model is built in a hidden staging directory beside the repository (in its parent, so the
 final rename stays on one filesystem) and swapped in with renames, so a crash leaves either the
@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec
@@ -35,20 +36,35 @@ from triton_sam.repository.config import (
     check_model_name,
     config_to_text,
     default_model_name,
+    model_config_pb2,
+    model_kind,
     parse_config,
     render_config,
     to_cpu_twin,
     to_python_target,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
-from triton_sam.repository.session_config import SESSION_SOURCE, is_session_config, session_twin
+from triton_sam.serving import protocol
 
 CONFIG_FILENAME = "config.pbtxt"
 VERSION = "1"
 RUNNER_NAME = "model.py"  # what the python backend loads
-RUNNER_SOURCE = Path(__file__).with_name("runner.py")
+SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
+RUNNER_SOURCE = SERVING_DIR / "runner_model.py"
+RUNNER_MODULES = ("__init__", "protocol/__init__", "protocol/runner")  # what it imports
+SHIPPED_PACKAGE = protocol.SHIPPED_PACKAGE  # what a python model imports beside its model.py
 _STAGING = ".{repo}.{name}.staging-"
 _RETIRED = ".{repo}.{name}.old-"
+
+
+def shipped_modules(modules: Sequence[str]) -> dict[str, Path]:
+    """Version-directory files that ship ``triton_sam.serving`` modules as ``SHIPPED_PACKAGE``.
+
+    Args:
+        modules: paths relative to ``triton_sam/serving`` without ``.py``
+            (``"protocol/tracker"``); every package ``__init__`` on the way must be listed.
+    """
+    return {f"{SHIPPED_PACKAGE}/{m}.py": SERVING_DIR / f"{m}.py" for m in modules}
 
 
 def write_model(
@@ -106,6 +122,7 @@ def _model_sources(
     sources = {ONNX_FILENAME: Path(onnx_path)} | sidecars
     if target == "python":
         sources[RUNNER_NAME] = RUNNER_SOURCE
+        sources |= shipped_modules(RUNNER_MODULES)
     _check_sources(sources)
     return sources
 
@@ -132,26 +149,6 @@ def _stage(
     return staging
 
 
-def write_python_model(
-    repo_dir: str | os.PathLike[str],
-    name: str,
-    config_text: str,
-    source: str | os.PathLike[str],
-) -> Path:
-    """Write a python-backend model with no ONNX file (``<name>/{config.pbtxt, 1/model.py}``),
-    atomically like :func:`write_model`; ``source`` is copied to ``1/model.py``.
-
-    Raises:
-        InputValidationError / RepositoryError: as :func:`write_model`.
-    """
-    repo_dir = Path(repo_dir)
-    check_model_name(name)
-    _check_target(name, config_text, "python")
-    sources = {RUNNER_NAME: Path(source)}
-    _check_sources(sources)
-    return _write_staged(repo_dir, name, config_text, sources, link=False)
-
-
 def _write_staged(
     repo_dir: Path, name: str, config_text: str, sources: dict[str, Path], *, link: bool
 ) -> Path:
@@ -165,52 +162,6 @@ def _write_staged(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return dest
-
-
-def write_pair(
-    repo_dir: str | os.PathLike[str],
-    family: FamilySpec,
-    *,
-    encoder_onnx: str | os.PathLike[str],
-    decoder_onnx: str | os.PathLike[str],
-    options: RepositoryOptions,
-    encoder_name: str | None = None,
-    decoder_name: str | None = None,
-) -> tuple[str, str]:
-    """Write a family's encoder and decoder models (configs rendered from ``options``).
-
-    External-data sidecars of each graph are found from the graph itself and copied along.
-
-    Returns:
-        The two model names, encoder first.
-
-    Raises:
-        RepositoryError / InputValidationError: as :func:`write_model`; for the
-            ``onnxruntime`` target also a config its graph contradicts in a way Triton's
-            onnxruntime backend refuses (see ``repository.onnx_check``), before anything
-            is written.
-    """
-    repo_dir = Path(repo_dir)
-    staged: list[tuple[Path, Path]] = []  # (staging, dest)
-    try:
-        for graph, onnx_path, name in (
-            ("encoder", Path(encoder_onnx), encoder_name),
-            ("decoder", Path(decoder_onnx), decoder_name),
-        ):
-            name = default_model_name(family, graph) if name is None else name
-            text = render_config(family, graph, options, name)
-            sources = _model_sources(name, onnx_path, text, options.target, _sidecars(onnx_path))
-            if options.target == "onnxruntime":  # what the GPU container would refuse
-                check_onnx_config(parse_config(text), onnx_path)
-            staged.append((_stage(repo_dir, name, text, sources, link=False), repo_dir / name))
-        # Both copies are complete before either model changes: the slow, failure-prone part
-        # is over, so a full disk or a bad file can never leave a new encoder beside an old
-        # decoder. What remains is four renames.
-        _swap_all(staged)
-    finally:
-        for staging, _ in staged:
-            shutil.rmtree(staging, ignore_errors=True)
-    return staged[0][1].name, staged[1][1].name
 
 
 @dataclass(frozen=True)
@@ -227,6 +178,61 @@ class ModelFiles:
     name: str
     config_text: str
     files: Mapping[str, Path]
+
+
+def write_pair(
+    repo_dir: str | os.PathLike[str], family: FamilySpec, **graphs: Any
+) -> tuple[str, str]:
+    """Write a family's encoder and decoder models as one atomic set.
+
+    Args:
+        repo_dir: the model repository.
+        family: the family spec.
+        graphs: :func:`pair_artifacts`' keyword arguments (``encoder_onnx``,
+            ``decoder_onnx``, ``options``, optional ``encoder_name`` / ``decoder_name``).
+
+    Returns:
+        The two model names, encoder first.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`pair_artifacts` and
+            :func:`write_models`.
+    """
+    encoder, decoder = pair_artifacts(family, **graphs)
+    write_models(repo_dir, [encoder, decoder])
+    return encoder.name, decoder.name
+
+
+def pair_artifacts(
+    family: FamilySpec,
+    *,
+    encoder_onnx: str | os.PathLike[str],
+    decoder_onnx: str | os.PathLike[str],
+    options: RepositoryOptions,
+    encoder_name: str | None = None,
+    decoder_name: str | None = None,
+) -> list[ModelFiles]:
+    """A family's encoder and decoder (configs rendered from ``options``), encoder first.
+
+    External-data sidecars of each graph are found from the graph itself and go along.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`write_model`; for the
+            ``onnxruntime`` target also a config its graph contradicts in a way Triton's
+            onnxruntime backend refuses (see ``repository.onnx_check``), before anything
+            is written.
+    """
+    artifacts = []
+    for graph, onnx_path, name in (
+        ("encoder", Path(encoder_onnx), encoder_name),
+        ("decoder", Path(decoder_onnx), decoder_name),
+    ):
+        name = default_model_name(family, graph) if name is None else name
+        text = render_config(family, graph, options, name)
+        if options.target == "onnxruntime":  # what the GPU container would refuse
+            check_onnx_config(parse_config(text), onnx_path)
+        artifacts.append(onnx_model_files(name, onnx_path, text, target=options.target))
+    return artifacts
 
 
 def onnx_model_files(
@@ -358,10 +364,7 @@ def embedded_repository(
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     for name, twin in twins.items():
         text = config_to_text(twin)
-        if is_session_config(twin):  # a BLS model, no ONNX: same model.py
-            write_python_model(twin_dir, name, text, SESSION_SOURCE)
-            continue
-        if _is_bls_model(twin):  # any other python model without ONNX: files as they are
+        if _is_bls_model(twin):  # a python model without ONNX: its files as they are
             write_models(
                 twin_dir, [ModelFiles(name, text, _version_files(repo_dir / name / VERSION))]
             )
@@ -378,8 +381,8 @@ def embedded_repository(
 
 def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:
     """The CPU host's config of one model (see :func:`embedded_repository`)."""
-    if is_session_config(config) or _is_bls_model(config):  # python BLS models: KIND_CPU
-        return session_twin(config)
+    if _is_bls_model(config):  # python BLS models: one KIND_CPU instance
+        return single_cpu_instance(config)
     if config.backend == "python":
         return config
     if not _is_onnxruntime(config):
@@ -412,8 +415,31 @@ def _model_files(repo_dir: Path, name: str, config: ModelConfig) -> list[Path]:
 
 
 def _is_bls_model(config: ModelConfig) -> bool:
-    """A python-backend model that runs no ONNX file itself (session, concept serving)."""
-    return config.backend == "python" and ONNX_FILE_PARAM not in config.parameters
+    """A triton_sam python model that calls others (session, concept, tracker), by the kind
+    its config declares.
+
+    Raises:
+        RepositoryError: a python model that declares no kind and runs no ONNX file (written
+            by a triton_sam from before model kinds): rebuild it.
+    """
+    kind = model_kind(config)
+    if kind is None and config.backend == "python" and ONNX_FILE_PARAM not in config.parameters:
+        raise RepositoryError(
+            f"model {config.name!r}: a python model without the {protocol.KIND_PARAM!r} "
+            "parameter (written by an older triton-sam); rebuild the repository with "
+            "`triton-sam setup`"
+        )
+    return kind in protocol.KINDS
+
+
+def single_cpu_instance(config: ModelConfig) -> ModelConfig:
+    """``config`` with one ``KIND_CPU`` instance (a BLS model's twin on a CPU host: its state
+    lives in its one instance)."""
+    twin = ModelConfig()
+    twin.CopyFrom(config)
+    del twin.instance_group[:]
+    twin.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
+    return twin
 
 
 def _version_files(version_dir: Path) -> dict[str, Path]:

@@ -4,7 +4,7 @@ The repository writer copies this file to ``sam3_concept/1/model.py`` and ships 
 ``triton_sam_serving/`` (the dependency-free modules of :mod:`triton_sam.serving`) and the
 checkpoint's ``tokenizer.json``. It runs inside Triton's stub: numpy, ``tokenizers`` and
 ``triton_python_backend_utils``, nothing of triton_sam. The tensor contract, limits and error
-codes are those of ``concept_protocol.py``.
+codes are those of ``protocol/concept.py`` and the envelope of ``protocol/__init__.py``.
 
 One request (one image, N phrases):
 
@@ -37,10 +37,12 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     from triton_sam_serving import cache, images, masks
-    from triton_sam_serving import concept_protocol as protocol
+    from triton_sam_serving import protocol as envelope
+    from triton_sam_serving.protocol import concept as protocol
 except ImportError:  # imported from the triton_sam source tree (unit tests)
     from triton_sam.serving import cache, images, masks
-    from triton_sam.serving import concept_protocol as protocol
+    from triton_sam.serving import protocol as envelope
+    from triton_sam.serving.protocol import concept as protocol
 
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"
@@ -130,7 +132,9 @@ class TritonPythonModel:
     async def _answer(self, request, runs):
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
-                return _error("request cancelled before execution", "CANCELLED")
+                return envelope.error_response(
+                    pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
+                )
             wanted = set(_requested(request)) or set(protocol.OUTPUTS) - {
                 protocol.MASKS_PNG,
                 protocol.MASKS_LOGITS,
@@ -156,11 +160,13 @@ class TritonPythonModel:
             tensors = [pb_utils.Tensor(n, v) for n, v in outputs.items() if n in wanted]
             return pb_utils.InferenceResponse(output_tensors=tensors)
         except RequestError as e:
-            return _error(str(e), protocol.INVALID_ARG)
+            return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
         except ImageMiss as e:
-            return _error(f"{protocol.MISS_MARKER}: {e}", protocol.NOT_FOUND)
+            return envelope.error_response(pb_utils, envelope.ERR_EMBEDDING_NOT_FOUND, str(e))
         except Exception as e:  # never let one request take the stub (and its caches) down
-            return _error(f"{type(e).__name__}: {e}", protocol.INTERNAL)
+            return envelope.error_response(
+                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
+            )
 
     async def _image(self, request, runs):
         """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))).
@@ -383,10 +389,3 @@ def _requested(request):
     if hasattr(request, "requested_output_names"):
         return list(request.requested_output_names())
     return []
-
-
-def _error(message, code):
-    # TritonError codes arrived in Triton 23.10; older stubs only take the message.
-    code = getattr(pb_utils.TritonError, code, None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)

@@ -1,11 +1,13 @@
 """Resampling that reproduces torch's CPU kernels in numpy (no torch, no PIL, no triton_sam).
 
-Dependency-free on purpose: the clients use it (``triton_sam.transforms``) and so do the
-models that run inside Triton's python stub, where the repository writer ships this package
+The project's one resampling module, dependency-free on purpose: the clients use it
+(``triton_sam.transforms``, the video client) and so do the models that run inside Triton's
+python stub (the tracker's mask prompts and outputs), where the repository writer ships this package
 next to their ``model.py`` (see :mod:`triton_sam.serving`).
 
 - :func:`bilinear`: ``F.interpolate(x, size, mode="bilinear", align_corners=False)``.
-- :func:`resize_antialias`: torchvision ``Resize`` (bilinear, antialias) on a float tensor.
+- :func:`antialias_resize`: the same with ``antialias=True`` (float32, any output size);
+  :func:`resize_antialias` is torchvision ``Resize((S, S))`` on a float tensor.
 - :func:`resize_antialias_uint8`: the same on a uint8 tensor (transformers' image processors).
 
 Arrays are channels-first (``[..., H, W]``); sizes are (H, W).
@@ -23,9 +25,14 @@ def resize_antialias(chw: np.ndarray, size: int) -> np.ndarray:
     torch computes them in float32, which for sizes like 1008 (SAM3) moves the resized
     pixels by up to ~1e-4. Hence torch's weights, applied W first then H as torch does.
     """
-    _, h, w = chw.shape
-    along_w = _resample(chw, _antialias_taps(w, size), axis=-1)
-    return _resample(along_w, _antialias_taps(h, size), axis=-2)
+    return antialias_resize(chw, (size, size))
+
+
+def antialias_resize(x: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """``F.interpolate(x, out_hw, mode="bilinear", align_corners=False, antialias=True)`` for
+    float32 [..., h, w] (W first, then H, as torch's CPU kernel)."""
+    along_w = _resample(x, _antialias_taps(x.shape[-1], out_hw[1]), axis=-1)
+    return _resample(along_w, _antialias_taps(x.shape[-2], out_hw[0]), axis=-2)
 
 
 def resize_antialias_uint8(chw: np.ndarray, size: int) -> np.ndarray:

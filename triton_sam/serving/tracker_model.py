@@ -1,15 +1,15 @@
 """Triton python-backend model that tracks objects through videos: ``sam2_tracker``.
 
 The repository writer copies this file to ``sam2_tracker/1/model.py`` and the dependency-free
-``triton_sam/tracking`` package beside it as ``triton_sam_tracking/`` (the same code the
+``triton_sam/serving`` modules it needs beside it as ``triton_sam_serving/`` (the same code the
 clients' in-process predictor runs). It imports only numpy, json, os, sys and
 ``triton_python_backend_utils`` itself; the package adds Pillow to decode and resize frames.
 
-Every request is one command of ``triton_sam_tracking.protocol`` (init, add_frame, add_points,
-add_mask, preflight, track, get, ...) on one session; the answer carries one frame's low-res
-masks at most, so the memory bank never crosses the wire. The five graphs run as their own
-Triton models (onnxruntime backend in the GPU container, runner.py in the embedded server),
-called through BLS.
+Every request is one command of ``triton_sam_serving.protocol.tracker`` (init, add_frame,
+add_points, add_mask, preflight, track, get, ...) on one session; the answer carries one
+frame's low-res masks at most, so the memory bank never crosses the wire. The five graphs run
+as their own Triton models (onnxruntime backend in the GPU container, runner_model.py in the
+embedded server), called through BLS.
 
 State placement: sessions live in this model's one instance (its stub process), bounded in
 sessions, frames and bytes with LRU eviction (``SessionStore``). Triton's sequence batcher with
@@ -35,7 +35,7 @@ import sys
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-PACKAGE = "triton_sam_tracking"
+PACKAGE = "triton_sam_serving"
 METRIC_PREFIX = "triton_sam_tracker_"
 
 
@@ -76,28 +76,31 @@ class TritonPythonModel:
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         if version_dir not in sys.path:
             sys.path.insert(0, version_dir)  # the shipped package wins over any installed one
-        from triton_sam_tracking import protocol
-        from triton_sam_tracking.config import TrackerConfig
-        from triton_sam_tracking.service import TrackingService
-        from triton_sam_tracking.sessions import SessionStore
+        from triton_sam_serving.protocol import tracker as protocol
+        from triton_sam_serving.tracking.config import TrackerConfig
+        from triton_sam_serving.tracking.service import TrackingService
+        from triton_sam_serving.tracking.sessions import SessionStore
 
         self.protocol = protocol
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        p = protocol
+
+        def bound(key, default):
+            return int(params.get(key) or default)
+
         store = SessionStore(
-            max_sessions=int(params.get("max_sessions") or protocol.DEFAULT_MAX_SESSIONS),
-            max_frames=int(params.get("max_frames") or protocol.DEFAULT_MAX_FRAMES),
-            max_session_bytes=int(
-                params.get("max_session_bytes") or protocol.DEFAULT_MAX_SESSION_BYTES
-            ),
-            max_total_bytes=int(params.get("max_total_bytes") or protocol.DEFAULT_MAX_TOTAL_BYTES),
-            feature_cache_frames=int(
-                params.get("feature_cache_frames") or protocol.DEFAULT_FEATURE_CACHE_FRAMES
+            max_sessions=bound(p.PARAM_MAX_SESSIONS, p.DEFAULT_MAX_SESSIONS),
+            max_frames=bound(p.PARAM_MAX_FRAMES, p.DEFAULT_MAX_FRAMES),
+            max_session_bytes=bound(p.PARAM_MAX_SESSION_BYTES, p.DEFAULT_MAX_SESSION_BYTES),
+            max_total_bytes=bound(p.PARAM_MAX_TOTAL_BYTES, p.DEFAULT_MAX_TOTAL_BYTES),
+            feature_cache_frames=bound(
+                p.PARAM_FEATURE_CACHE_FRAMES, p.DEFAULT_FEATURE_CACHE_FRAMES
             ),
         )
-        runner = BlsRunner(json.loads(params["graph_models"]))
+        runner = BlsRunner(json.loads(params[protocol.PARAM_GRAPH_MODELS]))
         self.service = TrackingService(
-            runner, TrackerConfig.from_json(params["model_config"]), store
+            runner, TrackerConfig.from_json(params[protocol.PARAM_MODEL_CONFIG]), store
         )
         self.input_names = [t["name"] for t in config["input"]]
         self.metrics = _Metrics(args)
@@ -117,7 +120,9 @@ class TritonPythonModel:
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
                 self.metrics.count("cancelled_skipped")
-                return _error("request cancelled before execution", "CANCELLED")
+                return p.error_response(
+                    pb_utils, p.ERR_CANCELLED, "request cancelled before execution"
+                )
             inputs = {}
             for name in self.input_names:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -132,11 +137,9 @@ class TritonPythonModel:
             outputs = self.service.handle(inputs)
             return pb_utils.InferenceResponse(output_tensors=_tensors(request, outputs, p))
         except Exception as e:  # never let one request take the sessions down
-            code = getattr(e, "code", None) or p.ERR_INTERNAL
-            message = e.wire_message() if hasattr(e, "wire_message") else f"{type(e).__name__}: {e}"
-            if code == p.ERR_INTERNAL and not message.startswith(p.ERROR_PREFIX):
-                message = p.error_message(code, message)
-            return _error(message, p.ERROR_STATUS.get(code, "INTERNAL"))
+            if isinstance(e, p.ProtocolError):
+                return p.error_response(pb_utils, e.code, str(e))
+            return p.error_response(pb_utils, p.ERR_INTERNAL, f"{type(e).__name__}: {e}")
 
 
 def _tensors(request, outputs, p):
@@ -205,9 +208,3 @@ class _Metrics:
     def close(self):
         self._metrics.clear()
         self._families.clear()
-
-
-def _error(message, code):
-    code = getattr(pb_utils.TritonError, code, None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)

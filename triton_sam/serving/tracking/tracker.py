@@ -19,12 +19,13 @@ from typing import Protocol
 
 import numpy as np
 
-from . import protocol
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
+from ..resample import antialias_resize
 from .config import TrackerConfig
+from .frames import decode_frame, preprocess_frame
 from .memory import select_memories
 from .prompts import point_inputs
-from .protocol import TrackingError
-from .resample import antialias_resize, decode_frame, preprocess_frame
 from .state import (
     Features,
     FrameOutput,

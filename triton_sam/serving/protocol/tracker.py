@@ -1,8 +1,8 @@
-"""The video/volume tracking protocol: graph contracts, tracker tensors, limits, status codes.
+"""The ``sam2_tracker`` model and the five video graphs it calls: contracts, commands, limits.
 
-Dependency-free (standard library only): the repository writer ships this package next to the
-tracker model's ``model.py``, where ``triton_sam`` is not installed, and the exporter, the
-config writer and the clients read the same definitions in-process. One definition per fact.
+The exporter, the config renderer, the tracking orchestration (in Triton and in-process) and
+the video client read the same definitions. Errors use the common envelope and codes of
+:mod:`triton_sam.serving.protocol` (re-exported here for the orchestration).
 
 Graph contracts are ``(name, dtype, shape)`` per tensor; ``shape`` is per request item,
 without Triton's batch dimension (dim 0 of every graph tensor is the batch: the objects of one
@@ -13,6 +13,27 @@ coordinates are (X, Y) in the input frame.
 
 from __future__ import annotations
 
+from . import (  # noqa: F401 - the codes the orchestration raises, re-exported for it
+    ERR_CANCELLED,
+    ERR_FRAME_MISSING,
+    ERR_FRAME_OUT_OF_RANGE,
+    ERR_INTERNAL,
+    ERR_INVALID_INPUT,
+    ERR_LIMIT,
+    ERR_NO_PROMPTS,
+    ERR_OBJECT_NOT_FOUND,
+    ERR_SESSION_NOT_FOUND,
+    ERROR_PREFIX,
+    ERROR_STATUS,
+    KIND_PARAM,
+    KIND_TRACKER,
+    ProtocolError,
+    error_code,
+    error_message,
+    error_response,
+)
+
+KIND = KIND_TRACKER
 IMAGE_SIZE = 1024  # square model input (SAM2Base.image_size for every SAM2.1 variant)
 MASK_SIZE = IMAGE_SIZE // 4  # low-resolution mask logits (stride 4)
 FEAT_SIZE = IMAGE_SIZE // 16  # lowest-resolution feature map (stride 16)
@@ -222,30 +243,6 @@ COMMANDS = (
     CMD_INFO,
 )
 
-# -- errors --------------------------------------------------------------------------------
-# Every error message starts with "triton_sam.<code>:" so clients map it to a typed error
-# structurally (the code), not by parsing prose. The Triton status (second item) is what the
-# python backend answers.
-ERR_SESSION_NOT_FOUND = "SessionNotFound"  # unknown or evicted session
-ERR_FRAME_OUT_OF_RANGE = "FrameOutOfRange"
-ERR_FRAME_MISSING = "FrameNotUploaded"
-ERR_OBJECT_NOT_FOUND = "ObjectNotFound"
-ERR_INVALID_INPUT = "InvalidInput"
-ERR_LIMIT = "LimitExceeded"  # a session larger than the server's bounds
-ERR_NO_PROMPTS = "NoPrompts"  # propagation before any prompt
-ERR_INTERNAL = "Internal"
-ERROR_STATUS = {
-    ERR_SESSION_NOT_FOUND: "NOT_FOUND",
-    ERR_FRAME_OUT_OF_RANGE: "INVALID_ARG",
-    ERR_FRAME_MISSING: "INVALID_ARG",
-    ERR_OBJECT_NOT_FOUND: "NOT_FOUND",
-    ERR_INVALID_INPUT: "INVALID_ARG",
-    ERR_LIMIT: "INVALID_ARG",  # not retried: the same request would fail again
-    ERR_NO_PROMPTS: "INVALID_ARG",
-    ERR_INTERNAL: "INTERNAL",
-}
-ERROR_PREFIX = "triton_sam."
-
 # -- bounds (defaults; the tracker model's config parameters override them) --------------
 DEFAULT_MAX_SESSIONS = 4
 DEFAULT_MAX_FRAMES = 2000  # frames per session
@@ -258,45 +255,25 @@ MAX_FRAME_SIDE = 8192  # pixels per side of an uploaded frame
 MAX_FRAME_BYTES = 64 * 2**20  # an encoded frame
 
 # Config ``parameters`` of the tracker model (written by the repository, read by model.py).
+PARAM_KIND = KIND_PARAM
+PARAM_GRAPH_MODELS = "graph_models"  # JSON: graph key -> Triton model name
+PARAM_MODEL_CONFIG = "model_config"  # JSON: the SAM2 hyperparameters (TrackerConfig)
+PARAM_MAX_SESSIONS = "max_sessions"
+PARAM_MAX_FRAMES = "max_frames"
+PARAM_MAX_SESSION_BYTES = "max_session_bytes"
+PARAM_MAX_TOTAL_BYTES = "max_total_bytes"
+PARAM_FEATURE_CACHE_FRAMES = "feature_cache_frames"
 PARAM_KEYS = (
-    "graph_models",  # JSON: graph key -> Triton model name
-    "model_config",  # JSON: the SAM2 hyperparameters the orchestration needs (TrackerConfig)
-    "max_sessions",
-    "max_frames",
-    "max_session_bytes",
-    "max_total_bytes",
-    "feature_cache_frames",
+    PARAM_KIND,
+    PARAM_GRAPH_MODELS,
+    PARAM_MODEL_CONFIG,
+    PARAM_MAX_SESSIONS,
+    PARAM_MAX_FRAMES,
+    PARAM_MAX_SESSION_BYTES,
+    PARAM_MAX_TOTAL_BYTES,
+    PARAM_FEATURE_CACHE_FRAMES,
 )
 
 
-def error_message(code: str, message: str) -> str:
-    """The text of a tracker error: ``triton_sam.<code>: <message>``."""
-    return f"{ERROR_PREFIX}{code}: {message}"
-
-
-def error_code(message: str) -> str | None:
-    """The code of a tracker error message (None when it is not one)."""
-    start = message.find(ERROR_PREFIX)
-    if start < 0:
-        return None
-    rest = message[start + len(ERROR_PREFIX) :]
-    code = rest.split(":", 1)[0]
-    return code if code in ERROR_STATUS else None
-
-
-class TrackingError(Exception):
-    """An error of the tracking orchestration, carrying its protocol code.
-
-    Attributes:
-        code: one of the ``ERR_*`` codes (the key of ``ERROR_STATUS``).
-        field: the input it concerns, when there is one.
-    """
-
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
-        self.code = code
-        self.field = field
-        super().__init__(message)
-
-    def wire_message(self) -> str:
-        """The message as the tracker model answers it (``triton_sam.<code>: ...``)."""
-        return error_message(self.code, str(self))
+class TrackingError(ProtocolError):
+    """An error of the tracking orchestration, carrying its protocol code."""

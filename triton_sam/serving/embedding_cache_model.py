@@ -1,10 +1,13 @@
 """Triton python-backend (BLS) model that keeps image features on the server: ``<family>_session``.
 
 The repository writer copies this file verbatim to ``<family>_session/1/model.py`` for both
-targets. It runs inside Triton's stub, so it imports only asyncio, json, collections, numpy
-and ``triton_python_backend_utils``; the encoder and decoder it calls through BLS are the
-family's ``<family>_encoder`` / ``<family>_decoder`` models of the same repository (onnxruntime
-backend in the GPU container, runner.py in the embedded server).
+targets, with the protocol package beside it (``triton_sam_serving/protocol``: tensor names,
+parameter keys, error codes; see :mod:`triton_sam.serving.protocol.embedding_cache`). It runs
+inside Triton's stub, so it imports only asyncio, json, collections, numpy,
+``triton_python_backend_utils`` and that package; the encoder and decoder it calls through
+BLS are the family's ``<family>_encoder`` / ``<family>_decoder`` models of the same
+repository (onnxruntime backend in the GPU container, runner_model.py in the embedded
+server).
 
 One request, three uses (every input but ``image_id`` is ``optional``):
 
@@ -12,17 +15,19 @@ One request, three uses (every input but ``image_id`` is ``optional``):
   already cached (idempotent), keeps its outputs under the id, answers ``encoded`` = 1 (ran)
   or 0 (was cached).
 - **probe**: ``image_id`` alone. ``encoded`` = 0 when cached, else the miss error below.
-- **predict**: ``image_id`` + prompt tensors (``point_coords``, ``point_labels``; optionally
-  ``mask_input``/``has_mask_input``, or ``previous_key`` + ``previous_mask_index`` naming
-  low-res logits this server kept from an earlier prediction). Calls the decoder with the
+- **predict**: ``image_id`` + the decoder's prompt tensors (``point_coords``,
+  ``point_labels`` or the layout's others; optionally ``mask_input``/``has_mask_input``, or
+  ``previous_key`` + ``previous_mask_index`` naming low-res logits this server kept from an
+  earlier prediction). Calls the decoder with the
   cached features and returns the decoder outputs the request asked for. With
   ``logits_key``, the returned low-res logits (clipped like the official predictor's) are
   kept under that key for a later refinement, so a refinement click sends 8 bytes, not the
   256 KiB mask.
 
 A miss (unknown image id or logits key: never embedded, evicted, or the server restarted)
-answers an error whose message starts with ``triton_sam.EmbeddingNotFound`` (status
-NOT_FOUND); clients raise ``EmbeddingNotFoundError``, re-embed and retry once.
+answers NOT_FOUND with the protocol code ``EmbeddingNotFound`` (the envelope of
+:mod:`triton_sam.serving.protocol`); clients raise ``EmbeddingNotFoundError``, re-embed and
+retry once.
 
 Concurrency and instances: the model has ONE instance (the renderer forces it), because the
 cache lives in that instance's stub process; a second instance would hold a second cache and
@@ -41,30 +46,34 @@ CPU instance they are copied out of the stub's shared-memory pool into process m
 pool stays small. Gauges ``triton_sam_session_cached_images`` / ``_cached_bytes`` and the
 counters ``triton_sam_session_{hits,misses,evictions}`` are on Triton's metrics endpoint.
 
-Config ``parameters`` read here (keys repeated in session_config.py; a unit test keeps both
-equal): encoder_model, decoder_model, embedding_names, max_images, max_bytes, embedding_bytes,
-logits_per_image, low_res_logit_limit.
+Config ``parameters`` read here: ``protocol.embedding_cache.PARAM_KEYS`` (the renderer writes
+the same keys from the same module).
 """
 
 import asyncio
 import json
+import os
+import sys
 from collections import OrderedDict
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-MISS_MARKER = "triton_sam.EmbeddingNotFound"
-IMAGE_ID = "image_id"
-ENCODED = "encoded"
-LOGITS_KEY = "logits_key"
-PREVIOUS_KEY = "previous_key"
-PREVIOUS_MASK_INDEX = "previous_mask_index"
-MASK_INPUT = "mask_input"
-HAS_MASK_INPUT = "has_mask_input"
-# Decoder outputs that are low-res logits (what a client passes back as mask_input).
-MASK_OUTPUTS = ("masks", "multimask_masks")
-CONTROL_INPUTS = (IMAGE_ID, LOGITS_KEY, PREVIOUS_KEY, PREVIOUS_MASK_INDEX)
-METRIC_PREFIX = "triton_sam_session_"
+# The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    from triton_sam_serving import protocol as envelope
+    from triton_sam_serving.protocol import embedding_cache as protocol
+except ImportError:  # imported from the triton_sam source tree (unit tests)
+    from triton_sam.serving import protocol as envelope
+    from triton_sam.serving.protocol import embedding_cache as protocol
+
+IMAGE_ID = protocol.IMAGE_ID
+ENCODED = protocol.ENCODED
+PREVIOUS_KEY = protocol.PREVIOUS_KEY
+PREVIOUS_MASK_INDEX = protocol.PREVIOUS_MASK_INDEX
+MASK_INPUT = protocol.MASK_INPUT
+HAS_MASK_INPUT = protocol.HAS_MASK_INPUT
 
 
 class EmbeddingMiss(Exception):
@@ -172,21 +181,21 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.encoder_model = params["encoder_model"]
-        self.decoder_model = params["decoder_model"]
-        self.embedding_names = [n for n in params["embedding_names"].split(",") if n]
-        self.embedding_bytes = int(params.get("embedding_bytes") or 0)
-        limit = params.get("low_res_logit_limit") or ""
+        self.encoder_model = params[protocol.PARAM_ENCODER_MODEL]
+        self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
+        self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
+        self.embedding_bytes = int(params.get(protocol.PARAM_EMBEDDING_BYTES) or 0)
+        limit = params.get(protocol.PARAM_LOW_RES_LOGIT_LIMIT) or ""
         self.logit_limit = float(limit) if limit else None
         self.cache = EmbeddingCache(
-            int(params.get("max_images") or 16),
-            int(params.get("max_bytes") or 0),
-            int(params.get("logits_per_image") or 4),
+            int(params.get(protocol.PARAM_MAX_IMAGES) or protocol.DEFAULT_MAX_IMAGES),
+            int(params.get(protocol.PARAM_MAX_BYTES) or 0),
+            int(params.get(protocol.PARAM_LOGITS_PER_IMAGE) or protocol.DEFAULT_LOGITS_PER_IMAGE),
         )
         inputs = {t["name"]: t for t in config["input"]}
-        self.encoder_inputs = [n for n in params["encoder_inputs"].split(",") if n]
+        self.encoder_inputs = [n for n in params[protocol.PARAM_ENCODER_INPUTS].split(",") if n]
         self.prompt_inputs = [
-            n for n in inputs if n not in CONTROL_INPUTS and n not in self.encoder_inputs
+            n for n in inputs if n not in protocol.CONTROL_INPUTS and n not in self.encoder_inputs
         ]
         mask = inputs.get(MASK_INPUT)
         self.mask_dims = [1] + [int(d) for d in mask["dims"]] if mask else None
@@ -210,10 +219,14 @@ class TritonPythonModel:
     async def _answer(self, request, embeds):
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
-                return _error("request cancelled before execution", "CANCELLED")
+                return envelope.error_response(
+                    pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
+                )
             image_id = _string(request, IMAGE_ID)
             if image_id is None:
-                return _error(f"input {IMAGE_ID!r} is required", "INVALID_ARG")
+                return envelope.error_response(
+                    pb_utils, envelope.ERR_INVALID_INPUT, f"{IMAGE_ID}: required"
+                )
             wanted = _requested(request)
             encoder_feeds = [_input(request, n) for n in self.encoder_inputs]
             outputs = []
@@ -229,7 +242,7 @@ class TritonPythonModel:
                 encoded = 0
             else:
                 encoded = None
-            if _input(request, "point_coords") is not None:
+            if any(_input(request, name) is not None for name in self.prompt_inputs):
                 outputs = await self._predict(request, image_id, wanted)
             elif encoded is None:  # probe
                 self._features(image_id)
@@ -240,13 +253,16 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(output_tensors=outputs)
         except EmbeddingMiss as e:
             self.metrics.count("misses")
-            return _error(
-                f"{MISS_MARKER}: {e} on this server (never embedded, evicted, or the server "
-                "restarted); embed it again (send image_id with the image)",
-                "NOT_FOUND",
+            return envelope.error_response(
+                pb_utils,
+                envelope.ERR_EMBEDDING_NOT_FOUND,
+                f"{e} on this server (never embedded, evicted, or the server restarted); "
+                "embed it again (send image_id with the image)",
             )
         except Exception as e:  # never let one request take the stub (and its cache) down
-            return _error(f"{type(e).__name__}: {e}", "INTERNAL")
+            return envelope.error_response(
+                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
+            )
 
     async def _embed(self, image_id, feeds):
         if image_id in self.cache:
@@ -297,7 +313,7 @@ class TritonPythonModel:
             feeds += self._mask_feeds(request, image_id)
         elif MASK_INPUT in names_given and HAS_MASK_INPUT not in names_given:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
-        names = [n for n in wanted if n != ENCODED] or ["masks", "iou_predictions"]
+        names = [n for n in wanted if n != ENCODED] or list(protocol.DEFAULT_OUTPUTS)
         bls = pb_utils.InferenceRequest(
             model_name=self.decoder_model,
             inputs=feeds,
@@ -308,10 +324,14 @@ class TritonPythonModel:
         if response.has_error():
             raise RuntimeError(f"{self.decoder_model}: {response.error().message()}")
         outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in names]
-        key = _string(request, LOGITS_KEY)
+        key = _string(request, protocol.LOGITS_KEY)
         if key:
             for tensor in outputs:
-                if tensor is not None and tensor.name() in MASK_OUTPUTS and tensor.is_cpu():
+                if (
+                    tensor is not None
+                    and tensor.name() in protocol.MASK_OUTPUTS
+                    and tensor.is_cpu()
+                ):
                     logits = np.array(tensor.as_numpy(), dtype=np.float32)
                     if self.logit_limit is not None:
                         np.clip(logits, -self.logit_limit, self.logit_limit, out=logits)
@@ -369,7 +389,7 @@ class _Metrics:
         try:
             for name, kind, description in specs:
                 family = pb_utils.MetricFamily(
-                    name=METRIC_PREFIX + name,
+                    name=protocol.METRIC_PREFIX + name,
                     description=description,
                     kind=getattr(pb_utils.MetricFamily, kind),
                 )
@@ -413,10 +433,3 @@ def _requested(request):
     if hasattr(request, "requested_output_names"):
         return list(request.requested_output_names())
     return []
-
-
-def _error(message, code):
-    # TritonError codes arrived in Triton 23.10; older stubs only take the message.
-    code = getattr(pb_utils.TritonError, code, None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)

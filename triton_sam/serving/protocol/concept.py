@@ -1,7 +1,6 @@
-"""The ``sam3_concept`` serving model's protocol: tensor names, limits and error codes.
+"""The ``sam3_concept`` model: an image and text phrases in, instances out.
 
-The single definition shared by the serving model (which the writer ships with this file)
-and the clients; standard library only. One request = one image and N phrases; every input is
+One request = one image and N phrases; every input is
 optional. Without ``text`` a request only embeds the image (or, with ``image_id`` alone, asks
 whether the server holds it), so a client can send an image once and its phrases later.
 Tensors carry Triton's batch dim first (size 1 per request).
@@ -32,12 +31,15 @@ Outputs (ask only for what you need; masks are encoded only when asked for):
     decodes with ``pycocotools.mask.decode``), ``masks_png`` BYTES [K] (1-bit PNG at the
     original size) or ``masks_logits`` FP32 [K, 288, 288] (low-resolution logits).
 
-Errors: a request the server refuses answers Triton's INVALID_ARG (HTTP 400) with a message
-``<field>: <what was given>, expected <what>``; an ``image_id`` the server does not hold answers
-NOT_FOUND with a message starting with :data:`MISS_MARKER` (send the image again). The
-server stays ready after either.
+Errors (the envelope of :mod:`triton_sam.serving.protocol`): a request the server refuses
+answers INVALID_ARG (HTTP 400) with code ``InvalidInput`` and a message naming the field; an
+``image_id`` the server does not hold answers NOT_FOUND with code ``EmbeddingNotFound`` (send
+the image again). The server stays ready after either.
 """
 
+from . import KIND_CONCEPT, KIND_PARAM
+
+KIND = KIND_CONCEPT
 MODEL = "sam3_concept"
 
 # inputs
@@ -99,6 +101,7 @@ def image_namespace(model: str) -> str:
 
 
 # Config parameters of the serving model (renderer and model.py read the same keys).
+PARAM_KIND = KIND_PARAM
 PARAM_VISION_MODEL = "vision_model"
 PARAM_TEXT_MODEL = "text_model"
 PARAM_DECODER_MODEL = "decoder_model"
@@ -113,6 +116,7 @@ PARAM_MAX_PHRASES = "max_phrases"
 PARAM_PHRASES_PER_DECODE = "phrases_per_decode"
 PARAM_MAX_IMAGE_PIXELS = "max_image_pixels"
 PARAM_KEYS = (
+    PARAM_KIND,
     PARAM_VISION_MODEL,
     PARAM_TEXT_MODEL,
     PARAM_DECODER_MODEL,
@@ -128,9 +132,3 @@ PARAM_KEYS = (
     PARAM_MAX_IMAGE_PIXELS,
 )
 TOKENIZER_FILE = "tokenizer.json"  # beside model.py
-
-# Error codes (Triton's TritonError codes) and the miss marker the clients recognise.
-INVALID_ARG = "INVALID_ARG"
-NOT_FOUND = "NOT_FOUND"
-INTERNAL = "INTERNAL"
-MISS_MARKER = "triton_sam.EmbeddingNotFound"

@@ -3,27 +3,28 @@
 The repository writer copies this file verbatim to ``<model>/1/model.py`` for the ``python``
 target: the fallback for an embedded tritonserver without Triton's onnxruntime backend (the
 nvidia-pytriton wheel ships none; ``triton-sam serve`` uses that backend when it can be found,
-and this runner only with ``--target python``). It runs in
-Triton's stub process, not in triton_sam, so it imports only numpy, onnxruntime, json, os and
-``triton_python_backend_utils``.
-
-Config ``parameters`` read here: ``onnx_file`` (file in the version directory, default
-``model.onnx``) and ``intra_op_threads`` (onnxruntime intra-op threads, 0 = ORT default).
+and this runner only with ``--target python``). It runs in Triton's stub process, not in
+triton_sam, so it imports only numpy, onnxruntime, json, os, sys,
+``triton_python_backend_utils`` and the protocol shipped beside it
+(``triton_sam_serving/protocol/runner.py``: its config ``parameters`` and metric name).
 """
 
 import json
 import os
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-# Must equal the keys in triton_sam/repository/config.py (a unit test checks it).
-ONNX_FILE_PARAM = "onnx_file"
-INTRA_OP_THREADS_PARAM = "intra_op_threads"
-# Custom counter on Triton's metrics endpoint (triton_sam.bench.counters reads it). Triton
-# counts a request answered unrun as a successful inference; this says how many were.
-SKIPPED_METRIC = "triton_sam_cancelled_requests_skipped"
+# The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    from triton_sam_serving.protocol import runner as protocol
+except ImportError:  # imported from the triton_sam source tree (unit tests)
+    from triton_sam.serving.protocol import runner as protocol
+
+SKIPPED_METRIC = protocol.SKIPPED_METRIC
 
 
 class TritonPythonModel:
@@ -33,10 +34,10 @@ class TritonPythonModel:
         """Load ``<model dir>/<version>/<onnx_file>`` and read tensor names from the config."""
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        onnx_file = params.get(ONNX_FILE_PARAM) or "model.onnx"
+        onnx_file = params.get(protocol.PARAM_ONNX_FILE) or protocol.DEFAULT_ONNX_FILE
         path = os.path.join(args["model_repository"], args["model_version"], onnx_file)
         options = ort.SessionOptions()
-        threads = int(params.get(INTRA_OP_THREADS_PARAM) or 0)
+        threads = int(params.get(protocol.PARAM_INTRA_OP_THREADS) or 0)
         if threads > 0:
             options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(path, sess_options=options, providers=_providers(args))

@@ -1,0 +1,140 @@
+"""The one session flow (client/flow.py) as both clients run it, against a fake session model.
+
+Each test pins a drift the five hand-written copies of the flow had: the sync client's clicks
+asked for point-list outputs whatever the family's layout, and read them without
+``select_outputs``; the async client's blocking re-embed was not idempotent, so it was never
+retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from triton_sam.client import async_decode, flow, prompts
+from triton_sam.client import sync as sync_client
+from triton_sam.client.speculative import SpeculativeSAM2Client
+from triton_sam.client.sync import SAM2TritonClient
+from triton_sam.errors import EmbeddingNotFoundError, ServerUnavailableError
+from triton_sam.models.registry import get_family
+from triton_sam.serving.protocol import embedding_cache
+
+IMAGE = np.zeros((60, 100, 3), np.uint8)
+
+
+class FakeServer:
+    """Encoder, decoder and session model of one family; the session model's cache is a set
+    of ids that a test can empty (an eviction)."""
+
+    def __init__(self, family: str) -> None:
+        self.family = get_family(family)
+        self.held: set[str] = set()
+        self.calls: list[dict[str, Any]] = []  # every session-model infer, in order
+
+    def is_server_ready(self) -> bool:
+        return True
+
+    def is_model_ready(self, model: str) -> bool:
+        return True
+
+    def model_metadata(self, model: str) -> dict:
+        return {"inputs": [{"name": t.name} for t in self.family.decoder_inputs]}
+
+    def infer(self, model: str, inputs: dict, outputs: Any, **options: Any) -> dict:
+        assert model == self.family.session_model
+        image = bytes(inputs[embedding_cache.IMAGE_ID].reshape(-1)[0]).decode()
+        kind = "embed" if self.family.encoder_inputs[0].name in inputs else "click"
+        if kind == "click" and len(inputs) == 1:
+            kind = "probe"
+        self.calls.append({"kind": kind, "outputs": tuple(outputs), **options})
+        if kind == "embed":
+            self.held.add(image)
+            return {embedding_cache.ENCODED: np.ones((1, 1), np.int32)}
+        if image not in self.held:
+            raise EmbeddingNotFoundError(f"image_id {image!r}: not cached")
+        if kind == "probe":
+            return {embedding_cache.ENCODED: np.zeros((1, 1), np.int32)}
+        known = {t.name for t in self.family.decoder_outputs}
+        assert set(outputs) <= known, f"asked for {outputs}, the decoder has {known}"
+        return {n: self._output(n) for n in outputs}
+
+    def _output(self, name: str) -> np.ndarray:
+        spec = next(t for t in self.family.decoder_outputs if t.name == name)
+        shape = [1, *(3 if d == -1 else d for d in spec.shape)]
+        scores = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        return scores
+
+
+class FakeTransport:
+    server: FakeServer
+
+    def __init__(self, endpoint: Any, **options: Any) -> None:
+        self.endpoint = endpoint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(FakeTransport.server, name)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def server(monkeypatch, request):
+    FakeTransport.server = FakeServer(request.param)
+    monkeypatch.setattr(sync_client, "Transport", FakeTransport)
+    monkeypatch.setattr(async_decode, "Transport", FakeTransport)
+    return FakeTransport.server
+
+
+@pytest.mark.parametrize("server", ["sam3_onnx_community", "sam2"], indirect=True)
+def test_sync_clicks_ask_for_the_layouts_outputs_and_select_from_them(server):
+    family = server.family
+    with SAM2TritonClient("h:8000", model_type=family.family) as client:
+        assert client.uses_server_embeddings and client.family is family
+        client.set_image(IMAGE)
+        masks, scores = client.predict(point_coords=[[10, 10]], point_labels=[1])
+    expected = prompts.output_names(False, family)
+    assert server.calls[-1]["outputs"] == expected
+    assert masks.shape == (1, 1, 60, 100) and scores.shape == (1, 1)  # one mask, selected
+
+
+@pytest.mark.parametrize("server", ["sam2"], indirect=True)
+def test_every_session_call_is_idempotent_after_a_miss_in_both_clients(server):
+    sync = SAM2TritonClient("h:8000", model_type="sam2")
+    sync.set_image(IMAGE)
+    speculative = SpeculativeSAM2Client("h:8001", model_type="sam2")
+    speculative.set_image(IMAGE)
+    for client in (sync, speculative):
+        server.held.clear()  # evicted: the click misses, re-embeds and resends
+        server.calls.clear()
+        predict = getattr(client, "predict_sync", None) or client.predict
+        masks, _ = predict([[5, 5]], [1])
+        assert [c["kind"] for c in server.calls] == ["click", "embed", "click"]
+        assert all(c.get("idempotent") for c in server.calls), server.calls
+        assert masks.shape == (1, 1, 60, 100)
+    sync.close()
+    speculative.close()
+
+
+def test_the_runners_throw_errors_into_the_flow_and_return_its_value():
+    def steps() -> flow.Flow[str]:
+        try:
+            yield flow.Step("is_model_ready", ("missing",))
+        except ServerUnavailableError:
+            answer = yield flow.Step("is_server_ready", ())
+            return f"recovered {answer}"
+        return "no error"
+
+    def send(step: flow.Step) -> Any:
+        if step.args == ("missing",):
+            raise ServerUnavailableError("missing")
+        return True
+
+    async def asend(step: flow.Step) -> Any:
+        return send(step)
+
+    assert flow.run(steps(), send) == "recovered True"
+    assert asyncio.run(flow.arun(steps(), asend)) == "recovered True"

@@ -1,0 +1,18 @@
+"""The python-target runner (``serving/runner_model.py``): an ONNX graph run by onnxruntime in
+Triton's python stub, the fallback for a server without Triton's onnxruntime backend.
+
+Its tensors are the graph's own (from the config); what the runner and the config renderer
+share is the parameters below and the kind.
+"""
+
+from . import KIND_PARAM, KIND_RUNNER
+
+KIND = KIND_RUNNER
+PARAM_KIND = KIND_PARAM
+PARAM_ONNX_FILE = "onnx_file"  # the graph's file in the version directory
+PARAM_INTRA_OP_THREADS = "intra_op_threads"  # onnxruntime intra-op threads, 0 = its default
+PARAM_KEYS = (PARAM_KIND, PARAM_ONNX_FILE, PARAM_INTRA_OP_THREADS)
+DEFAULT_ONNX_FILE = "model.onnx"
+# Custom counter on Triton's metrics endpoint (triton_sam.bench.counters reads it). Triton
+# counts a request answered unrun as a successful inference; this says how many were.
+SKIPPED_METRIC = "triton_sam_cancelled_requests_skipped"
