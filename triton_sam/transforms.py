@@ -24,9 +24,8 @@ from PIL import Image, ImageOps
 
 from triton_sam.errors import ConfigError, InputValidationError
 from triton_sam.models.spec import Preprocessing
+from triton_sam.serving import intake
 from triton_sam.serving.resample import bilinear as _bilinear
-from triton_sam.serving.resample import resize_antialias as _resize_square
-from triton_sam.serving.resample import resize_antialias_uint8 as _resize_square_uint8
 
 ImageLike = str | os.PathLike[str] | bytes | Image.Image | np.ndarray
 
@@ -45,7 +44,6 @@ _EXPECTED_IMAGE = "a path, encoded bytes, a PIL.Image, or an HxWx3 uint8 RGB num
 _EXPECTED_ARRAY = "an HxWx3 uint8 RGB array with H, W >= 1"
 # Errors PIL raises for missing, unreadable, truncated or hostile files.
 _READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
-_SIXTEEN_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
 
 
 # -- images ---------------------------------------------------------------------------------
@@ -154,31 +152,12 @@ def _open_file(source: str | os.PathLike[str] | io.BytesIO, limit: int) -> Image
 
 
 def _pil_to_rgb(img: Image.Image) -> np.ndarray:
-    """Convert a PIL image of any common mode to an HxWx3 uint8 RGB array."""
-    w, h = img.size
-    if w == 0 or h == 0:
-        raise InputValidationError(
-            "image", f"got an empty PIL image (W x H = {w} x {h}); expected W, H >= 1"
-        )
-    if img.mode in _SIXTEEN_BIT_MODES:
-        # PIL's own convert("RGB") clips 16-bit values at 255; scale the range instead.
-        wide = np.asarray(img).astype(np.int64).clip(0, 65535)
-        gray = ((wide * 255 + 32767) // 65535).astype(np.uint8)  # round(v / 257)
-        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=-1))
-    if img.mode == "F":
-        raise InputValidationError(
-            "image",
-            "got a float (mode 'F') PIL image, whose value range is ambiguous; "
-            "expected an 8-bit or 16-bit image (convert it to uint8 RGB first)",
-        )
-    if img.mode != "RGB":
-        try:
-            img = img.convert("RGB")
-        except ValueError as e:
-            raise InputValidationError(
-                "image", f"cannot convert PIL mode {img.mode!r} to RGB ({e})"
-            ) from e
-    return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+    """Convert a PIL image of any common mode to an HxWx3 uint8 RGB array (as the server
+    does: :func:`triton_sam.serving.intake.pil_to_rgb`)."""
+    try:
+        return intake.pil_to_rgb(img, field="image")
+    except intake.RequestError as e:
+        raise InputValidationError("image", str(e).removeprefix("image: ")) from None
 
 
 def _check_rgb_array(image: np.ndarray, field: str = "image") -> np.ndarray:
@@ -350,41 +329,14 @@ def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
             "image", f"got {type(image).__name__}; expected {_EXPECTED_ARRAY} (see load_image)"
         )
     rgb = _check_rgb_array(image)
-    if _resize_rule(pre) == "square" and pre.resize_dtype == "uint8":
-        resized = _resize_square_uint8(np.ascontiguousarray(rgb.transpose(2, 0, 1)), pre.image_size)
-        return _normalize(_scale_pixels(resized.transpose(1, 2, 0), pre.pixel_scale), pre)[None]
-    if _resize_rule(pre) == "square":
-        chw = _resize_square(_scale_pixels(rgb, pre.pixel_scale), pre.image_size)
-        return _normalize(chw, pre)[None]
-    try:
-        new_h, new_w = resized_hw(rgb.shape[:2], pre)
-    except InputValidationError as e:
-        raise InputValidationError("image", str(e)) from e
-    # Upstream resizes the uint8 image with PIL (rounding to uint8), then normalises.
-    resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), Image.BILINEAR))
-    chw = _scale_pixels(np.ascontiguousarray(resized), pre.pixel_scale)
-    out = np.zeros((1, 3, pre.image_size, pre.image_size), np.float32)
-    out[0, :, :new_h, :new_w] = _normalize(chw, pre)
-    return out
-
-
-def _scale_pixels(rgb: np.ndarray, pixel_scale: float) -> np.ndarray:
-    """HxWx3 uint8 -> 3xHxW float32 times ``pixel_scale``."""
-    chw = np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32)
-    inverse = 1.0 / pixel_scale
-    if abs(inverse - round(inverse)) < 1e-9:
-        # ToTensor divides by 255; multiplying by float32(1/255) would differ by an ulp.
-        chw /= np.float32(round(inverse))
-    else:
-        chw *= np.float32(pixel_scale)
-    return chw
-
-
-def _normalize(chw: np.ndarray, pre: Preprocessing) -> np.ndarray:
-    """(x - mean) / std per channel, in float32 like torchvision's Normalize."""
-    mean = np.asarray(pre.pixel_mean, np.float32)[:, None, None]
-    std = np.asarray(pre.pixel_std, np.float32)[:, None, None]
-    return (chw - mean) / std
+    _resize_rule(pre)
+    if pre.resize == "longest_side":
+        try:  # refuses an image too thin to resize
+            resized_hw(rgb.shape[:2], pre)
+        except InputValidationError as e:
+            raise InputValidationError("image", str(e)) from e
+    # One implementation for both sides: the session model preprocesses with it too.
+    return intake.preprocess(rgb, pre)
 
 
 # -- postprocessing -------------------------------------------------------------------------

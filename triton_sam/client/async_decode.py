@@ -173,11 +173,18 @@ class AsyncDecoder:
         """
         rgb = transforms.load_image(image)
         if self.uses_server_embeddings:
-            session = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
+            session = session_path.SessionImage.of(
+                rgb,
+                self.family,
+                self.encoder_model,
+                self.session_model,
+                session_path.encoded_bytes(image),
+            )
             try:  # a probe of a few bytes saves sending the image when the server has it
                 self._sync.infer(self.session_model, *self._probe(session), idempotent=True)
             except EmbeddingNotFoundError:
-                self._sync.infer(self.session_model, *self._embed(session), idempotent=True)
+                out = self._sync.infer(self.session_model, *self._embed(session), idempotent=True)
+                session.adopt(out)
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
@@ -192,15 +199,22 @@ class AsyncDecoder:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
         rgb = await asyncio.to_thread(transforms.load_image, image)
         if self.uses_server_embeddings:
+            encoded = await asyncio.to_thread(session_path.encoded_bytes, image)
             session = await asyncio.to_thread(
-                session_path.SessionImage.of, rgb, self.family, self.encoder_model
+                session_path.SessionImage.of,
+                rgb,
+                self.family,
+                self.encoder_model,
+                self.session_model,
+                encoded,
             )
             transport = self._transport()
             try:
                 await transport.infer(self.session_model, *self._probe(session), idempotent=True)
             except EmbeddingNotFoundError:
                 inputs, outputs = await asyncio.to_thread(self._embed, session)
-                await transport.infer(self.session_model, inputs, outputs, idempotent=True)
+                out = await transport.infer(self.session_model, inputs, outputs, idempotent=True)
+                session.adopt(out)
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
         tensor = await asyncio.to_thread(transforms.preprocess, rgb, self.family.preprocessing)
@@ -287,8 +301,8 @@ class AsyncDecoder:
     def _probe(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
         return session_path.probe_inputs(session.image_id), (session_path.ENCODED,)
 
-    def _embed(self, session: session_path.SessionImage) -> tuple[dict, tuple[str]]:
-        return session.embed_inputs(self.family), (session_path.ENCODED,)
+    def _embed(self, session: session_path.SessionImage) -> tuple[dict, tuple[str, ...]]:
+        return session.embed_inputs(), session_path.EMBED_OUTPUTS
 
     def _session_prediction(self, request: DecodeRequest, out: dict[str, np.ndarray]) -> Prediction:
         image = request.image
@@ -309,9 +323,11 @@ class AsyncDecoder:
             out = await call(request.inputs, request.outputs, idempotent=True)
         except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
             assert request.image.session is not None and request.fallback is not None
-            inputs, outputs = await asyncio.to_thread(self._embed, request.image.session)
-            await call(inputs, outputs, idempotent=True)
-            out = await call(request.fallback, request.outputs, idempotent=True)
+            session = request.image.session
+            inputs, outputs = await asyncio.to_thread(self._embed, session)
+            session.adopt(await call(inputs, outputs, idempotent=True))
+            fallback = session.with_current_id(request.fallback)
+            out = await call(fallback, request.outputs, idempotent=True)
         return self._session_prediction(request, out)
 
     def _decode_on_server_sync(self, request: DecodeRequest) -> Prediction:
@@ -321,9 +337,13 @@ class AsyncDecoder:
             )
         except EmbeddingNotFoundError:
             assert request.image.session is not None and request.fallback is not None
-            self._sync.infer(self.session_model, *self._embed(request.image.session))
+            session = request.image.session
+            session.adopt(self._sync.infer(self.session_model, *self._embed(session)))
             out = self._sync.infer(
-                self.session_model, request.fallback, request.outputs, idempotent=True
+                self.session_model,
+                session.with_current_id(request.fallback),
+                request.outputs,
+                idempotent=True,
             )
         return self._session_prediction(request, out)
 

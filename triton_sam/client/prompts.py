@@ -16,6 +16,7 @@ import numpy as np
 from triton_sam import transforms
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec
+from triton_sam.serving import bounds
 
 PADDING_LABEL = -1.0
 BOX_LABELS = (2.0, 3.0)
@@ -138,7 +139,13 @@ def build_decoder_prompts(
         raise InputValidationError(
             "point_coords", "no prompt: give point_coords with point_labels, a box, or both"
         )
-    return _LAYOUTS[family.prompt_layout].build(points, box_xyxy, mask, orig_hw, family)
+    built = _LAYOUTS[family.prompt_layout].build(points, box_xyxy, mask, orig_hw, family)
+    # The server's bounds (one definition: triton_sam.serving.bounds), checked before sending.
+    try:
+        bounds.check_prompts(built)
+    except bounds.RequestError as e:
+        raise InputValidationError(e.field, str(e).removeprefix(f"{e.field}: ")) from None
+    return built
 
 
 def _point_list_prompts(

@@ -139,7 +139,7 @@ class SAM2TritonClient:
             self._set_concept_image(rgb)
             return
         if self.uses_server_embeddings:
-            self._set_image_on_server(rgb)
+            self._set_image_on_server(rgb, session_path.encoded_bytes(image))
             return
         t0 = time.perf_counter()
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
@@ -349,18 +349,21 @@ class SAM2TritonClient:
         self.last_timings_ms = {"set_image": (time.perf_counter() - t0) * 1e3}
 
     # -- server-side embeddings (the <family>_session model) --------------------------------
-    def _set_image_on_server(self, rgb: np.ndarray) -> None:
-        """Embed ``rgb`` on the server under its content id (skipped when already there)."""
+    def _set_image_on_server(self, rgb: np.ndarray, encoded: bytes | None) -> None:
+        """Embed ``rgb`` (sent as the file bytes ``encoded`` when given) on the server, unless
+        it already holds the content id; the id is the one the server answers."""
         t0 = time.perf_counter()
-        image = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
+        image = session_path.SessionImage.of(
+            rgb, self.family, self.encoder_model, self.session_model, encoded
+        )
         try:  # a probe of a few bytes saves sending the image when the server has it
             self._session_infer(session_path.probe_inputs(image.image_id), (session_path.ENCODED,))
             timings = {"probe": (time.perf_counter() - t0) * 1e3}
         except EmbeddingNotFoundError:
             t1 = time.perf_counter()
-            inputs = image.embed_inputs(self.family)
+            inputs = image.embed_inputs()
             t2 = time.perf_counter()
-            self._session_infer(inputs, (session_path.ENCODED,))
+            image.adopt(self._session_infer(inputs, session_path.EMBED_OUTPUTS))
             t3 = time.perf_counter()
             timings = {"probe": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3}
             timings["encode"] = (t3 - t2) * 1e3
@@ -387,8 +390,8 @@ class SAM2TritonClient:
         try:
             out = self._session_infer(inputs, outputs)
         except EmbeddingNotFoundError:  # evicted, or the server restarted: embed, retry once
-            self._session_infer(image.embed_inputs(self.family), (session_path.ENCODED,))
-            inputs = fallback
+            image.adopt(self._session_infer(image.embed_inputs(), session_path.EMBED_OUTPUTS))
+            inputs = image.with_current_id(fallback)
             out = self._session_infer(inputs, outputs)
         t1 = time.perf_counter()
         prediction = make_prediction(

@@ -4,11 +4,15 @@ The session model (``session_model.py``, deployed as ``1/model.py``) is a python
 model in BOTH targets: in the GPU container it calls the onnxruntime-backend encoder/decoder,
 in the embedded server the runner.py ones. Its tensors come from the spec:
 
-- inputs: ``image_id`` (BYTES), then every encoder input, every decoder input that is not an
+- inputs: ``image_id`` (BYTES), ``image_bytes`` (BYTES: an encoded image file),
+  ``image_rgb`` (UINT8 [H, W, 3]), then every encoder input, every decoder input that is not an
   encoder output (the prompts), and the control inputs ``logits_key``, ``previous_key``
   (BYTES) and ``previous_mask_index`` (INT32); all but ``image_id`` are ``optional`` so a click
   carries only the id and its prompt tensors (a few hundred bytes);
-- outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached).
+- outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached)
+  and ``image_id`` (BYTES: the id the server computed from the image it received).
+
+Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters.
 
 One instance, always (the cache lives in it; see session_model.py): ``KIND_GPU`` pinned to
 GPU 0 when the encoder runs on GPUs (features stay in device memory), else ``KIND_CPU``.
@@ -34,8 +38,15 @@ from triton_sam.repository.config import (
     config_to_text,
     model_config_pb2,
 )
+from triton_sam.serving import bounds, intake
 
 SESSION_SOURCE = Path(__file__).with_name("session_model.py")
+SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
+SHIPPED_PACKAGE = "triton_sam_serving"
+# The dependency-free modules session_model.py imports (shipped as ``triton_sam_serving``).
+SHIPPED_MODULES = ("__init__", "bounds", "images", "intake", "resample")
+IMAGE_BYTES = "image_bytes"
+IMAGE_RGB = "image_rgb"
 IMAGE_ID = "image_id"
 ENCODED = "encoded"
 LOGITS_KEY = "logits_key"
@@ -53,6 +64,11 @@ PARAM_KEYS = (
     "max_bytes",
     "logits_per_image",
     "low_res_logit_limit",
+    "preprocessing",
+    "max_points",
+    "max_boxes",
+    "max_image_pixels",
+    "max_image_bytes",
 )
 
 
@@ -66,16 +82,26 @@ class SessionOptions:
         max_bytes: bound on features + kept logits in bytes (0 = only ``max_images``).
         logits_per_image: low-res logits kept per image for refinement without resending
             them (the most recent predictions that asked to keep them).
+        max_points / max_boxes / max_image_pixels / max_image_bytes: the request bounds the
+            server enforces (defaults and reasons in :mod:`triton_sam.serving.bounds`).
     """
 
     max_images: int = 16
     max_bytes: int = 2 * 2**30
     logits_per_image: int = 4
+    max_points: int = bounds.MAX_POINTS
+    max_boxes: int = bounds.MAX_BOXES
+    max_image_pixels: int = bounds.MAX_IMAGE_PIXELS
+    max_image_bytes: int = bounds.MAX_IMAGE_BYTES
 
     def __post_init__(self) -> None:
         _check_int("max_images", self.max_images, minimum=1)
         _check_int("max_bytes", self.max_bytes, minimum=0)
         _check_int("logits_per_image", self.logits_per_image, minimum=0)
+        _check_int("max_points", self.max_points, minimum=1)
+        _check_int("max_boxes", self.max_boxes, minimum=0)
+        _check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+        _check_int("max_image_bytes", self.max_image_bytes, minimum=1)
 
 
 def embedding_bytes(family: FamilySpec) -> int:
@@ -116,7 +142,10 @@ def build_session_config(
     name = name or family.session_model
     check_model_name(name)
     config = ModelConfig(name=name, backend="python", max_batch_size=options.decoder_max_batch_size)
-    config.input.append(_string_input(IMAGE_ID))
+    config.input.append(_optional(_string_input(IMAGE_ID)))
+    config.input.append(_optional(_string_input(IMAGE_BYTES)))
+    rgb = _tensor(TensorSpec(IMAGE_RGB, "uint8", (-1, -1, 3)), model_config_pb2.ModelInput)
+    config.input.append(_optional(rgb))
     for spec in (*family.encoder_inputs, *_prompt_inputs(family)):
         config.input.append(_optional(_tensor(spec, model_config_pb2.ModelInput)))
     config.input.extend(_optional(_string_input(n)) for n in (LOGITS_KEY, PREVIOUS_KEY))
@@ -124,6 +153,11 @@ def build_session_config(
     config.input.append(_optional(index))
     outputs = (*family.decoder_outputs, TensorSpec(ENCODED, "int32", (1,)))
     config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.output.append(
+        model_config_pb2.ModelOutput(
+            name=IMAGE_ID, data_type=model_config_pb2.TYPE_STRING, dims=[1]
+        )
+    )
     group = config.instance_group.add(count=1)
     if options.kind == "gpu":
         group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
@@ -144,6 +178,11 @@ def build_session_config(
         "max_bytes": str(session.max_bytes),
         "logits_per_image": str(session.logits_per_image),
         "low_res_logit_limit": "" if limit is None else repr(float(limit)),
+        "preprocessing": intake.preprocessing_json(family.preprocessing),
+        "max_points": str(session.max_points),
+        "max_boxes": str(session.max_boxes),
+        "max_image_pixels": str(session.max_image_pixels),
+        "max_image_bytes": str(session.max_image_bytes),
     }
     for key, value in params.items():
         config.parameters[key].string_value = value
@@ -182,11 +221,19 @@ def write_session(
     Raises:
         RepositoryError / InputValidationError: as ``writer.write_model``.
     """
-    from triton_sam.repository.writer import write_python_model
+    from triton_sam.repository.writer import ModelFiles, write_models
 
     config = build_session_config(family, options, session)
-    write_python_model(repo_dir, config.name, config_to_text(config), SESSION_SOURCE)
+    write_models(repo_dir, [ModelFiles(config.name, config_to_text(config), session_files())])
     return config.name
+
+
+def session_files() -> dict[str, Path]:
+    """What goes into the session model's version directory: ``model.py`` and the package."""
+    files = {"model.py": SESSION_SOURCE}
+    for module in SHIPPED_MODULES:
+        files[f"{SHIPPED_PACKAGE}/{module}.py"] = SERVING_DIR / f"{module}.py"
+    return files
 
 
 def _prompt_inputs(family: FamilySpec) -> tuple[TensorSpec, ...]:

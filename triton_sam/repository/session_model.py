@@ -1,16 +1,23 @@
 """Triton python-backend (BLS) model that keeps image features on the server: ``<family>_session``.
 
 The repository writer copies this file verbatim to ``<family>_session/1/model.py`` for both
-targets. It runs inside Triton's stub, so it imports only asyncio, json, collections, numpy
-and ``triton_python_backend_utils``; the encoder and decoder it calls through BLS are the
-family's ``<family>_encoder`` / ``<family>_decoder`` models of the same repository (onnxruntime
-backend in the GPU container, runner.py in the embedded server).
+targets, with the dependency-free ``triton_sam.serving`` modules beside it as the package
+``triton_sam_serving``. It runs inside Triton's stub, so it imports only the standard library,
+numpy, PIL (to decode image files) and ``triton_python_backend_utils``; the encoder and decoder
+it calls through BLS are the family's ``<family>_encoder`` / ``<family>_decoder`` models of the
+same repository (onnxruntime backend in both the GPU container and the embedded server).
 
-One request, three uses (every input but ``image_id`` is ``optional``):
+One request, three uses (every input is ``optional``):
 
-- **embed**: ``image_id`` + the encoder inputs (``image``). Runs the encoder unless the id is
-  already cached (idempotent), keeps its outputs under the id, answers ``encoded`` = 1 (ran)
-  or 0 (was cached).
+- **embed**: an image, as ``image_bytes`` (the bytes of a JPEG/PNG/TIFF/BMP/WebP file, decoded
+  here), ``image_rgb`` (uint8 [H, W, 3]; both preprocessed here exactly as the official
+  predictor does, ``serving/intake.py``) or ``image`` (the preprocessed float32 encoder input).
+  The server computes the image id itself, from what it received (decoded pixels, or the float
+  tensor) plus the models and preprocessing, and answers it as ``image_id``: features are only
+  ever kept under an id the server computed from their content. A client may send the
+  ``image_id`` it expects with the image; a different one is refused (INVALID_ARG), so no
+  client can bind features to content the server did not hash (issue 12's cache poisoning).
+  Runs the encoder unless the id is already cached, answers ``encoded`` = 1 (ran) or 0.
 - **probe**: ``image_id`` alone. ``encoded`` = 0 when cached, else the miss error below.
 - **predict**: ``image_id`` + prompt tensors (``point_coords``, ``point_labels``; optionally
   ``mask_input``/``has_mask_input``, or ``previous_key`` + ``previous_mask_index`` naming
@@ -23,6 +30,10 @@ One request, three uses (every input but ``image_id`` is ``optional``):
 A miss (unknown image id or logits key: never embedded, evicted, or the server restarted)
 answers an error whose message starts with ``triton_sam.EmbeddingNotFound`` (status
 NOT_FOUND); clients raise ``EmbeddingNotFoundError``, re-embed and retry once.
+
+Bounds (``serving/bounds.py``, config parameters ``max_points``, ``max_boxes``,
+``max_image_pixels``, ``max_image_bytes``): every request is checked before any work is done,
+and a request outside them answers INVALID_ARG naming the field; the server stays ready.
 
 Concurrency and instances: the model has ONE instance (the renderer forces it), because the
 cache lives in that instance's stub process; a second instance would hold a second cache and
@@ -43,15 +54,25 @@ counters ``triton_sam_session_{hits,misses,evictions}`` are on Triton's metrics 
 
 Config ``parameters`` read here (keys repeated in session_config.py; a unit test keeps both
 equal): encoder_model, decoder_model, embedding_names, max_images, max_bytes, embedding_bytes,
-logits_per_image, low_res_logit_limit.
+logits_per_image, low_res_logit_limit, preprocessing, max_points, max_boxes, max_image_pixels,
+max_image_bytes.
 """
 
 import asyncio
 import json
+import os
+import sys
 from collections import OrderedDict
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+# The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    from triton_sam_serving import bounds, images, intake
+except ImportError:  # imported from the triton_sam source tree (unit tests)
+    from triton_sam.serving import bounds, images, intake
 
 MISS_MARKER = "triton_sam.EmbeddingNotFound"
 IMAGE_ID = "image_id"
@@ -59,11 +80,14 @@ ENCODED = "encoded"
 LOGITS_KEY = "logits_key"
 PREVIOUS_KEY = "previous_key"
 PREVIOUS_MASK_INDEX = "previous_mask_index"
+IMAGE_RGB = "image_rgb"
+IMAGE_BYTES = "image_bytes"
 MASK_INPUT = "mask_input"
 HAS_MASK_INPUT = "has_mask_input"
 # Decoder outputs that are low-res logits (what a client passes back as mask_input).
 MASK_OUTPUTS = ("masks", "multimask_masks")
 CONTROL_INPUTS = (IMAGE_ID, LOGITS_KEY, PREVIOUS_KEY, PREVIOUS_MASK_INDEX)
+IMAGE_INPUTS = (IMAGE_RGB, IMAGE_BYTES)
 METRIC_PREFIX = "triton_sam_session_"
 
 
@@ -172,6 +196,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.name = args["model_name"]
         self.encoder_model = params["encoder_model"]
         self.decoder_model = params["decoder_model"]
         self.embedding_names = [n for n in params["embedding_names"].split(",") if n]
@@ -186,8 +211,20 @@ class TritonPythonModel:
         inputs = {t["name"]: t for t in config["input"]}
         self.encoder_inputs = [n for n in params["encoder_inputs"].split(",") if n]
         self.prompt_inputs = [
-            n for n in inputs if n not in CONTROL_INPUTS and n not in self.encoder_inputs
+            n
+            for n in inputs
+            if n not in CONTROL_INPUTS and n not in IMAGE_INPUTS and n not in self.encoder_inputs
         ]
+        pre_json = params.get("preprocessing") or ""
+        self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
+        self.namespaces = {
+            kind: intake.session_namespace(self.name, self.encoder_model, pre_json, kind)
+            for kind in ("rgb", *self.encoder_inputs)
+        }
+        self.max_points = int(params.get("max_points") or bounds.MAX_POINTS)
+        self.max_boxes = int(params.get("max_boxes") or bounds.MAX_BOXES)
+        self.max_pixels = int(params.get("max_image_pixels") or bounds.MAX_IMAGE_PIXELS)
+        self.max_image_bytes = int(params.get("max_image_bytes") or bounds.MAX_IMAGE_BYTES)
         mask = inputs.get(MASK_INPUT)
         self.mask_dims = [1] + [int(d) for d in mask["dims"]] if mask else None
         self.on_gpu = args.get("model_instance_kind") == "GPU"
@@ -211,25 +248,41 @@ class TritonPythonModel:
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
                 return _error("request cancelled before execution", "CANCELLED")
-            image_id = _string(request, IMAGE_ID)
-            if image_id is None:
-                return _error(f"input {IMAGE_ID!r} is required", "INVALID_ARG")
+            hint = _string(request, IMAGE_ID)
+            if hint is not None:
+                bounds.check_key(IMAGE_ID, hint)
             wanted = _requested(request)
-            encoder_feeds = [_input(request, n) for n in self.encoder_inputs]
+            prompts = self._checked_prompts(request)  # refused before any work
+            image = self._received_image(request)
             outputs = []
-            if all(t is not None for t in encoder_feeds) and encoder_feeds:
+            if image is not None:
+                image_id, kind, value = image
+                if hint is not None and hint != image_id:
+                    raise bounds.RequestError(
+                        IMAGE_ID,
+                        f"got {hint!r}, but the image sent hashes to {image_id!r} on this "
+                        "server, which keys features only by the content it received; send "
+                        "the image without image_id, or the id the server answers",
+                    )
                 task = embeds.get(image_id)
                 if task is None:
                     task = embeds[image_id] = asyncio.ensure_future(
-                        self._embed(image_id, encoder_feeds)
+                        self._embed(image_id, kind, value)
                     )
                 encoded = await task
-            elif image_id in embeds:  # embedded by another request of this batch
+            elif hint is None:
+                raise bounds.RequestError(
+                    IMAGE_ID,
+                    f"missing: send an image ({IMAGE_BYTES}, {IMAGE_RGB} or "
+                    f"{', '.join(self.encoder_inputs)}) or the {IMAGE_ID} the server answered",
+                )
+            elif hint in embeds:  # embedded by another request of this batch
+                image_id = hint
                 await embeds[image_id]
                 encoded = 0
             else:
-                encoded = None
-            if _input(request, "point_coords") is not None:
+                image_id, encoded = hint, None
+            if prompts:
                 outputs = await self._predict(request, image_id, wanted)
             elif encoded is None:  # probe
                 self._features(image_id)
@@ -237,21 +290,96 @@ class TritonPythonModel:
             if ENCODED in wanted or not wanted:
                 value = np.array([[encoded or 0]], dtype=np.int32)
                 outputs.append(pb_utils.Tensor(ENCODED, value))
+            if IMAGE_ID in wanted:
+                value = np.array([[image_id.encode("utf-8")]], dtype=np.object_)
+                outputs.append(pb_utils.Tensor(IMAGE_ID, value))
             return pb_utils.InferenceResponse(output_tensors=outputs)
+        except bounds.RequestError as e:
+            return _error(str(e), "INVALID_ARG")
         except EmbeddingMiss as e:
             self.metrics.count("misses")
             return _error(
                 f"{MISS_MARKER}: {e} on this server (never embedded, evicted, or the server "
-                "restarted); embed it again (send image_id with the image)",
+                "restarted); embed it again (send the image)",
                 "NOT_FOUND",
             )
         except Exception as e:  # never let one request take the stub (and its cache) down
             return _error(f"{type(e).__name__}: {e}", "INTERNAL")
 
-    async def _embed(self, image_id, feeds):
+    def _checked_prompts(self, request):
+        """The prompt tensors of the request (name -> array), checked against the bounds."""
+        prompts = {}
+        for name in self.prompt_inputs:
+            tensor = _input(request, name)
+            if tensor is not None:
+                prompts[name] = tensor.as_numpy()
+        if prompts:
+            bounds.check_prompts(prompts, max_points=self.max_points, max_boxes=self.max_boxes)
+        for name in (LOGITS_KEY, PREVIOUS_KEY):
+            value = _string(request, name)
+            if value is not None:
+                bounds.check_key(name, value)
+        return prompts
+
+    def _received_image(self, request):
+        """(image id, kind, pixels or encoder feeds) of the image a request carries, or None.
+
+        The id is computed here from what was received: the decoded uint8 pixels (raw or
+        from file bytes: the same picture gets the same id either way) or, for the
+        preprocessed float input, that tensor.
+        """
+        data = _input(request, IMAGE_BYTES)
+        if data is not None:
+            if self.pre is None:
+                raise bounds.RequestError(IMAGE_BYTES, "this server's config has no preprocessing")
+            blob = data.as_numpy().reshape(-1)
+            if blob.size != 1:
+                raise bounds.RequestError(
+                    IMAGE_BYTES, f"got {blob.size} elements, expected 1 (one encoded file)"
+                )
+            blob = bytes(blob[0])
+            if len(blob) > self.max_image_bytes:
+                raise bounds.RequestError(
+                    IMAGE_BYTES,
+                    f"got {len(blob)} bytes, expected at most {self.max_image_bytes}",
+                )
+            rgb = intake.decode_image(blob, max_pixels=self.max_pixels, field=IMAGE_BYTES)
+            return images.image_id(rgb, self.namespaces["rgb"]), "rgb", rgb
+        raw = _input(request, IMAGE_RGB)
+        if raw is not None:
+            if self.pre is None:
+                raise bounds.RequestError(IMAGE_RGB, "this server's config has no preprocessing")
+            rgb = intake.check_rgb(raw.as_numpy(), max_pixels=self.max_pixels, field=IMAGE_RGB)
+            return images.image_id(rgb, self.namespaces["rgb"]), "rgb", rgb
+        feeds = [_input(request, n) for n in self.encoder_inputs]
+        if not feeds or any(t is None for t in feeds):
+            return None
+        digest = []
+        for name, tensor in zip(self.encoder_inputs, feeds, strict=True):
+            array = tensor.as_numpy()
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise bounds.RequestError(name, "got NaN or infinity, expected finite values")
+            digest.append(images.image_id(array, self.namespaces[name]))
+        image_id = (
+            digest[0]
+            if len(digest) == 1
+            else images.image_id(
+                np.frombuffer("".join(digest).encode(), np.uint8), self.namespaces["rgb"]
+            )
+        )
+        return image_id, "tensor", feeds
+
+    async def _embed(self, image_id, kind, value):
         if image_id in self.cache:
             self.cache.get(image_id)  # refresh its LRU position
             return 0
+        if kind == "rgb":  # off the event loop: other requests' BLS calls go on meanwhile
+            tensor = await asyncio.get_running_loop().run_in_executor(
+                None, intake.preprocess, value, self.pre
+            )
+            feeds = [pb_utils.Tensor(self.encoder_inputs[0], tensor)]
+        else:
+            feeds = value
         request = pb_utils.InferenceRequest(
             model_name=self.encoder_model,
             inputs=feeds,
@@ -297,7 +425,7 @@ class TritonPythonModel:
             feeds += self._mask_feeds(request, image_id)
         elif MASK_INPUT in names_given and HAS_MASK_INPUT not in names_given:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
-        names = [n for n in wanted if n != ENCODED] or ["masks", "iou_predictions"]
+        names = [n for n in wanted if n not in (ENCODED, IMAGE_ID)] or ["masks", "iou_predictions"]
         bls = pb_utils.InferenceRequest(
             model_name=self.decoder_model,
             inputs=feeds,

@@ -41,7 +41,7 @@ from triton_sam.repository.config import (
     to_python_target,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
-from triton_sam.repository.session_config import SESSION_SOURCE, is_session_config, session_twin
+from triton_sam.repository.session_config import is_session_config, session_files, session_twin
 
 CONFIG_FILENAME = "config.pbtxt"
 VERSION = "1"
@@ -358,8 +358,8 @@ def embedded_repository(
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     for name, twin in twins.items():
         text = config_to_text(twin)
-        if is_session_config(twin):  # a BLS model, no ONNX: same model.py
-            write_python_model(twin_dir, name, text, SESSION_SOURCE)
+        if is_session_config(twin):  # a BLS model, no ONNX: same model.py and package
+            write_models(twin_dir, [ModelFiles(name, text, session_files())])
             continue
         if _is_bls_model(twin):  # any other python model without ONNX: files as they are
             write_models(
