@@ -619,7 +619,7 @@ def bench_video_cmd(
     from triton_sam.repository.config import RepositoryOptions
     from triton_sam.repository.video_config import write_video_models
     from triton_sam.server import EmbeddedTriton
-    from triton_sam.tracking.config import TrackerConfig
+    from triton_sam.serving.tracking.config import TrackerConfig
 
     spec = get_model(model)
     graphs_dir = work_dir / "graphs" / spec.name

@@ -115,7 +115,7 @@ def build_repository(
         work_dir: scratch parent for the export (default: the repository's parent; never
             the repository itself, where Triton would try to load the scratch directory).
         session: bounds of the ``<family>_session`` model (server-side embeddings, see
-            ``repository/session_model.py``), written beside the pair; None writes none.
+            ``serving/embedding_cache_model.py``), written beside the pair; None writes none.
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default

@@ -10,8 +10,8 @@ import pytest
 
 from triton_sam.errors import ExportError
 from triton_sam.export.sam2_video import GRAPH_KEYS, TRACKER_CONFIG_FILENAME, tracker_config
-from triton_sam.tracking import protocol
-from triton_sam.tracking.config import TrackerConfig
+from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.tracking.config import TrackerConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -15,8 +15,8 @@ import requests
 from triton_sam.client import SAM2TritonClient
 from triton_sam.client.transport import translate_error
 from triton_sam.errors import EmbeddingNotFoundError, InputValidationError, InvalidRequestError
-from triton_sam.serving import concept_protocol as protocol
 from triton_sam.serving import images, masks
+from triton_sam.serving.protocol import concept as protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

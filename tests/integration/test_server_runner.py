@@ -1,4 +1,4 @@
-"""The embedded tritonserver serving python-target models through runner.py.
+"""The embedded tritonserver serving python-target models through runner_model.py.
 
 One server for the module; the lifecycle tests start their own. Values are exact float32
 arithmetic on small integers-ish data, compared at 1e-5.

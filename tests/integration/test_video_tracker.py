@@ -28,7 +28,7 @@ from triton_sam.errors import (
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.video_config import TrackerOptions, write_video_models
 from triton_sam.repository.writer import embedded_repository
-from triton_sam.tracking import protocol
+from triton_sam.serving.protocol import tracker as protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1800)]
 

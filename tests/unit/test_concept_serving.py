@@ -17,9 +17,14 @@ from triton_sam.models.sam3 import PREPROCESSING
 from triton_sam.models.sam3_concept import SAM3_CONCEPT_FAMILY, concept_family
 from triton_sam.repository import concept as concept_repo
 from triton_sam.repository.config import RepositoryOptions, config_to_text, parse_config
-from triton_sam.repository.writer import ModelFiles, embedded_repository, write_models
+from triton_sam.repository.writer import (
+    SHIPPED_PACKAGE,
+    ModelFiles,
+    embedded_repository,
+    write_models,
+)
 from triton_sam.serving import cache, images, masks
-from triton_sam.serving import concept_protocol as protocol
+from triton_sam.serving.protocol import concept as protocol
 
 
 def _shape_6x5() -> np.ndarray:
@@ -242,7 +247,7 @@ def test_graph_configs_serve_like_encoder_and_decoder():
 
 def test_serving_files_ship_a_dependency_free_package(tmp_path):
     files = concept_repo.serving_files(tmp_path / "tokenizer.json")
-    shipped = [p for n, p in files.items() if n.startswith(concept_repo.SHIPPED_PACKAGE + "/")]
+    shipped = [p for n, p in files.items() if n.startswith(SHIPPED_PACKAGE + "/")]
     for path in shipped:
         imports = re.findall(r"^(?:from|import) (\S+)", path.read_text(), re.M)
         allowed = {"__future__", "hashlib", "struct", "zlib", "collections", "typing", "numpy"}

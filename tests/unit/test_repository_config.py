@@ -243,8 +243,9 @@ def test_the_renderer_checks_what_it_writes(monkeypatch) -> None:
 
 
 def test_runner_reads_the_same_parameter_keys() -> None:
-    # runner.py runs inside Triton's stub and cannot import config.py; it repeats the keys.
-    source = (Path(cfg.__file__).parent / "runner.py").read_text()
+    # serving/runner_model.py runs inside Triton's stub and cannot import config.py; it repeats
+    # the keys.
+    source = (Path(cfg.__file__).parent.parent / "serving" / "runner_model.py").read_text()
     constants = {
         node.targets[0].id: node.value.value
         for node in ast.parse(source).body
@@ -255,7 +256,7 @@ def test_runner_reads_the_same_parameter_keys() -> None:
 
 
 def test_runner_imports_only_what_the_stub_has() -> None:
-    source = (Path(cfg.__file__).parent / "runner.py").read_text()
+    source = (Path(cfg.__file__).parent.parent / "serving" / "runner_model.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 @pytest.fixture(scope="module")
 def model_module():
-    """session_model.py imported with a stand-in for triton_python_backend_utils."""
+    """embedding_cache_model.py imported with a stand-in for triton_python_backend_utils."""
     sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("pb_utils"))
     spec = importlib.util.spec_from_file_location("session_model", session_config.SESSION_SOURCE)
     module = importlib.util.module_from_spec(spec)

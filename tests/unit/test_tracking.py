@@ -12,13 +12,13 @@ import json
 import numpy as np
 import pytest
 
-from triton_sam.tracking import protocol
-from triton_sam.tracking.config import TrackerConfig
-from triton_sam.tracking.memory import select_closest_cond_frames, select_memories
-from triton_sam.tracking.protocol import TrackingError
-from triton_sam.tracking.resample import antialias_resize
-from triton_sam.tracking.state import Session, from_bfloat16, to_bfloat16
-from triton_sam.tracking.tracker import COND, NON_COND, Tracker
+from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.protocol.tracker import TrackingError
+from triton_sam.serving.tracking.config import TrackerConfig
+from triton_sam.serving.tracking.frames import antialias_resize
+from triton_sam.serving.tracking.memory import select_closest_cond_frames, select_memories
+from triton_sam.serving.tracking.state import Session, from_bfloat16, to_bfloat16
+from triton_sam.serving.tracking.tracker import COND, NON_COND, Tracker
 
 CONFIG = TrackerConfig()
 
@@ -311,8 +311,8 @@ def test_feature_cache_is_bounded():
 
 # -- the service and its bounded store ----------------------------------------------------------
 def service(max_sessions=2, **bounds):
-    from triton_sam.tracking.service import TrackingService
-    from triton_sam.tracking.sessions import SessionStore
+    from triton_sam.serving.tracking.service import TrackingService
+    from triton_sam.serving.tracking.sessions import SessionStore
 
     return TrackingService(FakeRunner(), CONFIG, SessionStore(max_sessions=max_sessions, **bounds))
 

@@ -19,8 +19,8 @@ from triton_sam.repository.video_config import (
     write_video_models,
 )
 from triton_sam.repository.writer import embedded_repository, list_models
-from triton_sam.tracking import protocol
-from triton_sam.tracking.config import TrackerConfig
+from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.tracking.config import TrackerConfig
 
 
 def fake_graphs(folder: Path) -> dict[str, Path]:
@@ -72,10 +72,12 @@ def test_the_set_is_written_with_the_tracker_package(tmp_path):
     )
     version = repo / protocol.TRACKER_MODEL / "1"
     assert (version / "model.py").is_file()
-    shipped = {p.name for p in (version / PACKAGE_DIR).glob("*.py")}
-    assert {"protocol.py", "tracker.py", "service.py", "sessions.py", "__init__.py"} <= shipped
+    package = version / PACKAGE_DIR
+    shipped = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
+    expected = {"protocol/tracker.py", "tracking/tracker.py", "tracking/service.py"}
+    assert expected | {"tracking/sessions.py", "__init__.py"} <= shipped
     twin = embedded_repository(repo, tmp_path / "embedded", target="python")  # fake graphs
-    assert (twin / protocol.TRACKER_MODEL / "1" / PACKAGE_DIR / "tracker.py").is_file()
+    assert (twin / protocol.TRACKER_MODEL / "1" / PACKAGE_DIR / "tracking" / "tracker.py").is_file()
     assert parse_config(twin / "sam2_memory_attention" / "config.pbtxt").backend == "python"
 
 
@@ -86,7 +88,7 @@ def test_the_shipped_package_imports_without_triton_sam(tmp_path):
     version = repo / protocol.TRACKER_MODEL / "1"
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import triton_sam_tracking.service as s, triton_sam_tracking.tracker;"
+        "import triton_sam_serving.tracking.service as s, triton_sam_serving.tracking.tracker;"
         "assert not any(m == 'triton_sam' or m.startswith('triton_sam.') for m in sys.modules);"
         "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules;"
         "print(s.TrackingService.__name__)"

@@ -7,7 +7,7 @@ probe_inputs`) and sends the pixels only when it does not (:meth:`ConceptImage.e
 ``predict_concepts`` sends the id and the phrases (:meth:`ConceptImage.predict_inputs`), and
 after a miss (evicted, server restarted) resends them with the pixels, once.
 
-Limits are the protocol's (``triton_sam.serving.concept_protocol``), checked here first so a
+Limits are the protocol's (``triton_sam.serving.protocol.concept``), checked here first so a
 bad call fails before anything is sent; the server checks them again (and counts tokens).
 """
 
@@ -21,8 +21,8 @@ from typing import Any, Literal
 import numpy as np
 
 from triton_sam.errors import InputValidationError
-from triton_sam.serving import concept_protocol as protocol
 from triton_sam.serving import images, masks
+from triton_sam.serving.protocol import concept as protocol
 
 MaskFormat = Literal["rle", "png", "logits", "none"]
 MASK_FORMATS: tuple[str, ...] = ("rle", "png", "logits", "none")

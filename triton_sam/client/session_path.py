@@ -1,6 +1,6 @@
 """Server-side embeddings, client side: pure request builders shared by both clients (no I/O).
 
-With the ``<family>_session`` model on the server (``repository/session_model.py``), an image
+With the ``<family>_session`` model on the server (``serving/embedding_cache_model.py``), an image
 is sent once (``embed``: the file's bytes unchanged, or uint8 pixels for an array; the server
 decodes and preprocesses them) and its features stay on the server;
 a click then carries the image id and the prompt tensors only (a few hundred bytes instead of

@@ -31,7 +31,7 @@ from triton_sam.errors import (
 )
 
 Protocol = Literal["http", "grpc"]
-# Start of the session model's error for an image id it does not hold (session_model.py).
+# Start of the session model's error for an image id it does not hold (embedding_cache_model.py).
 EMBEDDING_MISS_MARKER = "triton_sam.EmbeddingNotFound"
 # Triton's messages (2.51) for a request rejected by the queue policy (max_queue_size,
 # default_timeout_microseconds with timeout_action REJECT), lowercased.

@@ -31,8 +31,8 @@ from triton_sam.errors import (
     TrackingSessionNotFoundError,
     TritonSamError,
 )
-from triton_sam.tracking import protocol as p
-from triton_sam.tracking.resample import bilinear
+from triton_sam.serving.protocol import tracker as p
+from triton_sam.serving.tracking.frames import bilinear
 
 _MASK_OUTPUTS = (p.OUT_FRAME_INDEX, p.OUT_OBJECT_IDS, p.OUT_MASKS, p.OUT_OBJECT_SCORES)
 

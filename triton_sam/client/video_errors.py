@@ -12,7 +12,7 @@ from triton_sam.errors import (
     TrackingSessionNotFoundError,
     TritonSamError,
 )
-from triton_sam.tracking import protocol
+from triton_sam.serving.protocol import tracker as protocol
 
 
 def tracking_error(code: str | None, message: str, field: str | None = None) -> TritonSamError:

@@ -1,6 +1,6 @@
 """``SAM2VideoPredictor``'s API on the exported graphs, in-process with onnxruntime.
 
-The same orchestration the tracker model runs in Triton (:mod:`triton_sam.tracking`), driven
+The same orchestration the tracker model runs in Triton (:mod:`triton_sam.serving.tracking`), driven
 locally: the "ORT in-process" baseline of the video benchmark, the fast way to test the
 orchestration, and a torch-free way to track on one machine.
 """
@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from triton_sam.client.video_source import VideoSource, open_video
-from triton_sam.tracking.config import TrackerConfig
-from triton_sam.tracking.protocol import TrackingError
-from triton_sam.tracking.resample import bilinear
-from triton_sam.tracking.runners import OnnxRuntimeRunner
-from triton_sam.tracking.state import Session
-from triton_sam.tracking.tracker import Tracker
+from triton_sam.serving.protocol.tracker import TrackingError
+from triton_sam.serving.tracking.config import TrackerConfig
+from triton_sam.serving.tracking.frames import bilinear
+from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
+from triton_sam.serving.tracking.state import Session
+from triton_sam.serving.tracking.tracker import Tracker
 
 CONFIG_FILENAME = "tracker_config.json"
 

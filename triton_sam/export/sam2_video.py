@@ -1,8 +1,8 @@
 """SAM2.1 video exporter: the official ``SAM2VideoPredictor`` split into five ONNX graphs.
 
 The tracking loop (which memories, which pointers, when to encode a memory) is Python control
-flow upstream; it lives in :mod:`triton_sam.tracking.tracker` here, and the graphs are the
-tensor work between its decisions (contracts in :mod:`triton_sam.tracking.protocol`):
+flow upstream; it lives in :mod:`triton_sam.serving.tracking.tracker` here, and the graphs are the
+tensor work between its decisions (contracts in :mod:`triton_sam.serving.protocol.tracker`):
 
 - ``video_encoder``: ``forward_image`` + ``_prepare_backbone_features`` (no ``no_mem_embed``);
 - ``memory_attention``: the official ``MemoryAttention`` layers over a variable number of
@@ -26,7 +26,7 @@ ONNX quirks met, and what was done:
   only where upstream rotates, then concatenated in upstream's order.
 - ``F.interpolate(..., antialias=True)`` needs opset 18's Resize; the one place that needs it
   (a mask prompt's low-res logits) is resampled by the orchestration instead, with torch's
-  antialias weights (:mod:`triton_sam.tracking.resample`).
+  antialias weights (:mod:`triton_sam.serving.tracking.frames`).
 - Zeros/-1 padding points are derived from an input (``x * 0``), not ``torch.zeros(B, ...)``,
   which the tracer would fix to the traced batch size.
 """
@@ -45,8 +45,8 @@ from torch import nn
 from triton_sam.errors import CheckpointError, ExportError, ExportValidationError
 from triton_sam.export import ExportOptions, onnx_utils
 from triton_sam.models.spec import ModelSpec, TensorSpec
-from triton_sam.tracking import protocol
-from triton_sam.tracking.config import TrackerConfig
+from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.tracking.config import TrackerConfig
 
 GRAPH_KEYS = tuple(protocol.GRAPHS)
 TRACKER_CONFIG_FILENAME = "tracker_config.json"

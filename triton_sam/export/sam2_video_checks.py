@@ -24,7 +24,7 @@ from triton_sam.export.sam2_video import (
     VideoDecoderGraph,
     VideoEncoder,
 )
-from triton_sam.tracking.config import TrackerConfig
+from triton_sam.serving.tracking.config import TrackerConfig
 
 Case = tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]
 
@@ -96,7 +96,7 @@ class VerificationCases:
     def _memory_case(self, label, *, frame, cond, non_cond, reverse=False, batch=1) -> Case:
         """Feeds from the orchestration's selection, expected from the official
         ``_prepare_memory_conditioned_features`` on an equivalent output_dict."""
-        from triton_sam.tracking.memory import select_memories
+        from triton_sam.serving.tracking.memory import select_memories
 
         num_frames = 10
         outputs: dict[str, dict[int, dict[str, Any]]] = {

@@ -4,9 +4,9 @@
 - :mod:`~triton_sam.repository.writer`: write ``<repo>/<name>/{config.pbtxt, 1/...}``.
 - :mod:`~triton_sam.repository.onnx_check`: a config against its graph, by the rules of
   Triton's onnxruntime backend.
-- ``runner.py``: the python-backend ``model.py`` of the ``python`` target, the fallback for an
-  embedded server without that backend (runs inside Triton's stub, never imported by
-  triton_sam).
+- ``serving/runner_model.py``: the python-backend ``model.py`` of the ``python`` target, the
+  fallback for an embedded server without that backend (runs inside Triton's stub, never
+  imported by triton_sam).
 """
 
 from triton_sam.repository.config import (

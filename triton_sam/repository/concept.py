@@ -32,15 +32,26 @@ from triton_sam.repository.config import (
     config_to_text,
     model_config_pb2,
 )
-from triton_sam.repository.writer import ModelFiles, onnx_model_files, write_models
-from triton_sam.serving import concept_protocol as protocol
+from triton_sam.repository.writer import (
+    SERVING_DIR,
+    ModelFiles,
+    onnx_model_files,
+    shipped_modules,
+    write_models,
+)
+from triton_sam.serving.protocol import concept as protocol
 
-SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 SERVING_SOURCE = SERVING_DIR / "concept_model.py"
-SHIPPED_PACKAGE = "triton_sam_serving"
-# The dependency-free modules the serving model imports (all of triton_sam.serving but the
-# model itself and its siblings that need Triton).
-SHIPPED_MODULES = ("__init__", "cache", "concept_protocol", "images", "masks", "resample")
+# The dependency-free modules the serving model imports.
+SHIPPED_MODULES = (
+    "__init__",
+    "cache",
+    "protocol/__init__",
+    "protocol/concept",
+    "images",
+    "masks",
+    "resample",
+)
 
 
 @dataclass(frozen=True)
@@ -175,9 +186,7 @@ def feature_bytes(family: ConceptFamilySpec) -> int:
 def serving_files(tokenizer: Path) -> dict[str, Path]:
     """What goes into the serving model's version directory."""
     files = {"model.py": SERVING_SOURCE, protocol.TOKENIZER_FILE: Path(tokenizer)}
-    for module in SHIPPED_MODULES:
-        files[f"{SHIPPED_PACKAGE}/{module}.py"] = SERVING_DIR / f"{module}.py"
-    return files
+    return files | shipped_modules(SHIPPED_MODULES)
 
 
 def write_concept_models(

@@ -5,7 +5,7 @@
   Runtime's TensorRT execution provider in FP16. The embedded server runs the same configs
   on Triton's onnxruntime backend built for CPU, through :func:`to_cpu_twin`.
 - ``python``: a fallback for an embedded server without that backend: a python-backend model
-  (``runner.py``) runs ``model.onnx`` with onnxruntime (see :func:`to_python_target`).
+  (``serving/runner_model.py``) runs ``model.onnx`` with onnxruntime (see :func:`to_python_target`).
 
 Configs are built as Triton's own protobuf (``model_config_pb2.ModelConfig``) and written with
 ``text_format``, never from string templates, so what we write is what Triton parses.
@@ -33,7 +33,7 @@ GRAPHS: tuple[str, ...] = get_args(Graph)
 ModelConfig = model_config_pb2.ModelConfig
 
 ONNX_FILENAME = "model.onnx"
-# Keys of the config ``parameters`` that runner.py reads. runner.py cannot import this
+# Keys of the config ``parameters`` that runner_model.py reads. runner_model.py cannot import this
 # module (it runs inside Triton's stub), so it repeats them; a unit test keeps both equal.
 ONNX_FILE_PARAM = "onnx_file"
 INTRA_OP_THREADS_PARAM = "intra_op_threads"

@@ -1,8 +1,9 @@
 """The ``<family>_session`` model's ``config.pbtxt``, rendered from the family spec, and its writer.
 
-The session model (``session_model.py``, deployed as ``1/model.py``) is a python-backend BLS
-model in BOTH targets: in the GPU container it calls the onnxruntime-backend encoder/decoder,
-in the embedded server the runner.py ones. Its tensors come from the spec:
+The session model (``serving/embedding_cache_model.py``, deployed as ``1/model.py``) is a
+python-backend BLS model in BOTH targets: in the GPU container it calls the
+onnxruntime-backend encoder/decoder, in the embedded server the runner_model.py ones. Its
+tensors come from the spec:
 
 - inputs: ``image_id`` (BYTES), ``image_bytes`` (BYTES: an encoded image file),
   ``image_rgb`` (UINT8 [H, W, 3]), then every encoder input, every decoder input that is not an
@@ -14,8 +15,9 @@ in the embedded server the runner.py ones. Its tensors come from the spec:
 
 Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters.
 
-One instance, always (the cache lives in it; see session_model.py): ``KIND_GPU`` pinned to
-GPU 0 when the encoder runs on GPUs (features stay in device memory), else ``KIND_CPU``.
+One instance, always (the cache lives in it; see serving/embedding_cache_model.py):
+``KIND_GPU`` pinned to GPU 0 when the encoder runs on GPUs (features stay in device memory),
+else ``KIND_CPU``.
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ from triton_sam.repository.config import (
 )
 from triton_sam.serving import bounds, intake
 
-SESSION_SOURCE = Path(__file__).with_name("session_model.py")
-SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
-SHIPPED_PACKAGE = "triton_sam_serving"
-# The dependency-free modules session_model.py imports (shipped as ``triton_sam_serving``).
+# writer.py imports this module, so its SERVING_DIR / shipped_modules are imported lazily.
+SESSION_SOURCE = Path(__file__).resolve().parent.parent / "serving" / "embedding_cache_model.py"
+# The dependency-free modules embedding_cache_model.py imports (shipped as ``triton_sam_serving``).
 SHIPPED_MODULES = ("__init__", "bounds", "images", "intake", "resample")
 IMAGE_BYTES = "image_bytes"
 IMAGE_RGB = "image_rgb"
@@ -52,7 +53,7 @@ ENCODED = "encoded"
 LOGITS_KEY = "logits_key"
 PREVIOUS_KEY = "previous_key"
 PREVIOUS_MASK_INDEX = "previous_mask_index"
-# Config ``parameters`` read by session_model.py (it cannot import this module; a unit test
+# Config ``parameters`` read by embedding_cache_model.py (it cannot import this module; a unit test
 # keeps both equal).
 PARAM_KEYS = (
     "encoder_model",
@@ -230,10 +231,9 @@ def write_session(
 
 def session_files() -> dict[str, Path]:
     """What goes into the session model's version directory: ``model.py`` and the package."""
-    files = {"model.py": SESSION_SOURCE}
-    for module in SHIPPED_MODULES:
-        files[f"{SHIPPED_PACKAGE}/{module}.py"] = SERVING_DIR / f"{module}.py"
-    return files
+    from triton_sam.repository.writer import shipped_modules
+
+    return {"model.py": SESSION_SOURCE} | shipped_modules(SHIPPED_MODULES)
 
 
 def _prompt_inputs(family: FamilySpec) -> tuple[TensorSpec, ...]:

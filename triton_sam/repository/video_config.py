@@ -2,9 +2,10 @@
 
 Graphs are configured like the image pair (:func:`config.build_graph_config`: target,
 dynamic batching, queue policy); the tracker is a python-backend BLS model whose directory
-holds ``model.py`` (``tracker_model.py``) and the dependency-free ``triton_sam/tracking``
-package as ``triton_sam_tracking/``. Everything is written as one set
-(:func:`writer.write_models`): the graphs and the tracker that calls them change together.
+holds ``model.py`` (``serving/tracker_model.py``) and the dependency-free
+``triton_sam/serving`` modules it needs (protocol, tracking) as ``triton_sam_serving/``.
+Everything is written as one set (:func:`writer.write_models`): the graphs and the tracker
+that calls them change together.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-import triton_sam.tracking as tracking_package
 from triton_sam.models.spec import TensorSpec
 from triton_sam.repository.config import (
     ONNX_FILENAME,
@@ -26,12 +26,20 @@ from triton_sam.repository.config import (
     config_to_text,
     triton_dtype,
 )
-from triton_sam.repository.writer import RUNNER_NAME, RUNNER_SOURCE, ModelFiles, write_models
-from triton_sam.tracking import protocol
-from triton_sam.tracking.config import TrackerConfig
+from triton_sam.repository.writer import (
+    RUNNER_NAME,
+    RUNNER_SOURCE,
+    SERVING_DIR,
+    SHIPPED_PACKAGE,
+    ModelFiles,
+    shipped_modules,
+    write_models,
+)
+from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.tracking.config import TrackerConfig
 
-TRACKER_SOURCE = Path(__file__).with_name("tracker_model.py")
-PACKAGE_DIR = "triton_sam_tracking"  # what tracker_model.py imports
+TRACKER_SOURCE = SERVING_DIR / "tracker_model.py"
+PACKAGE_DIR = SHIPPED_PACKAGE  # what tracker_model.py imports
 
 
 @dataclass(frozen=True)
@@ -143,11 +151,9 @@ def video_artifacts(
 
 def tracker_files() -> dict[str, Path]:
     """The tracker's version directory: model.py and the tracking package."""
-    package = Path(tracking_package.__file__).parent
-    files = {RUNNER_NAME: TRACKER_SOURCE}
-    for source in sorted(package.glob("*.py")):
-        files[f"{PACKAGE_DIR}/{source.name}"] = source
-    return files
+    tracking = sorted(f"tracking/{p.stem}" for p in (SERVING_DIR / "tracking").glob("*.py"))
+    modules = ["__init__", "protocol/__init__", "protocol/tracker", *tracking]
+    return {RUNNER_NAME: TRACKER_SOURCE} | shipped_modules(modules)
 
 
 def write_video_models(

@@ -4,7 +4,7 @@ Layout per model::
 
     <repo>/<name>/config.pbtxt
     <repo>/<name>/1/model.onnx       (+ external-data sidecars, under their own names)
-    <repo>/<name>/1/model.py         (python target only: a copy of runner.py)
+    <repo>/<name>/1/model.py         (python target only: a copy of runner_model.py)
 
 A model is built in a hidden staging directory beside the repository (in its parent, so the
 final rename stays on one filesystem) and swapped in with renames, so a crash leaves either the
@@ -46,9 +46,23 @@ from triton_sam.repository.session_config import is_session_config, session_file
 CONFIG_FILENAME = "config.pbtxt"
 VERSION = "1"
 RUNNER_NAME = "model.py"  # what the python backend loads
-RUNNER_SOURCE = Path(__file__).with_name("runner.py")
+SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
+RUNNER_SOURCE = SERVING_DIR / "runner_model.py"
+# The top-level name the dependency-free serving modules are shipped under beside a model.py:
+# unique, so nothing on the stub's sys.path can shadow it.
+SHIPPED_PACKAGE = "triton_sam_serving"
 _STAGING = ".{repo}.{name}.staging-"
 _RETIRED = ".{repo}.{name}.old-"
+
+
+def shipped_modules(modules: Sequence[str]) -> dict[str, Path]:
+    """Version-directory files that ship ``triton_sam.serving`` modules as ``SHIPPED_PACKAGE``.
+
+    Args:
+        modules: paths relative to ``triton_sam/serving`` without ``.py``
+            (``"protocol/tracker"``); every package ``__init__`` on the way must be listed.
+    """
+    return {f"{SHIPPED_PACKAGE}/{m}.py": SERVING_DIR / f"{m}.py" for m in modules}
 
 
 def write_model(

@@ -8,8 +8,9 @@ it), and the clients import the very same files as ``triton_sam.serving``:
 - :mod:`.resample`: numpy twins of torch's resampling kernels;
 - :mod:`.images`: content ids and SAM3 preprocessing of RGB images;
 - :mod:`.masks`: instance post-processing (Sam3Processor's), COCO RLE and PNG encoding;
-- :mod:`.concept_protocol`: tensor names, limits and error codes of the ``sam3_concept``
-  serving model;
-- ``concept_model.py``: that serving model (a python-backend ``model.py``; needs Triton's
-  ``triton_python_backend_utils`` and is never imported by the package itself).
+- :mod:`.protocol`: tensor names, limits and error codes of the served models;
+- :mod:`.tracking`: SAM2 video tracking orchestration (the tracker model's, and in-process);
+- ``*_model.py``: the python-backend ``model.py`` files (``concept_model``,
+  ``embedding_cache_model``, ``tracker_model``, ``runner_model``); they need Triton's
+  ``triton_python_backend_utils`` and are never imported by the package itself.
 """

@@ -37,10 +37,10 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     from triton_sam_serving import cache, images, masks
-    from triton_sam_serving import concept_protocol as protocol
+    from triton_sam_serving.protocol import concept as protocol
 except ImportError:  # imported from the triton_sam source tree (unit tests)
     from triton_sam.serving import cache, images, masks
-    from triton_sam.serving import concept_protocol as protocol
+    from triton_sam.serving.protocol import concept as protocol
 
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"

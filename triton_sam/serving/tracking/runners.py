@@ -2,7 +2,7 @@
 
 :class:`OnnxRuntimeRunner` runs the exported graphs in-process with onnxruntime (imported
 when constructed): the benchmark's "ORT in-process" baseline and the fast tests. Inside
-Triton the tracker model uses BLS calls instead (``repository/tracker_model.py``).
+Triton the tracker model uses BLS calls instead (``serving/tracker_model.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import protocol
+from ..protocol import tracker as protocol
 
 
 class OnnxRuntimeRunner:

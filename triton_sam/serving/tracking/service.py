@@ -2,7 +2,7 @@
 
 ``TrackingService.handle`` takes one request's tensors by name (numpy, per item: no batch
 dim) and answers the command they carry (:mod:`.protocol`), holding every session in a
-bounded :class:`.sessions.SessionStore`. The Triton model (``repository/tracker_model.py``)
+bounded :class:`.sessions.SessionStore`. The Triton model (``serving/tracker_model.py``)
 only converts tensors and errors; tests drive this class directly.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import protocol as p
+from ..protocol import tracker as p
+from ..protocol.tracker import TrackingError
 from .config import TrackerConfig
-from .protocol import TrackingError
-from .resample import encoded_size
+from .frames import encoded_size
 from .sessions import SessionStore
 from .state import Session
 from .tracker import COND, GraphRunner, Tracker

@@ -1,15 +1,15 @@
 """Triton python-backend model that tracks objects through videos: ``sam2_tracker``.
 
 The repository writer copies this file to ``sam2_tracker/1/model.py`` and the dependency-free
-``triton_sam/tracking`` package beside it as ``triton_sam_tracking/`` (the same code the
+``triton_sam/serving`` modules it needs beside it as ``triton_sam_serving/`` (the same code the
 clients' in-process predictor runs). It imports only numpy, json, os, sys and
 ``triton_python_backend_utils`` itself; the package adds Pillow to decode and resize frames.
 
-Every request is one command of ``triton_sam_tracking.protocol`` (init, add_frame, add_points,
-add_mask, preflight, track, get, ...) on one session; the answer carries one frame's low-res
-masks at most, so the memory bank never crosses the wire. The five graphs run as their own
-Triton models (onnxruntime backend in the GPU container, runner.py in the embedded server),
-called through BLS.
+Every request is one command of ``triton_sam_serving.protocol.tracker`` (init, add_frame,
+add_points, add_mask, preflight, track, get, ...) on one session; the answer carries one
+frame's low-res masks at most, so the memory bank never crosses the wire. The five graphs run
+as their own Triton models (onnxruntime backend in the GPU container, runner_model.py in the
+embedded server), called through BLS.
 
 State placement: sessions live in this model's one instance (its stub process), bounded in
 sessions, frames and bytes with LRU eviction (``SessionStore``). Triton's sequence batcher with
@@ -35,7 +35,7 @@ import sys
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-PACKAGE = "triton_sam_tracking"
+PACKAGE = "triton_sam_serving"
 METRIC_PREFIX = "triton_sam_tracker_"
 
 
@@ -76,10 +76,10 @@ class TritonPythonModel:
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         if version_dir not in sys.path:
             sys.path.insert(0, version_dir)  # the shipped package wins over any installed one
-        from triton_sam_tracking import protocol
-        from triton_sam_tracking.config import TrackerConfig
-        from triton_sam_tracking.service import TrackingService
-        from triton_sam_tracking.sessions import SessionStore
+        from triton_sam_serving.protocol import tracker as protocol
+        from triton_sam_serving.tracking.config import TrackerConfig
+        from triton_sam_serving.tracking.service import TrackingService
+        from triton_sam_serving.tracking.sessions import SessionStore
 
         self.protocol = protocol
         config = json.loads(args["model_config"])

@@ -14,8 +14,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import protocol
-from .protocol import TrackingError
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
 from .state import Session
 
 

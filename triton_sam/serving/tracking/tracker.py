@@ -19,12 +19,12 @@ from typing import Protocol
 
 import numpy as np
 
-from . import protocol
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
 from .config import TrackerConfig
+from .frames import antialias_resize, decode_frame, preprocess_frame
 from .memory import select_memories
 from .prompts import point_inputs
-from .protocol import TrackingError
-from .resample import antialias_resize, decode_frame, preprocess_frame
 from .state import (
     Features,
     FrameOutput,

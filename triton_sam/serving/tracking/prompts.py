@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import protocol
-from .protocol import TrackingError
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
 from .state import PointInputs
 
 _F32 = np.float32

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import protocol
-from .protocol import TrackingError
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
 
 
 def bilinear(x: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
