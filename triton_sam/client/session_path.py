@@ -263,7 +263,7 @@ def request_bytes(
     """
     from triton_sam.client.transport import build_infer_inputs
 
-    payload = sum(np.asarray(a).nbytes for a in inputs.values())
+    payload = sum(_payload_bytes(np.asarray(a)) for a in inputs.values())
     if payload > _EXACT_LIMIT:  # an image: its tensor bytes dominate; do not serialise it twice
         return payload
     if protocol == "http":
@@ -294,6 +294,13 @@ def request_bytes(
         parameters=None,
     )
     return request.ByteSize()
+
+
+def _payload_bytes(array: np.ndarray) -> int:
+    """Bytes a tensor carries: its buffer, or for BYTES (object) tensors its elements."""
+    if array.dtype == np.object_:
+        return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.reshape(-1))
+    return array.nbytes
 
 
 def session_offered(transport: Transport, session_model: str, wanted: bool | None) -> bool:

@@ -113,7 +113,8 @@ def _check_points(name: str, array: np.ndarray, max_points: int) -> int:
     if n > max_points:
         raise RequestError(
             name,
-            f"got {n} points, expected at most {max_points} (box corners included); the "
+            f"got {n} points, expected at most {max_points} (box corners and padding point "
+            "included); the "
             "decoder's memory grows with every point: send fewer, or raise max_points",
         )
     _check_finite(name, array)
