@@ -24,8 +24,7 @@ from PIL import Image, ImageOps
 
 from triton_sam.errors import ConfigError, InputValidationError
 from triton_sam.models.spec import Preprocessing
-from triton_sam.serving import intake
-from triton_sam.serving.resample import bilinear as _bilinear
+from triton_sam.serving import intake, prompt_frame
 
 ImageLike = str | os.PathLike[str] | bytes | Image.Image | np.ndarray
 
@@ -231,25 +230,11 @@ def transform_coords(
             "coords", f"got shape {points.shape}; expected ...x2 (X, Y) pixels"
         )
     h, w = _check_hw(orig_hw)
-    if _resize_rule(pre) == "square" and pre.coord_rule == "ratio":
-        # transformers' processors (return_tensors="pt"): the ratio is S / original size with
-        # the size an int64 tensor, which torch computes in float32 as S * (1 / size); then
-        # a float32 product.
-        out = points.astype(np.float32)
-        one, size = np.float32(1), np.float32(pre.image_size)
-        out[..., 0] = out[..., 0] * (size * (one / np.float32(w)))
-        out[..., 1] = out[..., 1] * (size * (one / np.float32(h)))
-        return out
-    if _resize_rule(pre) == "square":
-        out = points.astype(np.float32)  # upstream casts to float32 before scaling
-        out[..., 0] = out[..., 0] / np.float32(w)
-        out[..., 1] = out[..., 1] / np.float32(h)
-        return out * np.float32(pre.image_size)
-    new_h, new_w = resized_hw((h, w), pre)
-    out = points.astype(np.float64)
-    out[..., 0] = out[..., 0] * (new_w / w)
-    out[..., 1] = out[..., 1] * (new_h / h)
-    return out.astype(np.float32)
+    _resize_rule(pre)
+    if pre.resize == "longest_side":
+        resized_hw((h, w), pre)  # refuses an image too thin to resize
+    # One implementation for both sides: the session model maps original-pixel prompts too.
+    return prompt_frame.to_input_frame(points, (h, w), pre)
 
 
 def transform_boxes(boxes: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing) -> np.ndarray:
@@ -370,10 +355,8 @@ def postprocess_masks(
     logits = _check_logits(low_res_logits)
     h, w = _check_hw(orig_hw)
     if _resize_rule(pre) == "longest_side":
-        size = pre.image_size
-        new_h, new_w = resized_hw((h, w), pre)
-        logits = _bilinear(logits, (size, size))[..., :new_h, :new_w]
-    return _bilinear(logits, (h, w))
+        resized_hw((h, w), pre)  # refuses an image too thin to resize
+    return prompt_frame.upsample(logits, (h, w), pre)
 
 
 def clamp_low_res(logits: np.ndarray, limit: float | None = LOW_RES_LOGIT_LIMIT) -> np.ndarray:

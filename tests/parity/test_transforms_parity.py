@@ -269,7 +269,9 @@ def test_a_crop_off_by_one_pixel_fails_both_checks(monkeypatch):
     low = _logits(1, 3, seed=8)
     input_size = ResizeLongestSide.get_preprocess_shape(hw[0], hw[1], 1024)
     ref = Sam.postprocess_masks(SAM1_STUB, torch.from_numpy(low), input_size, hw).numpy()
-    monkeypatch.setattr(transforms, "resized_hw", lambda orig, pre: (input_size[0] + 1, 1024))
+    from triton_sam.serving import prompt_frame  # where the crop is computed (both sides)
+
+    monkeypatch.setattr(prompt_frame, "resized_hw", lambda orig, pre: (input_size[0] + 1, 1024))
     problems = _logit_mismatch(transforms.postprocess_masks(low, hw, SAM1_PRE), ref)
     assert len(problems) == 2, problems
 

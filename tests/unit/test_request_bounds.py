@@ -206,3 +206,14 @@ def test_ids_depend_on_pixels_models_and_preprocessing():
         intake.session_namespace("sam2_session", "sam2_encoder", other_pre, "rgb"),
     ):
         assert images.image_id(RGB, namespace) != same
+
+
+def test_finished_mask_helpers():
+    from triton_sam.serving import prompt_frame
+
+    mask = np.zeros((5, 7), bool)
+    mask[1:3, 2:6] = True
+    bits = np.frombuffer(prompt_frame.pack_bits(mask), np.uint8)
+    np.testing.assert_array_equal(np.unpackbits(bits, count=35).reshape(5, 7), mask)
+    assert prompt_frame.mask_box(mask).tolist() == [2, 1, 5, 2]
+    assert prompt_frame.mask_box(np.zeros((3, 3), bool)).tolist() == [0, 0, 0, 0]

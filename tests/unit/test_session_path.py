@@ -104,7 +104,11 @@ def test_session_config_follows_the_spec(family):
     for t in (*spec.encoder_inputs, *spec.decoder_inputs):
         assert (t.name in inputs) == (t.name not in spec.embedding_names)
     outputs = [t.name for t in config.output]
-    assert outputs == [t.name for t in spec.decoder_outputs] + ["encoded", "image_id"]
+    finished = ["masks_rle", "masks_png", "masks_bits", "mask_boxes", "mask_scores", "image_size"]
+    decoder = [t.name for t in spec.decoder_outputs]
+    assert outputs == decoder + ["encoded", "image_id", *finished]  # point_list: SAM1, SAM2
+    for name in ("points", "labels", "box", "multimask_output"):
+        assert inputs[name].optional
     (group,) = config.instance_group
     assert group.count == 1 and group.kind == group.KIND_CPU
     assert config.HasField("dynamic_batching")

@@ -45,7 +45,20 @@ from triton_sam.serving import bounds, intake
 # writer.py imports this module, so its SERVING_DIR / shipped_modules are imported lazily.
 SESSION_SOURCE = Path(__file__).resolve().parent.parent / "serving" / "embedding_cache_model.py"
 # The dependency-free modules embedding_cache_model.py imports (shipped as ``triton_sam_serving``).
-SHIPPED_MODULES = ("__init__", "bounds", "images", "intake", "resample")
+SHIPPED_MODULES = ("__init__", "bounds", "images", "intake", "masks", "prompt_frame", "resample")
+# Prompts in original pixels and finished masks (point_list decoders: SAM1, SAM2.1).
+PIXEL_INPUTS = (
+    TensorSpec("points", "float32", (-1, 2)),
+    TensorSpec("labels", "int32", (-1,)),
+    TensorSpec("box", "float32", (4,)),
+    TensorSpec("multimask_output", "int32", (1,)),
+)
+FINISHED_OUTPUTS = (
+    TensorSpec("mask_boxes", "float32", (-1, 4)),
+    TensorSpec("mask_scores", "float32", (-1,)),
+    TensorSpec("image_size", "int32", (2,)),
+)
+ENCODED_MASK_OUTPUTS = ("masks_rle", "masks_png", "masks_bits")
 IMAGE_BYTES = "image_bytes"
 IMAGE_RGB = "image_rgb"
 IMAGE_ID = "image_id"
@@ -70,6 +83,8 @@ PARAM_KEYS = (
     "max_boxes",
     "max_image_pixels",
     "max_image_bytes",
+    "box_before_points",
+    "pad_with_box",
 )
 
 
@@ -150,6 +165,11 @@ def build_session_config(
     for spec in (*family.encoder_inputs, *_prompt_inputs(family)):
         config.input.append(_optional(_tensor(spec, model_config_pb2.ModelInput)))
     config.input.extend(_optional(_string_input(n)) for n in (LOGITS_KEY, PREVIOUS_KEY))
+    pixel_prompts = family.prompt_layout == "point_list"
+    if pixel_prompts:
+        config.input.extend(
+            _optional(_tensor(t, model_config_pb2.ModelInput)) for t in PIXEL_INPUTS
+        )
     index = _tensor(TensorSpec(PREVIOUS_MASK_INDEX, "int32", (1,)), model_config_pb2.ModelInput)
     config.input.append(_optional(index))
     outputs = (*family.decoder_outputs, TensorSpec(ENCODED, "int32", (1,)))
@@ -159,6 +179,12 @@ def build_session_config(
             name=IMAGE_ID, data_type=model_config_pb2.TYPE_STRING, dims=[1]
         )
     )
+    if pixel_prompts:
+        config.output.extend(
+            model_config_pb2.ModelOutput(name=n, data_type=model_config_pb2.TYPE_STRING, dims=[-1])
+            for n in ENCODED_MASK_OUTPUTS
+        )
+        config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in FINISHED_OUTPUTS)
     group = config.instance_group.add(count=1)
     if options.kind == "gpu":
         group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
@@ -184,6 +210,8 @@ def build_session_config(
         "max_boxes": str(session.max_boxes),
         "max_image_pixels": str(session.max_image_pixels),
         "max_image_bytes": str(session.max_image_bytes),
+        "box_before_points": str(family.box_before_points).lower(),
+        "pad_with_box": str(family.pad_with_box).lower(),
     }
     for key, value in params.items():
         config.parameters[key].string_value = value

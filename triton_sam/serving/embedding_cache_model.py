@@ -70,9 +70,9 @@ import triton_python_backend_utils as pb_utils
 # The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
-    from triton_sam_serving import bounds, images, intake
+    from triton_sam_serving import bounds, images, intake, masks, prompt_frame
 except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import bounds, images, intake
+    from triton_sam.serving import bounds, images, intake, masks, prompt_frame
 
 MISS_MARKER = "triton_sam.EmbeddingNotFound"
 IMAGE_ID = "image_id"
@@ -88,6 +88,19 @@ HAS_MASK_INPUT = "has_mask_input"
 MASK_OUTPUTS = ("masks", "multimask_masks")
 CONTROL_INPUTS = (IMAGE_ID, LOGITS_KEY, PREVIOUS_KEY, PREVIOUS_MASK_INDEX)
 IMAGE_INPUTS = (IMAGE_RGB, IMAGE_BYTES)
+# Prompts in original pixels (point_list decoders), and the finished masks they can ask for.
+POINTS = "points"
+LABELS = "labels"
+BOX = "box"
+MULTIMASK = "multimask_output"
+PIXEL_INPUTS = (POINTS, LABELS, BOX, MULTIMASK)
+MASKS_RLE = "masks_rle"
+MASKS_PNG = "masks_png"
+MASKS_BITS = "masks_bits"
+MASK_BOXES = "mask_boxes"
+MASK_SCORES = "mask_scores"
+IMAGE_SIZE = "image_size"
+FINISHED_OUTPUTS = (MASKS_RLE, MASKS_PNG, MASKS_BITS, MASK_BOXES, MASK_SCORES, IMAGE_SIZE)
 METRIC_PREFIX = "triton_sam_session_"
 
 
@@ -96,11 +109,12 @@ class EmbeddingMiss(Exception):
 
 
 class _Entry:
-    __slots__ = ("features", "feature_bytes", "logits")
+    __slots__ = ("features", "feature_bytes", "logits", "hw")
 
-    def __init__(self, features, feature_bytes):
+    def __init__(self, features, feature_bytes, hw=None):
         self.features = features  # name -> pb_utils.Tensor (GPU) or np.ndarray (CPU)
         self.feature_bytes = feature_bytes
+        self.hw = hw  # (H, W) of the original image; None when embedded as a float tensor
         self.logits = OrderedDict()  # key -> np.ndarray [1, M, S, S], LRU order
 
     @property
@@ -144,12 +158,12 @@ class EmbeddingCache:
         self._entries.move_to_end(image_id)
         return entry.features
 
-    def put(self, image_id, features, feature_bytes):
+    def put(self, image_id, features, feature_bytes, hw=None):
         """Keep ``features`` under ``image_id``; returns the ids evicted to stay in bounds."""
         old = self._entries.pop(image_id, None)
         if old is not None:
             self.nbytes -= old.nbytes
-        self._entries[image_id] = _Entry(features, int(feature_bytes))
+        self._entries[image_id] = _Entry(features, int(feature_bytes), hw)
         self.nbytes += int(feature_bytes)
         return self._shrink()
 
@@ -167,6 +181,13 @@ class EmbeddingCache:
             _, dropped = entry.logits.popitem(last=False)
             self.nbytes -= dropped.nbytes
         return self._shrink()
+
+    def original_size(self, image_id):
+        """(H, W) of the image embedded under ``image_id``, or None (float-tensor embed)."""
+        entry = self._entries.get(image_id)
+        if entry is None:
+            raise EmbeddingMiss(f"image_id {image_id!r} is not cached")
+        return entry.hw
 
     def get_logits(self, image_id, key):
         """Logits kept under ``key`` for ``image_id``; EmbeddingMiss if either is absent."""
@@ -213,7 +234,7 @@ class TritonPythonModel:
         self.prompt_inputs = [
             n
             for n in inputs
-            if n not in CONTROL_INPUTS and n not in IMAGE_INPUTS and n not in self.encoder_inputs
+            if n not in (*CONTROL_INPUTS, *IMAGE_INPUTS, *PIXEL_INPUTS, *self.encoder_inputs)
         ]
         pre_json = params.get("preprocessing") or ""
         self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
@@ -225,6 +246,8 @@ class TritonPythonModel:
         self.max_boxes = int(params.get("max_boxes") or bounds.MAX_BOXES)
         self.max_pixels = int(params.get("max_image_pixels") or bounds.MAX_IMAGE_PIXELS)
         self.max_image_bytes = int(params.get("max_image_bytes") or bounds.MAX_IMAGE_BYTES)
+        self.box_before_points = params.get("box_before_points") == "true"
+        self.pad_with_box = params.get("pad_with_box") == "true"
         mask = inputs.get(MASK_INPUT)
         self.mask_dims = [1] + [int(d) for d in mask["dims"]] if mask else None
         self.on_gpu = args.get("model_instance_kind") == "GPU"
@@ -253,6 +276,7 @@ class TritonPythonModel:
                 bounds.check_key(IMAGE_ID, hint)
             wanted = _requested(request)
             prompts = self._checked_prompts(request)  # refused before any work
+            pixel = self._pixel_prompts(request, prompts)
             image = self._received_image(request)
             outputs = []
             if image is not None:
@@ -282,7 +306,9 @@ class TritonPythonModel:
                 encoded = 0
             else:
                 image_id, encoded = hint, None
-            if prompts:
+            if pixel is not None:
+                outputs = await self._predict_pixels(request, image_id, pixel, wanted)
+            elif prompts:
                 outputs = await self._predict(request, image_id, wanted)
             elif encoded is None:  # probe
                 self._features(image_id)
@@ -320,6 +346,103 @@ class TritonPythonModel:
             if value is not None:
                 bounds.check_key(name, value)
         return prompts
+
+    def _pixel_prompts(self, request, prompts):
+        """(points, labels, box, multimask) in original pixels, checked, or None if absent."""
+        given = {n: _input(request, n) for n in PIXEL_INPUTS}
+        given = {n: t.as_numpy() for n, t in given.items() if t is not None}
+        if not given:
+            return None
+        if prompts:
+            raise bounds.RequestError(
+                POINTS, f"got both pixel prompts and {sorted(prompts)}; send one kind"
+            )
+        points = given.get(POINTS)
+        labels = given.get(LABELS)
+        box = given.get(BOX)
+        if (points is None) != (labels is None):
+            raise bounds.RequestError(LABELS, "points and labels must be given together")
+        if points is None and box is None:
+            raise bounds.RequestError(POINTS, "no prompt: send points with labels, a box, or both")
+        clicks = None
+        if points is not None:
+            points = points.reshape(-1, 2) if points.size % 2 == 0 else points
+            if points.ndim != 2 or points.shape[0] > self.max_points:
+                raise bounds.RequestError(
+                    POINTS,
+                    f"got shape {list(points.shape)}, expected [N, 2] (X, Y) pixels with "
+                    f"N <= {self.max_points}",
+                )
+            labels = labels.reshape(-1)
+            if labels.shape[0] != points.shape[0] or not np.isin(labels, (0, 1)).all():
+                raise bounds.RequestError(
+                    LABELS, f"got {labels[:8].tolist()}, expected one 0/1 label per point"
+                )
+            if not np.isfinite(points).all():
+                raise bounds.RequestError(POINTS, "got NaN or infinity, expected finite pixels")
+            clicks = (points.astype(np.float64), labels.astype(np.float32))
+        if box is not None:
+            box = box.reshape(-1)
+            if box.shape != (4,) or not np.isfinite(box).all():
+                raise bounds.RequestError(BOX, "expected 4 finite values (x0, y0, x1, y1) pixels")
+        multimask = given.get(MULTIMASK)
+        return clicks, box, bool(multimask is not None and multimask.reshape(-1)[0])
+
+    async def _predict_pixels(self, request, image_id, pixel, wanted):
+        """Prompts in original pixels -> the decoder -> masks at the original size, encoded."""
+        clicks, box, multimask = pixel
+        hw = self.cache.original_size(image_id)
+        if hw is None or self.pre is None:
+            raise bounds.RequestError(
+                POINTS,
+                "this image was embedded as a preprocessed tensor, whose original size the "
+                f"server does not know; embed it as {IMAGE_BYTES} or {IMAGE_RGB}",
+            )
+        coords, labels = prompt_frame.point_list(
+            clicks,
+            box,
+            hw,
+            self.pre,
+            box_before_points=self.box_before_points,
+            pad_with_box=self.pad_with_box,
+        )
+        given = {"point_coords": coords, "point_labels": labels}
+        bounds.check_prompts(given, max_points=self.max_points, max_boxes=self.max_boxes)
+        low_name, score_name = (
+            ("multimask_masks", "multimask_iou_predictions")
+            if multimask
+            else ("masks", "iou_predictions")
+        )
+        names = [low_name, score_name]
+        extra = [n for n in wanted if n in MASK_OUTPUTS and n != low_name]
+        outputs = await self._predict(request, image_id, names + extra, given=given)
+        by_name = {t.name(): t for t in outputs}
+        low = np.asarray(by_name[low_name].as_numpy(), np.float32)
+        scores = np.asarray(by_name[score_name].as_numpy(), np.float32).reshape(-1)
+        result = [t for n, t in by_name.items() if n in wanted and n not in FINISHED_OUTPUTS]
+        finished = self._finished_masks(low, scores, hw, wanted)
+        return result + [pb_utils.Tensor(n, v) for n, v in finished.items()]
+
+    def _finished_masks(self, low, scores, hw, wanted):
+        """The original-size masks of [1, M, s, s] logits, in the encodings asked for."""
+        wanted = set(wanted) or {MASKS_RLE, MASK_BOXES, MASK_SCORES, IMAGE_SIZE}
+        encoders = {
+            MASKS_RLE: masks.encode_rle,
+            MASKS_PNG: masks.encode_png,
+            MASKS_BITS: prompt_frame.pack_bits,
+        }
+        encoded = {n: [] for n in encoders if n in wanted}
+        boxes = []
+        for i in range(low.shape[1]):  # one mask at a time: H x W float32 each
+            mask = prompt_frame.upsample(low[:, i : i + 1], hw, self.pre)[0, 0] > 0
+            boxes.append(prompt_frame.mask_box(mask))
+            for name in encoded:
+                encoded[name].append(encoders[name](mask))
+        out = {n: np.array([v], dtype=np.object_) for n, v in encoded.items()}
+        out[MASK_BOXES] = np.stack(boxes)[None]
+        out[MASK_SCORES] = scores[None]
+        out[IMAGE_SIZE] = np.array([hw], np.int32)
+        return {n: v for n, v in out.items() if n in wanted}
 
     def _received_image(self, request):
         """(image id, kind, pixels or encoder feeds) of the image a request carries, or None.
@@ -400,7 +523,8 @@ class TritonPythonModel:
         nbytes = self.embedding_bytes or sum(
             v.nbytes for v in features.values() if isinstance(v, np.ndarray)
         )
-        evicted = self.cache.put(image_id, features, nbytes)
+        hw = (int(value.shape[0]), int(value.shape[1])) if kind == "rgb" else None
+        evicted = self.cache.put(image_id, features, nbytes, hw)
         self.metrics.count("evictions", len(evicted))
         return 1
 
@@ -409,7 +533,9 @@ class TritonPythonModel:
         self.metrics.count("hits")
         return features
 
-    async def _predict(self, request, image_id, wanted):
+    async def _predict(self, request, image_id, wanted, given=None):
+        """Run the decoder on the cached features and the request's prompt tensors (or
+        ``given``: name -> array built here); returns the output tensors asked for."""
         features = self._features(image_id)
         feeds = [
             value if not isinstance(value, np.ndarray) else pb_utils.Tensor(name, value)
@@ -417,7 +543,10 @@ class TritonPythonModel:
         ]
         names_given = set()
         for name in self.prompt_inputs:
-            tensor = _input(request, name)
+            if given is not None:
+                tensor = pb_utils.Tensor(name, given[name]) if name in given else None
+            else:
+                tensor = _input(request, name)
             if tensor is not None:
                 feeds.append(tensor)
                 names_given.add(name)
@@ -425,7 +554,10 @@ class TritonPythonModel:
             feeds += self._mask_feeds(request, image_id)
         elif MASK_INPUT in names_given and HAS_MASK_INPUT not in names_given:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
-        names = [n for n in wanted if n not in (ENCODED, IMAGE_ID)] or ["masks", "iou_predictions"]
+        names = [n for n in wanted if n not in (ENCODED, IMAGE_ID, *FINISHED_OUTPUTS)] or [
+            "masks",
+            "iou_predictions",
+        ]
         bls = pb_utils.InferenceRequest(
             model_name=self.decoder_model,
             inputs=feeds,

@@ -28,14 +28,23 @@ import numpy as np
 from . import resample
 from .bounds import RequestError, check_image_size
 
-# What the pixels of the encoder input depend on (Preprocessing fields); part of the image id.
-PIXEL_FIELDS = ("image_size", "resize", "resize_dtype", "pixel_mean", "pixel_std", "pixel_scale")
+# Preprocessing fields the server needs: what the encoder input's pixels depend on (part of the
+# image id), and how original-pixel prompts map to the input frame.
+PIXEL_FIELDS = (
+    "image_size",
+    "resize",
+    "resize_dtype",
+    "pixel_mean",
+    "pixel_std",
+    "pixel_scale",
+    "coord_rule",
+)
 ID_VERSION = "triton_sam.session/v2"
 SIXTEEN_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
 
 
 def preprocessing_json(pre: Any) -> str:
-    """The pixel-affecting preprocessing as canonical JSON (a config parameter of the server)."""
+    """The preprocessing the server needs, as canonical JSON (a config parameter)."""
     fields = {}
     for name in PIXEL_FIELDS:
         value = getattr(pre, name)
