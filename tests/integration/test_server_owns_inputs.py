@@ -215,3 +215,24 @@ def test_set_image_bytes_for_a_1_megapixel_jpeg(sam2_tiny_server, tmp_path):
     )
     assert float_bytes == 3 * 1024 * 1024 * 4
     assert file_bytes <= path.stat().st_size + 512
+
+
+@pytest.mark.parametrize("family", ["sam1", "sam3"])
+def test_every_family_decodes_and_preprocesses_on_the_server(family, request, tmp_path):
+    """SAM1 (longest side + pad, PIL resize) and the SAM3 tracker (1008, uint8 resize): the
+    file bytes the server decodes and preprocesses give exactly the stateless path's masks
+    (whose parity with the official predictors tests/parity checks)."""
+    server = request.getfixturevalue(f"{'sam1_vit_b' if family == 'sam1' else family}_server")
+    path = tmp_path / "image.png"
+    Image.fromarray(sample_image(300, 200, seed=9)).save(path)
+    prompt = {"point_coords": [[120, 80]], "point_labels": [1], "box": [40, 30, 220, 160]}
+    results = []
+    for server_side in (True, False):
+        with SAM2TritonClient(
+            server.http_url, model_type=family, use_server_embeddings=server_side
+        ) as client:
+            assert client.uses_server_embeddings == server_side
+            client.set_image(path)
+            results.append(client.predict_full(**prompt))
+    np.testing.assert_array_equal(results[0].low_res_logits, results[1].low_res_logits)
+    np.testing.assert_array_equal(results[0].iou_predictions, results[1].iou_predictions)
