@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import io
 import os
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from triton_sam.errors import ConfigError, InputValidationError
 from triton_sam.models.spec import Preprocessing
-from triton_sam.serving.resample import bilinear as _bilinear
-from triton_sam.serving.resample import resize_antialias as _resize_square
-from triton_sam.serving.resample import resize_antialias_uint8 as _resize_square_uint8
+from triton_sam.serving import intake, rules
 
 ImageLike = str | os.PathLike[str] | bytes | Image.Image | np.ndarray
 
@@ -47,7 +46,6 @@ _EXPECTED_IMAGE = "a path, encoded bytes, a PIL.Image, or an HxWx3 uint8 RGB num
 _EXPECTED_ARRAY = "an HxWx3 uint8 RGB array with H, W >= 1"
 # Errors PIL raises for missing, unreadable, truncated or hostile files.
 _READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
-_SIXTEEN_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
 
 
 # -- images ---------------------------------------------------------------------------------
@@ -156,31 +154,12 @@ def _open_file(source: str | os.PathLike[str] | io.BytesIO, limit: int) -> Image
 
 
 def _pil_to_rgb(img: Image.Image) -> np.ndarray:
-    """Convert a PIL image of any common mode to an HxWx3 uint8 RGB array."""
-    w, h = img.size
-    if w == 0 or h == 0:
-        raise InputValidationError(
-            "image", f"got an empty PIL image (W x H = {w} x {h}); expected W, H >= 1"
-        )
-    if img.mode in _SIXTEEN_BIT_MODES:
-        # PIL's own convert("RGB") clips 16-bit values at 255; scale the range instead.
-        wide = np.asarray(img).astype(np.int64).clip(0, 65535)
-        gray = ((wide * 255 + 32767) // 65535).astype(np.uint8)  # round(v / 257)
-        return np.ascontiguousarray(np.repeat(gray[..., None], 3, axis=-1))
-    if img.mode == "F":
-        raise InputValidationError(
-            "image",
-            "got a float (mode 'F') PIL image, whose value range is ambiguous; "
-            "expected an 8-bit or 16-bit image (convert it to uint8 RGB first)",
-        )
-    if img.mode != "RGB":
-        try:
-            img = img.convert("RGB")
-        except ValueError as e:
-            raise InputValidationError(
-                "image", f"cannot convert PIL mode {img.mode!r} to RGB ({e})"
-            ) from e
-    return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+    """Convert a PIL image of any common mode to an HxWx3 uint8 RGB array (as the server
+    does: :func:`triton_sam.serving.intake.pil_to_rgb`)."""
+    try:
+        return intake.pil_to_rgb(img, field="image")
+    except intake.RequestError as e:
+        raise InputValidationError("image", str(e).removeprefix("image: ")) from None
 
 
 def _check_rgb_array(image: np.ndarray, field: str = "image") -> np.ndarray:
@@ -214,7 +193,7 @@ def resized_hw(orig_hw: tuple[int, int], pre: Preprocessing) -> tuple[int, int]:
         InputValidationError: ``orig_hw`` is not two positive ints, or the image is so thin
             that its short side would resize to 0 pixels.
     """
-    return resize_rule(pre).resized_hw(_check_hw(orig_hw), pre.image_size)
+    return _rule_call(pre, "resized_hw", _check_hw(orig_hw), pre.image_size)
 
 
 def transform_coords(
@@ -242,7 +221,7 @@ def transform_coords(
         raise InputValidationError(
             "coords", f"got shape {points.shape}; expected ...x2 (X, Y) pixels"
         )
-    return resize_rule(pre).coords(points, _check_hw(orig_hw), pre.image_size)
+    return _rule_call(pre, "coords", points, _check_hw(orig_hw), pre.image_size)
 
 
 def transform_boxes(boxes: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing) -> np.ndarray:
@@ -291,116 +270,32 @@ def _check_hw(orig_hw: tuple[int, int]) -> tuple[int, int]:
     return h, w
 
 
-# -- resize rules: one per upstream processor ------------------------------------------------
-class SamPredictorRule:
-    """``segment_anything``'s ``SamPredictor`` (``Preprocessing.resize = "longest_side"``).
-
-    ``ResizeLongestSide``: the longest side to S (the other rounded half up), PIL bilinear on
-    uint8, normalise on the 0-255 scale, zero-pad bottom/right; masks: bilinear to S x S, crop
-    the unpadded region, bilinear to (H, W) (``Sam.postprocess_masks``).
-    """
-
-    def resized_hw(self, hw: tuple[int, int], size: int) -> tuple[int, int]:
-        """``ResizeLongestSide.get_preprocess_shape`` (upstream's float arithmetic, so the
-        rounding matches at .5 boundaries)."""
-        h, w = hw
-        scale = size * 1.0 / max(h, w)
-        new_h, new_w = int(h * scale + 0.5), int(w * scale + 0.5)
-        if new_h == 0 or new_w == 0:
-            raise InputValidationError(
-                "orig_hw", f"got {h}x{w}; the short side resizes to 0 pixels at {size}"
-            )
-        return new_h, new_w
-
-    def coords(self, points: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
-        """``ResizeLongestSide.apply_coords`` in float64, then float32 as fed to the model."""
-        new_h, new_w = self.resized_hw(hw, size)
-        out = points.astype(np.float64)
-        out[..., 0] = out[..., 0] * (new_w / hw[1])
-        out[..., 1] = out[..., 1] * (new_h / hw[0])
-        return out.astype(np.float32)
-
-    def preprocess(self, rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
-        try:
-            new_h, new_w = self.resized_hw(rgb.shape[:2], pre.image_size)
-        except InputValidationError as e:
-            raise InputValidationError("image", str(e)) from e
-        # Upstream resizes the uint8 image with PIL (rounding to uint8), then normalises.
-        resized = np.asarray(Image.fromarray(rgb).resize((new_w, new_h), Image.BILINEAR))
-        chw = _scale_pixels(np.ascontiguousarray(resized), pre.pixel_scale)
-        out = np.zeros((1, 3, pre.image_size, pre.image_size), np.float32)
-        out[0, :, :new_h, :new_w] = _normalize(chw, pre)
-        return out
-
-    def upsample(self, logits: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
-        new_h, new_w = self.resized_hw(hw, size)
-        return _bilinear(_bilinear(logits, (size, size))[..., :new_h, :new_w], hw)
-
-
-class Sam2TransformsRule:
-    """``sam2.utils.transforms.SAM2Transforms`` (``resize = "square"``): ToTensor (/ 255),
-    torchvision ``Resize((S, S))`` on the float tensor (bilinear, antialias), Normalize;
-    prompts ``x / w * S`` in float32; masks straight to (H, W) with one bilinear resize."""
-
-    def resized_hw(self, hw: tuple[int, int], size: int) -> tuple[int, int]:
-        return size, size
-
-    def coords(self, points: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
-        out = points.astype(np.float32)  # upstream casts to float32 before scaling
-        out[..., 0] = out[..., 0] / np.float32(hw[1])
-        out[..., 1] = out[..., 1] / np.float32(hw[0])
-        return out * np.float32(size)
-
-    def preprocess(self, rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
-        chw = _resize_square(_scale_pixels(rgb, pre.pixel_scale), pre.image_size)
-        return _normalize(chw, pre)[None]
-
-    def upsample(self, logits: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
-        return _bilinear(logits, hw)
-
-
-class Sam3ProcessorRule(Sam2TransformsRule):
-    """transformers' ``Sam3Processor`` (``resize = "square"``, ``resize_dtype = "uint8"``,
-    ``coord_rule = "ratio"``): the uint8 image resized (rounded back to uint8) before
-    rescaling; prompts ``x * (S / w)``."""
-
-    def coords(self, points: np.ndarray, hw: tuple[int, int], size: int) -> np.ndarray:
-        # return_tensors="pt": the ratio is S / original size with the size an int64 tensor,
-        # which torch computes in float32 as S * (1 / size); then a float32 product.
-        out = points.astype(np.float32)
-        one, side = np.float32(1), np.float32(size)
-        out[..., 0] = out[..., 0] * (side * (one / np.float32(hw[1])))
-        out[..., 1] = out[..., 1] * (side * (one / np.float32(hw[0])))
-        return out
-
-    def preprocess(self, rgb: np.ndarray, pre: Preprocessing) -> np.ndarray:
-        chw = np.ascontiguousarray(rgb.transpose(2, 0, 1))
-        resized = _resize_square_uint8(chw, pre.image_size)
-        return _normalize(_scale_pixels(resized.transpose(1, 2, 0), pre.pixel_scale), pre)[None]
-
-
-UpstreamRule = SamPredictorRule | Sam2TransformsRule | Sam3ProcessorRule
-_RULES: dict[tuple[str, str, str], UpstreamRule] = {
-    ("longest_side", "float32", "divide_then_scale"): SamPredictorRule(),
-    ("square", "float32", "divide_then_scale"): Sam2TransformsRule(),
-    ("square", "uint8", "ratio"): Sam3ProcessorRule(),
-}
+# -- resize rules: one per upstream processor (serving/rules.py, shared with the server) ----
+SamPredictorRule = rules.SamPredictorRule
+Sam2TransformsRule = rules.Sam2TransformsRule
+Sam3ProcessorRule = rules.Sam3ProcessorRule
+UpstreamRule = rules.UpstreamRule
 
 
 def resize_rule(pre: Preprocessing) -> UpstreamRule:
-    """The upstream processor ``pre`` describes (the one place its strings are read).
+    """The upstream processor ``pre`` describes (:func:`triton_sam.serving.rules.rule_for`).
 
     Raises:
         ConfigError: a combination no upstream processor has (a spec bug, not a user input
             error).
     """
-    rule = _RULES.get((pre.resize, pre.resize_dtype, pre.coord_rule))
-    if rule is None:
-        raise ConfigError(
-            f"Preprocessing.resize: got {pre.resize!r} (resize_dtype={pre.resize_dtype!r}, "
-            f"coord_rule={pre.coord_rule!r}); expected one of {sorted(_RULES)}"
-        )
-    return rule
+    try:
+        return rules.rule_for(pre)
+    except rules.UnknownRuleError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _rule_call(pre: Preprocessing, method: str, *args: Any) -> Any:
+    """``resize_rule(pre).<method>(*args)``, its request errors as InputValidationError."""
+    try:
+        return getattr(resize_rule(pre), method)(*args)
+    except rules.RequestError as e:
+        raise InputValidationError(e.field, str(e).split(": ", 1)[1]) from e
 
 
 # -- preprocessing --------------------------------------------------------------------------
@@ -425,26 +320,7 @@ def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
             "image", f"got {type(image).__name__}; expected {_EXPECTED_ARRAY} (see load_image)"
         )
     rgb = _check_rgb_array(image)
-    return resize_rule(pre).preprocess(rgb, pre)
-
-
-def _scale_pixels(rgb: np.ndarray, pixel_scale: float) -> np.ndarray:
-    """HxWx3 uint8 -> 3xHxW float32 times ``pixel_scale``."""
-    chw = np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32)
-    inverse = 1.0 / pixel_scale
-    if abs(inverse - round(inverse)) < 1e-9:
-        # ToTensor divides by 255; multiplying by float32(1/255) would differ by an ulp.
-        chw /= np.float32(round(inverse))
-    else:
-        chw *= np.float32(pixel_scale)
-    return chw
-
-
-def _normalize(chw: np.ndarray, pre: Preprocessing) -> np.ndarray:
-    """(x - mean) / std per channel, in float32 like torchvision's Normalize."""
-    mean = np.asarray(pre.pixel_mean, np.float32)[:, None, None]
-    std = np.asarray(pre.pixel_std, np.float32)[:, None, None]
-    return (chw - mean) / std
+    return _rule_call(pre, "preprocess", rgb, pre)
 
 
 # -- postprocessing -------------------------------------------------------------------------
@@ -476,7 +352,7 @@ def postprocess_masks(
             ``orig_hw`` is invalid.
     """
     logits = _check_logits(low_res_logits)
-    return resize_rule(pre).upsample(logits, _check_hw(orig_hw), pre.image_size)
+    return _rule_call(pre, "upsample", logits, _check_hw(orig_hw), pre.image_size)
 
 
 def clamp_low_res(logits: np.ndarray, limit: float | None = LOW_RES_LOGIT_LIMIT) -> np.ndarray:

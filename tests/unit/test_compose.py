@@ -21,7 +21,10 @@ import pytest
 import yaml
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
-IMAGE = "nvcr.io/nvidia/tritonserver:25.01-py3"
+BASE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, as the embedded server
+IMAGE = "triton-sam-server:24.10"
+DOCKERFILE = COMPOSE.with_name("Dockerfile")
+LOCK = COMPOSE.parent / "requirements" / "lock.txt"
 _VAR = re.compile(r"\$(?:\$|\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|(?P<bare>\w+))")
 
 
@@ -85,6 +88,25 @@ def test_image_and_name():
     assert service["image"] == IMAGE
     assert service["container_name"] == "sam-triton-server"
     assert load({"TRITON_IMAGE": "my/triton:dev"})["image"] == "my/triton:dev"
+
+
+def test_the_image_is_built_from_the_pinned_dockerfile():
+    build = load()["build"]
+    assert build["context"] == "." and build["dockerfile"] == "Dockerfile"
+    assert build["args"]["TRITON_BASE"] == BASE
+    assert load({"TRITON_BASE": "my/base:1"})["build"]["args"]["TRITON_BASE"] == "my/base:1"
+
+
+def test_dockerfile_pins_its_base_and_the_lock_versions_of_what_the_stubs_import():
+    text = DOCKERFILE.read_text()
+    assert f"ARG TRITON_BASE={BASE}\nFROM ${{TRITON_BASE}}" in text
+    pins = dict(re.findall(r'"([a-z0-9_-]+)==([0-9.]+)"', text))
+    assert set(pins) == {"numpy", "pillow", "tokenizers"}  # serving/ imports nothing else
+    locked = dict(re.findall(r"^([a-z0-9_-]+)==([0-9.]+)", LOCK.read_text(), re.M))
+    for package, version in pins.items():
+        assert locked[package] == version, package
+    assert "COPY scripts/health_check.sh /opt/triton-sam/health_check.sh" in text
+    assert "COPY model_repository" not in text  # mounted read-only, never baked in
 
 
 def test_all_variables_have_defaults():
@@ -159,13 +181,15 @@ def test_gpu_reservation():
     ] in ("1", 1)
 
 
-def test_healthcheck_waits_for_readiness():
+def test_healthcheck_waits_for_readiness_and_live_stubs():
     check = load()["healthcheck"]
     test = check["test"]
-    assert test[0] in ("CMD", "CMD-SHELL")
-    assert "curl" in test[1]
-    assert any(re.search(r"localhost:8000/v2/health/ready$", part) for part in test)
-    assert "-f" in "".join(test[2:])  # fail on HTTP errors, or "not ready" would pass
+    assert test == ["CMD", "/opt/triton-sam/health_check.sh", "--restart", "localhost:8000"]
+    script = (COMPOSE.parent / "scripts" / "health_check.sh").read_text()
+    # readiness first, failing on HTTP errors ("not ready" must not pass), then the probes
+    assert 'curl -fsS -o /dev/null --max-time 5 "$url/v2/health/ready"' in script
+    assert "triton-sam-liveness" in script and "kill -TERM 1" in script
+    assert load()["environment"]["TRITON_ADMIN_KEY"] == "change-me"
     for key in ("interval", "timeout", "retries", "start_period"):
         assert key in check
 

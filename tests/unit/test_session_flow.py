@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_sam.client import async_decode, flow, prompts
+from triton_sam.client import async_decode, flow, prompts, session_path
 from triton_sam.client import sync as sync_client
 from triton_sam.client.speculative import SpeculativeSAM2Client
 from triton_sam.client.sync import SAM2TritonClient
@@ -45,14 +45,18 @@ class FakeServer:
 
     def infer(self, model: str, inputs: dict, outputs: Any, **options: Any) -> dict:
         assert model == self.family.session_model
-        image = bytes(inputs[embedding_cache.IMAGE_ID].reshape(-1)[0]).decode()
-        kind = "embed" if self.family.encoder_inputs[0].name in inputs else "click"
-        if kind == "click" and len(inputs) == 1:
-            kind = "probe"
-        self.calls.append({"kind": kind, "outputs": tuple(outputs), **options})
-        if kind == "embed":
+        if embedding_cache.IMAGE_RGB in inputs:  # an embed: the server computes the id
+            rgb = inputs[embedding_cache.IMAGE_RGB][0]
+            self.calls.append({"kind": "embed", "outputs": tuple(outputs), **options})
+            image = session_path.image_id(rgb, self.family, self.family.encoder_model)
             self.held.add(image)
-            return {embedding_cache.ENCODED: np.ones((1, 1), np.int32)}
+            return {
+                embedding_cache.ENCODED: np.ones((1, 1), np.int32),
+                embedding_cache.IMAGE_ID: session_path.bytes_tensor(image),
+            }
+        image = bytes(inputs[embedding_cache.IMAGE_ID].reshape(-1)[0]).decode()
+        kind = "probe" if len(inputs) == 1 else "click"
+        self.calls.append({"kind": kind, "outputs": tuple(outputs), **options})
         if image not in self.held:
             raise EmbeddingNotFoundError(f"image_id {image!r}: not cached")
         if kind == "probe":

@@ -4,6 +4,7 @@ and the clients' pure request builders."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import types
@@ -18,7 +19,7 @@ from triton_sam.client.transport import translate_error
 from triton_sam.errors import EmbeddingNotFoundError, InputValidationError
 from triton_sam.models import get_family
 from triton_sam.repository import session_config
-from triton_sam.repository.config import RepositoryOptions, parse_config
+from triton_sam.repository.config import RepositoryOptions, model_config_pb2, parse_config
 from triton_sam.repository.session_config import (
     SessionOptions,
     build_session_config,
@@ -140,18 +141,27 @@ def test_session_config_follows_the_spec(family):
     config = build_session_config(spec, RepositoryOptions(target="python"))
     inputs = {t.name: t for t in config.input}
     assert config.name == f"{family}_session" and config.backend == "python"
-    assert not inputs["image_id"].optional
-    assert all(t.optional for n, t in inputs.items() if n != "image_id")
+    # every input optional: an embed sends only an image, the server answers its id
+    assert all(t.optional for t in inputs.values())
+    assert inputs["image_bytes"].data_type == model_config_pb2.TYPE_STRING
+    assert inputs["image_rgb"].data_type == model_config_pb2.TYPE_UINT8
+    assert list(inputs["image_rgb"].dims) == [-1, -1, 3]
     for t in (*spec.encoder_inputs, *spec.decoder_inputs):
         assert (t.name in inputs) == (t.name not in spec.embedding_names)
     outputs = [t.name for t in config.output]
-    assert outputs == [t.name for t in spec.decoder_outputs] + ["encoded"]
+    finished = ["masks_rle", "masks_png", "masks_bits", "mask_boxes", "mask_scores", "image_size"]
+    decoder = [t.name for t in spec.decoder_outputs]
+    assert outputs == decoder + ["encoded", "image_id", *finished]  # point_list: SAM1, SAM2
+    for name in ("points", "labels", "box", "multimask_output"):
+        assert inputs[name].optional
     (group,) = config.instance_group
     assert group.count == 1 and group.kind == group.KIND_CPU
     assert config.HasField("dynamic_batching")
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert set(params) == set(protocol.PARAM_KEYS)
     assert params["embedding_names"] == ",".join(spec.embedding_names)
+    assert params["max_points"] == "64" and params["max_boxes"] == "1"
+    assert json.loads(params["preprocessing"])["image_size"] == spec.preprocessing.image_size
 
 
 def test_gpu_target_pins_one_instance_to_gpu_0():
@@ -178,12 +188,16 @@ def test_write_session_and_its_embedded_twin(tmp_path):
     name = write_session(repo, SAM2, RepositoryOptions(), SessionOptions(max_images=3))
     assert name == "sam2_session" and list_models(repo) == ["sam2_session"]
     assert (repo / name / "1" / "model.py").read_text() == session_config.SESSION_SOURCE.read_text()
+    shipped = repo / name / "1" / "triton_sam_serving"
+    files = sorted(str(p.relative_to(shipped).with_suffix("")) for p in shipped.rglob("*.py"))
+    assert files == sorted(session_config.SHIPPED_MODULES)
     twin = embedded_repository(repo)
     config = parse_config(twin / name / "config.pbtxt")
     (group,) = config.instance_group
     assert group.kind == group.KIND_CPU and list(group.gpus) == []
     assert config.parameters["max_images"].string_value == "3"
     assert (twin / name / "1" / "model.py").is_file()
+    assert (twin / name / "1" / "triton_sam_serving" / "intake.py").is_file()
 
 
 # -- client-side builders ----------------------------------------------------------------------

@@ -27,7 +27,9 @@ import numpy as np
 from triton_sam import transforms
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.session_path import bytes_tensor, embed_inputs
+from triton_sam.client.session_path import image_id as session_image_id
 from triton_sam.client.transport import Transport, resolve_endpoint
+from triton_sam.errors import ServerError
 from triton_sam.models.spec import FamilySpec
 
 BACKENDS = ("onnxruntime", "python")
@@ -82,7 +84,8 @@ def compare_backends(
     hw = (int(image.shape[0]), int(image.shape[1]))
     tensor = transforms.preprocess(image, family.preprocessing)
     encode_feeds = {family.encoder_inputs[0].name: tensor}
-    image_id = f"bench-{hw[0]}x{hw[1]}"
+    # the id the session model computes (and answers) for these pixels
+    image_id = session_image_id(image, family, family.encoder_model, family.session_model)
     prompts = build_decoder_prompts(
         point_coords=[[hw[1] / 3, hw[0] / 2]],
         point_labels=[1],
@@ -110,7 +113,10 @@ def compare_backends(
             },
         }
         for t in transports.values():  # the click's image, embedded once on each server
-            t.infer(family.session_model, embed_inputs(image_id, tensor, family), ["encoded"])
+            out = t.infer(family.session_model, embed_inputs(image), ["encoded", "image_id"])
+            answered = bytes(out["image_id"].reshape(-1)[0]).decode()
+            if answered != image_id:  # client and server hash differently: a version skew
+                raise ServerError(f"image_id: the server answered {answered!r}, not {image_id!r}")
         for request, n in (("encode", n_encode), ("click", n_click)):
             report.samples_ms[request] = _interleaved(calls[request], n, warmup)
     finally:

@@ -208,7 +208,13 @@ class AsyncDecoder:
         rgb = transforms.load_image(image)
         transport = self._blocking()
         if self.uses_server_embeddings:
-            session = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
+            session = session_path.SessionImage.of(
+                rgb,
+                self.family,
+                self.encoder_model,
+                self.session_model,
+                session_path.encoded_bytes(image),
+            )
             flow.run(flow.embed(session, self.family, self.session_model), flow.sender(transport))
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
@@ -225,8 +231,14 @@ class AsyncDecoder:
         rgb = await asyncio.to_thread(transforms.load_image, image)
         transport = await self._aconnected()
         if self.uses_server_embeddings:
+            encoded = await asyncio.to_thread(session_path.encoded_bytes, image)
             session = await asyncio.to_thread(
-                session_path.SessionImage.of, rgb, self.family, self.encoder_model
+                session_path.SessionImage.of,
+                rgb,
+                self.family,
+                self.encoder_model,
+                self.session_model,
+                encoded,
             )
             steps = flow.embed(session, self.family, self.session_model)
             await flow.arun(steps, flow.async_sender(transport))

@@ -247,11 +247,19 @@ def connect(
 
 
 def embed(image: session_path.SessionImage, family: FamilySpec, model: str) -> Flow[None]:
-    """Make sure the server holds ``image``: a probe of a few bytes, the image on a miss."""
+    """Make sure the server holds ``image``: a probe of a few bytes, the image on a miss.
+
+    The probe names the id the client expects; an embed sends the image (file bytes or uint8
+    pixels) and adopts the id the server computed from what it received."""
     try:
         yield infer(model, session_path.probe_inputs(image.image_id), _ENCODED, "probe")
     except EmbeddingNotFoundError:
-        yield infer(model, lambda: image.embed_inputs(family), _ENCODED, "encode")
+        yield from _embed(image, family, model)
+
+
+def _embed(image: session_path.SessionImage, family: FamilySpec, model: str) -> Flow[None]:
+    out = yield infer(model, lambda: image.embed_inputs(family), _EMBED_OUTPUTS, "encode")
+    image.adopt(out)
 
 
 @dataclass(frozen=True)
@@ -280,8 +288,9 @@ def click(
     try:
         out = yield infer(model, request.inputs, request.outputs, "decode")
     except EmbeddingNotFoundError:  # evicted, or the server restarted
-        yield infer(model, lambda: image.embed_inputs(family), _ENCODED, "encode")
-        out = yield infer(model, request.fallback, request.outputs, "decode")
+        yield from _embed(image, family, model)
+        fallback = image.with_current_id(request.fallback)
+        out = yield infer(model, fallback, request.outputs, "decode")
     masks, scores = prompts.select_outputs(out, request.multimask, family)
     prediction = make_prediction(masks, scores, image.orig_hw, family.preprocessing)
     image.remember(request.logits_key, prediction.low_res_logits)
@@ -302,3 +311,4 @@ def click_request(
 
 
 _ENCODED = (embedding_cache.ENCODED,)
+_EMBED_OUTPUTS = session_path.EMBED_OUTPUTS  # encoded, and the id the server computed

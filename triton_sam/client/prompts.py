@@ -16,6 +16,7 @@ import numpy as np
 from triton_sam import transforms
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec
+from triton_sam.serving import bounds, prompt_frame
 
 PADDING_LABEL = -1.0
 BOX_LABELS = (2.0, 3.0)
@@ -138,7 +139,13 @@ def build_decoder_prompts(
         raise InputValidationError(
             "point_coords", "no prompt: give point_coords with point_labels, a box, or both"
         )
-    return _LAYOUTS[family.prompt_layout].build(points, box_xyxy, mask, orig_hw, family)
+    built = _LAYOUTS[family.prompt_layout].build(points, box_xyxy, mask, orig_hw, family)
+    # The server's bounds (one definition: triton_sam.serving.bounds), checked before sending.
+    try:
+        bounds.check_prompts(built)
+    except bounds.RequestError as e:
+        raise InputValidationError(e.field, str(e).removeprefix(f"{e.field}: ")) from None
+    return built
 
 
 def _point_list_prompts(
@@ -150,20 +157,20 @@ def _point_list_prompts(
 ) -> dict[str, np.ndarray]:
     """``point_list`` layout: point_coords/point_labels (box as corners 2/3), mask_input."""
     pre = family.preprocessing
-    parts: list[tuple[np.ndarray, np.ndarray]] = []
-    if points is not None:
-        parts.append((transforms.transform_coords(points[0], orig_hw, pre), points[1]))
-    if box_xyxy is not None:
-        corners = transforms.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(2, 2)
-        parts.insert(0 if family.box_before_points else len(parts), (corners, np.array(BOX_LABELS)))
-    if box_xyxy is None or family.pad_with_box:
-        parts.append((np.zeros((1, 2)), np.array([PADDING_LABEL])))
-    coords_parts, label_parts = zip(*parts, strict=True)
+    # One builder for both sides: the session model builds original-pixel prompts with it.
+    point_coords, point_labels = prompt_frame.point_list(
+        points,
+        box_xyxy,
+        orig_hw,
+        pre,
+        box_before_points=family.box_before_points,
+        pad_with_box=family.pad_with_box,
+    )
     has_mask = mask is not None
     size = pre.mask_size
     return {
-        "point_coords": np.concatenate(coords_parts).astype(np.float32)[None],
-        "point_labels": np.concatenate(label_parts).astype(np.float32)[None],
+        "point_coords": point_coords,
+        "point_labels": point_labels,
         "mask_input": (mask if has_mask else np.zeros((1, 1, size, size))).astype(np.float32),
         "has_mask_input": np.array([[1.0 if has_mask else 0.0]], dtype=np.float32),
     }

@@ -1,7 +1,8 @@
 """Server-side embeddings, client side: pure request builders shared by both clients (no I/O).
 
 With the ``<family>_session`` model on the server (``serving/embedding_cache_model.py``), an image
-is sent once (``embed``: image id + preprocessed image) and its features stay on the server;
+is sent once (``embed``: the file's bytes unchanged, or uint8 pixels for an array; the server
+decodes and preprocesses them) and its features stay on the server;
 a click then carries the image id and the prompt tensors only (a few hundred bytes instead of
 4-21 MiB of features). This module builds those requests; :class:`SessionImage` is the
 client-side state of one embedded image. The sync and async clients only add the I/O and the
@@ -9,10 +10,12 @@ one retry: on :class:`~triton_sam.errors.EmbeddingNotFoundError` (evicted, serve
 they embed again (:meth:`SessionImage.embed_inputs`) and resend
 :meth:`SessionImage.fallback_inputs`.
 
-The image id is a content hash: blake2b-128 over the encoder model name, the family's
-preprocessing and the RGB pixels (with their shape). Preprocessing is a deterministic function
-of those, so equal ids mean equal encoder inputs, and hashing the uint8 image (0.8 MB for
-640x427) is 15x cheaper than hashing the float32 encoder input (12 MiB).
+The image id is computed by the SERVER from what it received (``serving/intake.py``: blake2b-128
+over the session and encoder model names, the family's preprocessing and the decoded RGB
+pixels with their shape) and answered with the embed; the client computes the same function
+of the same pixels only to probe before uploading, and adopts the server's answer when they
+differ (e.g. a server whose JPEG decoder differs). A client can never make the server keep
+features under an id of its choosing.
 
 Refinement without resending the mask: every click asks the server to keep its low-res
 logits under a fresh ``logits_key``; when a later ``mask_input`` is exactly one of the masks of
@@ -22,8 +25,8 @@ sending 256 KiB. If the server no longer has it, the retry sends the mask itself
 
 from __future__ import annotations
 
-import hashlib
 import itertools
+import os
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,11 +34,16 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec
+from triton_sam.serving import bounds, images, intake
 from triton_sam.serving.protocol.embedding_cache import (  # the protocol's names, re-exported
     DEFAULT_LOGITS_PER_IMAGE,
+    ENCODED,
     HAS_MASK_INPUT,
+    IMAGE_BYTES,
     IMAGE_ID,
+    IMAGE_RGB,
     LOGITS_KEY,
     MASK_INPUT,
     PREVIOUS_KEY,
@@ -49,20 +57,27 @@ RECENT_PREDICTIONS = DEFAULT_LOGITS_PER_IMAGE
 _EXACT_LIMIT = 1 << 20
 
 
-def image_id(rgb: np.ndarray, family: FamilySpec, encoder_model: str) -> str:
-    """Content id of an image for ``encoder_model``: 32 hex chars of blake2b-128.
+EMBED_OUTPUTS = (ENCODED, IMAGE_ID)
+
+
+def image_id(
+    rgb: np.ndarray, family: FamilySpec, encoder_model: str, session_model: str | None = None
+) -> str:
+    """The id the session model computes for ``rgb``: 32 hex chars of blake2b-128.
 
     Args:
         rgb: HxWx3 uint8 RGB image (``transforms.load_image``'s output).
         family: the family (its preprocessing is part of the id).
         encoder_model: the Triton encoder the features come from.
+        session_model: the session model (default the family's).
     """
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"{encoder_model}\0{family.family}\0{family.preprocessing!r}\0".encode())
-    rgb = np.ascontiguousarray(rgb)
-    digest.update(f"{rgb.shape}{rgb.dtype.str}".encode())
-    digest.update(memoryview(rgb).cast("B"))
-    return digest.hexdigest()
+    namespace = intake.session_namespace(
+        session_model or family.session_model,
+        encoder_model,
+        intake.preprocessing_json(family.preprocessing),
+        "rgb",
+    )
+    return images.image_id(rgb, namespace)
 
 
 def bytes_tensor(value: str) -> np.ndarray:
@@ -75,9 +90,33 @@ def probe_inputs(image: str) -> dict[str, np.ndarray]:
     return {IMAGE_ID: bytes_tensor(image)}
 
 
-def embed_inputs(image: str, tensor: np.ndarray, family: FamilySpec) -> dict[str, np.ndarray]:
-    """Inputs that embed ``tensor`` (the preprocessed [1, 3, S, S] image) under ``image``."""
-    return {IMAGE_ID: bytes_tensor(image), family.encoder_inputs[0].name: tensor}
+def embed_inputs(rgb: np.ndarray, encoded: bytes | None = None) -> dict[str, np.ndarray]:
+    """Inputs that embed an image: the file's bytes as they are (``image_bytes``) when given
+    and within :data:`~triton_sam.serving.bounds.MAX_IMAGE_BYTES`, else the uint8 pixels
+    (``image_rgb`` [1, H, W, 3]). The server decodes, preprocesses and ids them itself.
+
+    Raises:
+        InputValidationError: (``image``) more pixels than the server accepts.
+    """
+    try:
+        bounds.check_image_size(
+            int(rgb.shape[0]), int(rgb.shape[1]), max_pixels=bounds.MAX_IMAGE_PIXELS
+        )
+    except bounds.RequestError as e:
+        raise InputValidationError("image", str(e).removeprefix("image: ")) from None
+    if encoded is not None and len(encoded) <= bounds.MAX_IMAGE_BYTES:
+        return {IMAGE_BYTES: np.array([[encoded]], dtype=np.object_)}
+    return {IMAGE_RGB: np.ascontiguousarray(rgb)[None]}
+
+
+def encoded_bytes(image: Any) -> bytes | None:
+    """The bytes of an image file given as a path or as bytes, else None (arrays, PIL)."""
+    if isinstance(image, str | os.PathLike):
+        with open(image, "rb") as f:
+            return f.read()
+    if isinstance(image, bytes | bytearray | memoryview):
+        return bytes(image)
+    return None
 
 
 def matching_mask(mask_input: Any, low_res_logits: np.ndarray) -> int | None:
@@ -108,12 +147,15 @@ class SessionImage:
         orig_hw: (H, W) of the original image.
         rgb: the image, kept to embed it again after a miss (the server restarted or evicted
             it); None when it cannot be re-embedded.
+        encoded: the image file's bytes when the user gave a path or bytes (sent as they
+            are), else None (the pixels are sent).
         client_key: prefix of this client's logits keys (unique per client object).
     """
 
     image_id: str
     orig_hw: tuple[int, int]
     rgb: np.ndarray | None = None
+    encoded: bytes | None = field(default=None, repr=False)
     client_key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _recent: deque[tuple[str, np.ndarray]] = field(
         default_factory=lambda: deque(maxlen=RECENT_PREDICTIONS), repr=False
@@ -121,10 +163,24 @@ class SessionImage:
     _counter: itertools.count = field(default_factory=itertools.count, repr=False)
 
     @classmethod
-    def of(cls, rgb: np.ndarray, family: FamilySpec, encoder_model: str) -> SessionImage:
-        """The session image of ``rgb`` (HxWx3 uint8) for ``encoder_model``."""
+    def of(
+        cls,
+        rgb: np.ndarray,
+        family: FamilySpec,
+        encoder_model: str,
+        session_model: str | None = None,
+        encoded: bytes | None = None,
+    ) -> SessionImage:
+        """The session image of ``rgb`` (HxWx3 uint8, decoded from ``encoded`` if given)."""
         hw = (int(rgb.shape[0]), int(rgb.shape[1]))
-        return cls(image_id(rgb, family, encoder_model), hw, rgb)
+        return cls(image_id(rgb, family, encoder_model, session_model), hw, rgb, encoded)
+
+    def adopt(self, outputs: dict[str, np.ndarray]) -> None:
+        """Take the id the server answered to an embed (it computed it; it is the key)."""
+        answered = outputs.get(IMAGE_ID)
+        if answered is not None:
+            value = answered.reshape(-1)[0]
+            self.image_id = value.decode() if isinstance(value, bytes) else str(value)
 
     def click_inputs(
         self, decoder_prompts: dict[str, np.ndarray], mask_input: Any
@@ -161,17 +217,24 @@ class SessionImage:
         inputs[PREVIOUS_MASK_INDEX] = np.array([[index]], dtype=np.int32)
         return key, inputs, full
 
+    def with_current_id(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``inputs`` naming this image by its current id (after :meth:`adopt`)."""
+        return {**inputs, IMAGE_ID: bytes_tensor(self.image_id)}
+
     def remember(self, key: str, low_res_logits: np.ndarray) -> None:
         """Record the (clipped) low-res logits the server kept under ``key``."""
         self._recent.append((key, low_res_logits))
 
-    def embed_inputs(self, family: FamilySpec) -> dict[str, np.ndarray]:
-        """Inputs that embed this image again (preprocesses the kept RGB image).
+    def embed_inputs(self, family: FamilySpec | None = None) -> dict[str, np.ndarray]:
+        """Inputs that embed this image (again): its file bytes, else its pixels.
+
+        Args:
+            family: unused (the server preprocesses); kept for callers of the old signature.
 
         Raises:
             EmbeddingNotFoundError: the image was not kept (cannot be re-embedded).
+            InputValidationError: more pixels than the server accepts.
         """
-        from triton_sam import transforms
         from triton_sam.errors import EmbeddingNotFoundError
 
         if self.rgb is None:
@@ -179,8 +242,7 @@ class SessionImage:
                 f"image_id {self.image_id!r}: not on the server any more, and the client kept "
                 "no copy of the image to embed it again; call set_image again"
             )
-        tensor = transforms.preprocess(self.rgb, family.preprocessing)
-        return embed_inputs(self.image_id, tensor, family)
+        return embed_inputs(self.rgb, self.encoded)
 
     def _reference(self, mask_input: Any) -> tuple[str, int] | None:
         for key, logits in reversed(self._recent):
@@ -202,7 +264,7 @@ def request_bytes(
     """
     from triton_sam.client.transport import build_infer_inputs
 
-    payload = sum(np.asarray(a).nbytes for a in inputs.values())
+    payload = sum(_payload_bytes(np.asarray(a)) for a in inputs.values())
     if payload > _EXACT_LIMIT:  # an image: its tensor bytes dominate; do not serialise it twice
         return payload
     if protocol == "http":
@@ -233,3 +295,10 @@ def request_bytes(
         parameters=None,
     )
     return request.ByteSize()
+
+
+def _payload_bytes(array: np.ndarray) -> int:
+    """Bytes a tensor carries: its buffer, or for BYTES (object) tensors its elements."""
+    if array.dtype == np.object_:
+        return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.reshape(-1))
+    return array.nbytes

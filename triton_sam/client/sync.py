@@ -139,7 +139,7 @@ class SAM2TritonClient:
             self._set_concept_image(rgb)
             return
         if self.uses_server_embeddings:
-            self._set_image_on_server(rgb)
+            self._set_image_on_server(rgb, session_path.encoded_bytes(image))
             return
         t0 = time.perf_counter()
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
@@ -348,9 +348,12 @@ class SAM2TritonClient:
         self.last_timings_ms = {"set_image": (time.perf_counter() - t0) * 1e3}
 
     # -- server-side embeddings (the <family>_session model) --------------------------------
-    def _set_image_on_server(self, rgb: np.ndarray) -> None:
-        """Embed ``rgb`` on the server under its content id (skipped when already there)."""
-        image = session_path.SessionImage.of(rgb, self.family, self.encoder_model)
+    def _set_image_on_server(self, rgb: np.ndarray, encoded: bytes | None) -> None:
+        """Embed ``rgb`` (sent as the file bytes ``encoded`` when given) on the server, unless
+        it already holds the content id; the id is the one the server answers."""
+        image = session_path.SessionImage.of(
+            rgb, self.family, self.encoder_model, self.session_model, encoded
+        )
         timings: dict[str, float] = {}
         flow.run(flow.embed(image, self.family, self.session_model), self._session_send(timings))
         self._session, self._orig_hw = image, image.orig_hw

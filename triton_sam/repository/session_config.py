@@ -5,11 +5,15 @@ python-backend BLS model in BOTH targets: in the GPU container it calls the
 onnxruntime-backend encoder/decoder, in the embedded server the runner_model.py ones. Its
 tensors come from the spec:
 
-- inputs: ``image_id`` (BYTES), then every encoder input, every decoder input that is not an
+- inputs: ``image_id`` (BYTES), ``image_bytes`` (BYTES: an encoded image file),
+  ``image_rgb`` (UINT8 [H, W, 3]), then every encoder input, every decoder input that is not an
   encoder output (the prompts), and the control inputs ``logits_key``, ``previous_key``
   (BYTES) and ``previous_mask_index`` (INT32); all but ``image_id`` are ``optional`` so a click
   carries only the id and its prompt tensors (a few hundred bytes);
-- outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached).
+- outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached)
+  and ``image_id`` (BYTES: the id the server computed from the image it received).
+
+Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters.
 
 One instance, always (the cache lives in it; see serving/embedding_cache_model.py):
 ``KIND_GPU`` pinned to GPU 0 when the encoder runs on GPUs (features stay in device memory),
@@ -41,10 +45,13 @@ from triton_sam.repository.writer import (
     shipped_modules,
     write_models,
 )
+from triton_sam.serving import bounds, intake
 from triton_sam.serving.protocol import embedding_cache as protocol
 from triton_sam.serving.protocol.embedding_cache import (
     ENCODED,
+    IMAGE_BYTES,
     IMAGE_ID,
+    IMAGE_RGB,
     LOGITS_KEY,
     PREVIOUS_KEY,
     PREVIOUS_MASK_INDEX,
@@ -52,7 +59,30 @@ from triton_sam.serving.protocol.embedding_cache import (
 
 SESSION_SOURCE = SERVING_DIR / "embedding_cache_model.py"
 # What the session model imports beside its model.py (triton_sam_serving/...).
-SHIPPED_MODULES = ("__init__", "protocol/__init__", "protocol/embedding_cache")
+SHIPPED_MODULES = (
+    "__init__",
+    "protocol/__init__",
+    "protocol/embedding_cache",
+    "bounds",
+    "images",
+    "intake",
+    "masks",
+    "prompt_frame",
+    "resample",
+    "rules",
+)
+# Prompts in original pixels and finished masks (point_list decoders: SAM1, SAM2.1).
+PIXEL_INPUTS = (
+    TensorSpec(protocol.POINTS, "float32", (-1, 2)),
+    TensorSpec(protocol.LABELS, "int32", (-1,)),
+    TensorSpec(protocol.BOX, "float32", (4,)),
+    TensorSpec(protocol.MULTIMASK, "int32", (1,)),
+)
+FINISHED_OUTPUTS = (
+    TensorSpec(protocol.MASK_BOXES, "float32", (-1, 4)),
+    TensorSpec(protocol.MASK_SCORES, "float32", (-1,)),
+    TensorSpec(protocol.IMAGE_SIZE, "int32", (2,)),
+)
 
 
 @dataclass(frozen=True)
@@ -65,16 +95,26 @@ class SessionOptions:
         max_bytes: bound on features + kept logits in bytes (0 = only ``max_images``).
         logits_per_image: low-res logits kept per image for refinement without resending
             them (the most recent predictions that asked to keep them).
+        max_points / max_boxes / max_image_pixels / max_image_bytes: the request bounds the
+            server enforces (defaults and reasons in :mod:`triton_sam.serving.bounds`).
     """
 
     max_images: int = protocol.DEFAULT_MAX_IMAGES
     max_bytes: int = protocol.DEFAULT_MAX_BYTES
     logits_per_image: int = protocol.DEFAULT_LOGITS_PER_IMAGE
+    max_points: int = bounds.MAX_POINTS
+    max_boxes: int = bounds.MAX_BOXES
+    max_image_pixels: int = bounds.MAX_IMAGE_PIXELS
+    max_image_bytes: int = bounds.MAX_IMAGE_BYTES
 
     def __post_init__(self) -> None:
         check_int("max_images", self.max_images, minimum=1)
         check_int("max_bytes", self.max_bytes, minimum=0)
         check_int("logits_per_image", self.logits_per_image, minimum=0)
+        check_int("max_points", self.max_points, minimum=1)
+        check_int("max_boxes", self.max_boxes, minimum=0)
+        check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+        check_int("max_image_bytes", self.max_image_bytes, minimum=1)
 
 
 def embedding_bytes(family: FamilySpec) -> int:
@@ -115,16 +155,37 @@ def build_session_config(
     name = name or family.session_model
     check_model_name(name)
     config = ModelConfig(name=name, backend="python", max_batch_size=options.decoder_max_batch_size)
-    config.input.append(_string_input(IMAGE_ID))
+    config.input.append(_optional(_string_input(IMAGE_ID)))
+    config.input.append(_optional(_string_input(IMAGE_BYTES)))
+    rgb = tensor_message(TensorSpec(IMAGE_RGB, "uint8", (-1, -1, 3)), model_config_pb2.ModelInput)
+    config.input.append(_optional(rgb))
     for spec in (*family.encoder_inputs, *_prompt_inputs(family)):
         config.input.append(_optional(tensor_message(spec, model_config_pb2.ModelInput)))
     config.input.extend(_optional(_string_input(n)) for n in (LOGITS_KEY, PREVIOUS_KEY))
+    pixel_prompts = family.prompt_layout == "point_list"
+    if pixel_prompts:
+        config.input.extend(
+            _optional(tensor_message(t, model_config_pb2.ModelInput)) for t in PIXEL_INPUTS
+        )
     index = tensor_message(
         TensorSpec(PREVIOUS_MASK_INDEX, "int32", (1,)), model_config_pb2.ModelInput
     )
     config.input.append(_optional(index))
     outputs = (*family.decoder_outputs, TensorSpec(ENCODED, "int32", (1,)))
     config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.output.append(
+        model_config_pb2.ModelOutput(
+            name=IMAGE_ID, data_type=model_config_pb2.TYPE_STRING, dims=[1]
+        )
+    )
+    if pixel_prompts:
+        config.output.extend(
+            model_config_pb2.ModelOutput(name=n, data_type=model_config_pb2.TYPE_STRING, dims=[-1])
+            for n in protocol.ENCODED_MASK_OUTPUTS
+        )
+        config.output.extend(
+            tensor_message(t, model_config_pb2.ModelOutput) for t in FINISHED_OUTPUTS
+        )
     group = config.instance_group.add(count=1)
     if options.kind == "gpu":
         group.kind = model_config_pb2.ModelInstanceGroup.KIND_GPU
@@ -146,6 +207,13 @@ def build_session_config(
         protocol.PARAM_MAX_BYTES: str(session.max_bytes),
         protocol.PARAM_LOGITS_PER_IMAGE: str(session.logits_per_image),
         protocol.PARAM_LOW_RES_LOGIT_LIMIT: "" if limit is None else repr(float(limit)),
+        protocol.PARAM_PREPROCESSING: intake.preprocessing_json(family.preprocessing),
+        protocol.PARAM_MAX_POINTS: str(session.max_points),
+        protocol.PARAM_MAX_BOXES: str(session.max_boxes),
+        protocol.PARAM_MAX_IMAGE_PIXELS: str(session.max_image_pixels),
+        protocol.PARAM_MAX_IMAGE_BYTES: str(session.max_image_bytes),
+        protocol.PARAM_BOX_BEFORE_POINTS: str(family.box_before_points).lower(),
+        protocol.PARAM_PAD_WITH_BOX: str(family.pad_with_box).lower(),
     }
     for key, value in params.items():
         config.parameters[key].string_value = value

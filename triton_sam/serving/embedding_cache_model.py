@@ -1,19 +1,25 @@
 """Triton python-backend (BLS) model that keeps image features on the server: ``<family>_session``.
 
 The repository writer copies this file verbatim to ``<family>_session/1/model.py`` for both
-targets, with the protocol package beside it (``triton_sam_serving/protocol``: tensor names,
-parameter keys, error codes; see :mod:`triton_sam.serving.protocol.embedding_cache`). It runs
-inside Triton's stub, so it imports only asyncio, json, collections, numpy,
-``triton_python_backend_utils`` and that package; the encoder and decoder it calls through
-BLS are the family's ``<family>_encoder`` / ``<family>_decoder`` models of the same
-repository (onnxruntime backend in the GPU container, runner_model.py in the embedded
-server).
+targets, with the dependency-free ``triton_sam.serving`` modules beside it as the package
+``triton_sam_serving`` (the protocol: tensor names, parameter keys, error codes, in
+:mod:`triton_sam.serving.protocol.embedding_cache`; bounds, image intake, mask encodings). It
+runs inside Triton's stub, so it imports only the standard library, numpy, PIL (to decode
+image files), ``triton_python_backend_utils`` and that package; the encoder and decoder it
+calls through BLS are the family's ``<family>_encoder`` / ``<family>_decoder`` models of the
+same repository (onnxruntime backend in both the GPU container and the embedded server).
 
-One request, three uses (every input but ``image_id`` is ``optional``):
+One request, three uses (every input is ``optional``):
 
-- **embed**: ``image_id`` + the encoder inputs (``image``). Runs the encoder unless the id is
-  already cached (idempotent), keeps its outputs under the id, answers ``encoded`` = 1 (ran)
-  or 0 (was cached).
+- **embed**: an image, as ``image_bytes`` (the bytes of a JPEG/PNG/TIFF/BMP/WebP file, decoded
+  here), ``image_rgb`` (uint8 [H, W, 3]; both preprocessed here exactly as the official
+  predictor does, ``serving/intake.py``) or ``image`` (the preprocessed float32 encoder input).
+  The server computes the image id itself, from what it received (decoded pixels, or the float
+  tensor) plus the models and preprocessing, and answers it as ``image_id``: features are only
+  ever kept under an id the server computed from their content. A client may send the
+  ``image_id`` it expects with the image; a different one is refused (INVALID_ARG), so no
+  client can bind features to content the server did not hash (issue 12's cache poisoning).
+  Runs the encoder unless the id is already cached, answers ``encoded`` = 1 (ran) or 0.
 - **probe**: ``image_id`` alone. ``encoded`` = 0 when cached, else the miss error below.
 - **predict**: ``image_id`` + the decoder's prompt tensors (``point_coords``,
   ``point_labels`` or the layout's others; optionally ``mask_input``/``has_mask_input``, or
@@ -28,6 +34,10 @@ A miss (unknown image id or logits key: never embedded, evicted, or the server r
 answers NOT_FOUND with the protocol code ``EmbeddingNotFound`` (the envelope of
 :mod:`triton_sam.serving.protocol`); clients raise ``EmbeddingNotFoundError``, re-embed and
 retry once.
+
+Bounds (``serving/bounds.py``, config parameters ``max_points``, ``max_boxes``,
+``max_image_pixels``, ``max_image_bytes``): every request is checked before any work is done,
+and a request outside them answers INVALID_ARG naming the field; the server stays ready.
 
 Concurrency and instances: the model has ONE instance (the renderer forces it), because the
 cache lives in that instance's stub process; a second instance would hold a second cache and
@@ -62,18 +72,26 @@ import triton_python_backend_utils as pb_utils
 # The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
+    from triton_sam_serving import bounds, images, intake, masks, prompt_frame
     from triton_sam_serving import protocol as envelope
     from triton_sam_serving.protocol import embedding_cache as protocol
 except ImportError:  # imported from the triton_sam source tree (unit tests)
+    from triton_sam.serving import bounds, images, intake, masks, prompt_frame
     from triton_sam.serving import protocol as envelope
     from triton_sam.serving.protocol import embedding_cache as protocol
 
 IMAGE_ID = protocol.IMAGE_ID
 ENCODED = protocol.ENCODED
+LOGITS_KEY = protocol.LOGITS_KEY
 PREVIOUS_KEY = protocol.PREVIOUS_KEY
 PREVIOUS_MASK_INDEX = protocol.PREVIOUS_MASK_INDEX
 MASK_INPUT = protocol.MASK_INPUT
 HAS_MASK_INPUT = protocol.HAS_MASK_INPUT
+IMAGE_RGB = protocol.IMAGE_RGB
+IMAGE_BYTES = protocol.IMAGE_BYTES
+POINTS, LABELS, BOX, MULTIMASK = protocol.POINTS, protocol.LABELS, protocol.BOX, protocol.MULTIMASK
+MASKS_RLE, MASKS_PNG, MASKS_BITS = protocol.ENCODED_MASK_OUTPUTS
+MASK_BOXES, MASK_SCORES, IMAGE_SIZE = protocol.MASK_BOXES, protocol.MASK_SCORES, protocol.IMAGE_SIZE
 
 
 class EmbeddingMiss(Exception):
@@ -81,11 +99,12 @@ class EmbeddingMiss(Exception):
 
 
 class _Entry:
-    __slots__ = ("features", "feature_bytes", "logits")
+    __slots__ = ("features", "feature_bytes", "logits", "hw")
 
-    def __init__(self, features, feature_bytes):
+    def __init__(self, features, feature_bytes, hw=None):
         self.features = features  # name -> pb_utils.Tensor (GPU) or np.ndarray (CPU)
         self.feature_bytes = feature_bytes
+        self.hw = hw  # (H, W) of the original image; None when embedded as a float tensor
         self.logits = OrderedDict()  # key -> np.ndarray [1, M, S, S], LRU order
 
     @property
@@ -129,12 +148,12 @@ class EmbeddingCache:
         self._entries.move_to_end(image_id)
         return entry.features
 
-    def put(self, image_id, features, feature_bytes):
+    def put(self, image_id, features, feature_bytes, hw=None):
         """Keep ``features`` under ``image_id``; returns the ids evicted to stay in bounds."""
         old = self._entries.pop(image_id, None)
         if old is not None:
             self.nbytes -= old.nbytes
-        self._entries[image_id] = _Entry(features, int(feature_bytes))
+        self._entries[image_id] = _Entry(features, int(feature_bytes), hw)
         self.nbytes += int(feature_bytes)
         return self._shrink()
 
@@ -152,6 +171,13 @@ class EmbeddingCache:
             _, dropped = entry.logits.popitem(last=False)
             self.nbytes -= dropped.nbytes
         return self._shrink()
+
+    def original_size(self, image_id):
+        """(H, W) of the image embedded under ``image_id``, or None (float-tensor embed)."""
+        entry = self._entries.get(image_id)
+        if entry is None:
+            raise EmbeddingMiss(f"image_id {image_id!r} is not cached")
+        return entry.hw
 
     def get_logits(self, image_id, key):
         """Logits kept under ``key`` for ``image_id``; EmbeddingMiss if either is absent."""
@@ -181,6 +207,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.name = args["model_name"]
         self.encoder_model = params[protocol.PARAM_ENCODER_MODEL]
         self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
         self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
@@ -195,8 +222,32 @@ class TritonPythonModel:
         inputs = {t["name"]: t for t in config["input"]}
         self.encoder_inputs = [n for n in params[protocol.PARAM_ENCODER_INPUTS].split(",") if n]
         self.prompt_inputs = [
-            n for n in inputs if n not in protocol.CONTROL_INPUTS and n not in self.encoder_inputs
+            n
+            for n in inputs
+            if n
+            not in (
+                *protocol.CONTROL_INPUTS,
+                *protocol.IMAGE_INPUTS,
+                *protocol.PIXEL_INPUTS,
+                *self.encoder_inputs,
+            )
         ]
+        pre_json = params.get(protocol.PARAM_PREPROCESSING) or ""
+        self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
+        self.namespaces = {
+            kind: intake.session_namespace(self.name, self.encoder_model, pre_json, kind)
+            for kind in ("rgb", *self.encoder_inputs)
+        }
+        self.max_points = int(params.get(protocol.PARAM_MAX_POINTS) or bounds.MAX_POINTS)
+        self.max_boxes = int(params.get(protocol.PARAM_MAX_BOXES) or bounds.MAX_BOXES)
+        self.max_pixels = int(
+            params.get(protocol.PARAM_MAX_IMAGE_PIXELS) or bounds.MAX_IMAGE_PIXELS
+        )
+        self.max_image_bytes = int(
+            params.get(protocol.PARAM_MAX_IMAGE_BYTES) or bounds.MAX_IMAGE_BYTES
+        )
+        self.box_before_points = params.get(protocol.PARAM_BOX_BEFORE_POINTS) == "true"
+        self.pad_with_box = params.get(protocol.PARAM_PAD_WITH_BOX) == "true"
         mask = inputs.get(MASK_INPUT)
         self.mask_dims = [1] + [int(d) for d in mask["dims"]] if mask else None
         self.on_gpu = args.get("model_instance_kind") == "GPU"
@@ -222,27 +273,44 @@ class TritonPythonModel:
                 return envelope.error_response(
                     pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
                 )
-            image_id = _string(request, IMAGE_ID)
-            if image_id is None:
-                return envelope.error_response(
-                    pb_utils, envelope.ERR_INVALID_INPUT, f"{IMAGE_ID}: required"
-                )
+            hint = _string(request, IMAGE_ID)
+            if hint is not None:
+                bounds.check_key(IMAGE_ID, hint)
             wanted = _requested(request)
-            encoder_feeds = [_input(request, n) for n in self.encoder_inputs]
+            prompts = self._checked_prompts(request)  # refused before any work
+            pixel = self._pixel_prompts(request, prompts)
+            image = self._received_image(request)
             outputs = []
-            if all(t is not None for t in encoder_feeds) and encoder_feeds:
+            if image is not None:
+                image_id, kind, value = image
+                if hint is not None and hint != image_id:
+                    raise bounds.RequestError(
+                        IMAGE_ID,
+                        f"got {hint!r}, but the image sent hashes to {image_id!r} on this "
+                        "server, which keys features only by the content it received; send "
+                        "the image without image_id, or the id the server answers",
+                    )
                 task = embeds.get(image_id)
                 if task is None:
                     task = embeds[image_id] = asyncio.ensure_future(
-                        self._embed(image_id, encoder_feeds)
+                        self._embed(image_id, kind, value)
                     )
                 encoded = await task
-            elif image_id in embeds:  # embedded by another request of this batch
+            elif hint is None:
+                raise bounds.RequestError(
+                    IMAGE_ID,
+                    f"missing: send an image ({IMAGE_BYTES}, {IMAGE_RGB} or "
+                    f"{', '.join(self.encoder_inputs)}) or the {IMAGE_ID} the server answered",
+                )
+            elif hint in embeds:  # embedded by another request of this batch
+                image_id = hint
                 await embeds[image_id]
                 encoded = 0
             else:
-                encoded = None
-            if any(_input(request, name) is not None for name in self.prompt_inputs):
+                image_id, encoded = hint, None
+            if pixel is not None:
+                outputs = await self._predict_pixels(request, image_id, pixel, wanted)
+            elif prompts:
                 outputs = await self._predict(request, image_id, wanted)
             elif encoded is None:  # probe
                 self._features(image_id)
@@ -250,24 +318,198 @@ class TritonPythonModel:
             if ENCODED in wanted or not wanted:
                 value = np.array([[encoded or 0]], dtype=np.int32)
                 outputs.append(pb_utils.Tensor(ENCODED, value))
+            if IMAGE_ID in wanted:
+                value = np.array([[image_id.encode("utf-8")]], dtype=np.object_)
+                outputs.append(pb_utils.Tensor(IMAGE_ID, value))
             return pb_utils.InferenceResponse(output_tensors=outputs)
+        except bounds.RequestError as e:
+            return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
         except EmbeddingMiss as e:
             self.metrics.count("misses")
             return envelope.error_response(
                 pb_utils,
                 envelope.ERR_EMBEDDING_NOT_FOUND,
                 f"{e} on this server (never embedded, evicted, or the server restarted); "
-                "embed it again (send image_id with the image)",
+                "embed it again (send the image)",
             )
         except Exception as e:  # never let one request take the stub (and its cache) down
             return envelope.error_response(
                 pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
             )
 
-    async def _embed(self, image_id, feeds):
+    def _checked_prompts(self, request):
+        """The prompt tensors of the request (name -> array), checked against the bounds."""
+        prompts = {}
+        for name in self.prompt_inputs:
+            tensor = _input(request, name)
+            if tensor is not None:
+                prompts[name] = tensor.as_numpy()
+        if prompts:
+            bounds.check_prompts(prompts, max_points=self.max_points, max_boxes=self.max_boxes)
+        for name in (LOGITS_KEY, PREVIOUS_KEY):
+            value = _string(request, name)
+            if value is not None:
+                bounds.check_key(name, value)
+        return prompts
+
+    def _pixel_prompts(self, request, prompts):
+        """(points, labels, box, multimask) in original pixels, checked, or None if absent."""
+        given = {n: _input(request, n) for n in protocol.PIXEL_INPUTS}
+        given = {n: t.as_numpy() for n, t in given.items() if t is not None}
+        if not given:
+            return None
+        if prompts:
+            raise bounds.RequestError(
+                POINTS, f"got both pixel prompts and {sorted(prompts)}; send one kind"
+            )
+        points = given.get(POINTS)
+        labels = given.get(LABELS)
+        box = given.get(BOX)
+        if (points is None) != (labels is None):
+            raise bounds.RequestError(LABELS, "points and labels must be given together")
+        if points is None and box is None:
+            raise bounds.RequestError(POINTS, "no prompt: send points with labels, a box, or both")
+        clicks = None
+        if points is not None:
+            points = points.reshape(-1, 2) if points.size % 2 == 0 else points
+            if points.ndim != 2 or points.shape[0] > self.max_points:
+                raise bounds.RequestError(
+                    POINTS,
+                    f"got shape {list(points.shape)}, expected [N, 2] (X, Y) pixels with "
+                    f"N <= {self.max_points}",
+                )
+            labels = labels.reshape(-1)
+            if labels.shape[0] != points.shape[0] or not np.isin(labels, (0, 1)).all():
+                raise bounds.RequestError(
+                    LABELS, f"got {labels[:8].tolist()}, expected one 0/1 label per point"
+                )
+            if not np.isfinite(points).all():
+                raise bounds.RequestError(POINTS, "got NaN or infinity, expected finite pixels")
+            clicks = (points.astype(np.float64), labels.astype(np.float32))
+        if box is not None:
+            box = box.reshape(-1)
+            if box.shape != (4,) or not np.isfinite(box).all():
+                raise bounds.RequestError(BOX, "expected 4 finite values (x0, y0, x1, y1) pixels")
+        multimask = given.get(MULTIMASK)
+        return clicks, box, bool(multimask is not None and multimask.reshape(-1)[0])
+
+    async def _predict_pixels(self, request, image_id, pixel, wanted):
+        """Prompts in original pixels -> the decoder -> masks at the original size, encoded."""
+        clicks, box, multimask = pixel
+        hw = self.cache.original_size(image_id)
+        if hw is None or self.pre is None:
+            raise bounds.RequestError(
+                POINTS,
+                "this image was embedded as a preprocessed tensor, whose original size the "
+                f"server does not know; embed it as {IMAGE_BYTES} or {IMAGE_RGB}",
+            )
+        coords, labels = prompt_frame.point_list(
+            clicks,
+            box,
+            hw,
+            self.pre,
+            box_before_points=self.box_before_points,
+            pad_with_box=self.pad_with_box,
+        )
+        given = {"point_coords": coords, "point_labels": labels}
+        bounds.check_prompts(given, max_points=self.max_points, max_boxes=self.max_boxes)
+        low_name, score_name = (
+            ("multimask_masks", "multimask_iou_predictions")
+            if multimask
+            else ("masks", "iou_predictions")
+        )
+        names = [low_name, score_name]
+        extra = [n for n in wanted if n in protocol.MASK_OUTPUTS and n != low_name]
+        outputs = await self._predict(request, image_id, names + extra, given=given)
+        by_name = {t.name(): t for t in outputs}
+        low = np.asarray(by_name[low_name].as_numpy(), np.float32)
+        scores = np.asarray(by_name[score_name].as_numpy(), np.float32).reshape(-1)
+        result = [
+            t for n, t in by_name.items() if n in wanted and n not in protocol.FINISHED_OUTPUTS
+        ]
+        finished = self._finished_masks(low, scores, hw, wanted)
+        return result + [pb_utils.Tensor(n, v) for n, v in finished.items()]
+
+    def _finished_masks(self, low, scores, hw, wanted):
+        """The original-size masks of [1, M, s, s] logits, in the encodings asked for."""
+        wanted = set(wanted) or {MASKS_RLE, MASK_BOXES, MASK_SCORES, IMAGE_SIZE}
+        encoders = {
+            MASKS_RLE: masks.encode_rle,
+            MASKS_PNG: masks.encode_png,
+            MASKS_BITS: prompt_frame.pack_bits,
+        }
+        encoded = {n: [] for n in encoders if n in wanted}
+        boxes = []
+        for i in range(low.shape[1]):  # one mask at a time: H x W float32 each
+            mask = prompt_frame.upsample(low[:, i : i + 1], hw, self.pre)[0, 0] > 0
+            boxes.append(prompt_frame.mask_box(mask))
+            for name in encoded:
+                encoded[name].append(encoders[name](mask))
+        out = {n: np.array([v], dtype=np.object_) for n, v in encoded.items()}
+        out[MASK_BOXES] = np.stack(boxes)[None]
+        out[MASK_SCORES] = scores[None]
+        out[IMAGE_SIZE] = np.array([hw], np.int32)
+        return {n: v for n, v in out.items() if n in wanted}
+
+    def _received_image(self, request):
+        """(image id, kind, pixels or encoder feeds) of the image a request carries, or None.
+
+        The id is computed here from what was received: the decoded uint8 pixels (raw or
+        from file bytes: the same picture gets the same id either way) or, for the
+        preprocessed float input, that tensor.
+        """
+        data = _input(request, IMAGE_BYTES)
+        if data is not None:
+            if self.pre is None:
+                raise bounds.RequestError(IMAGE_BYTES, "this server's config has no preprocessing")
+            blob = data.as_numpy().reshape(-1)
+            if blob.size != 1:
+                raise bounds.RequestError(
+                    IMAGE_BYTES, f"got {blob.size} elements, expected 1 (one encoded file)"
+                )
+            blob = bytes(blob[0])
+            if len(blob) > self.max_image_bytes:
+                raise bounds.RequestError(
+                    IMAGE_BYTES,
+                    f"got {len(blob)} bytes, expected at most {self.max_image_bytes}",
+                )
+            rgb = intake.decode_image(blob, max_pixels=self.max_pixels, field=IMAGE_BYTES)
+            return images.image_id(rgb, self.namespaces["rgb"]), "rgb", rgb
+        raw = _input(request, IMAGE_RGB)
+        if raw is not None:
+            if self.pre is None:
+                raise bounds.RequestError(IMAGE_RGB, "this server's config has no preprocessing")
+            rgb = intake.check_rgb(raw.as_numpy(), max_pixels=self.max_pixels, field=IMAGE_RGB)
+            return images.image_id(rgb, self.namespaces["rgb"]), "rgb", rgb
+        feeds = [_input(request, n) for n in self.encoder_inputs]
+        if not feeds or any(t is None for t in feeds):
+            return None
+        digest = []
+        for name, tensor in zip(self.encoder_inputs, feeds, strict=True):
+            array = tensor.as_numpy()
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise bounds.RequestError(name, "got NaN or infinity, expected finite values")
+            digest.append(images.image_id(array, self.namespaces[name]))
+        image_id = (
+            digest[0]
+            if len(digest) == 1
+            else images.image_id(
+                np.frombuffer("".join(digest).encode(), np.uint8), self.namespaces["rgb"]
+            )
+        )
+        return image_id, "tensor", feeds
+
+    async def _embed(self, image_id, kind, value):
         if image_id in self.cache:
             self.cache.get(image_id)  # refresh its LRU position
             return 0
+        if kind == "rgb":  # off the event loop: other requests' BLS calls go on meanwhile
+            tensor = await asyncio.get_running_loop().run_in_executor(
+                None, intake.preprocess, value, self.pre
+            )
+            feeds = [pb_utils.Tensor(self.encoder_inputs[0], tensor)]
+        else:
+            feeds = value
         request = pb_utils.InferenceRequest(
             model_name=self.encoder_model,
             inputs=feeds,
@@ -288,7 +530,8 @@ class TritonPythonModel:
         nbytes = self.embedding_bytes or sum(
             v.nbytes for v in features.values() if isinstance(v, np.ndarray)
         )
-        evicted = self.cache.put(image_id, features, nbytes)
+        hw = (int(value.shape[0]), int(value.shape[1])) if kind == "rgb" else None
+        evicted = self.cache.put(image_id, features, nbytes, hw)
         self.metrics.count("evictions", len(evicted))
         return 1
 
@@ -297,7 +540,9 @@ class TritonPythonModel:
         self.metrics.count("hits")
         return features
 
-    async def _predict(self, request, image_id, wanted):
+    async def _predict(self, request, image_id, wanted, given=None):
+        """Run the decoder on the cached features and the request's prompt tensors (or
+        ``given``: name -> array built here); returns the output tensors asked for."""
         features = self._features(image_id)
         feeds = [
             value if not isinstance(value, np.ndarray) else pb_utils.Tensor(name, value)
@@ -305,7 +550,10 @@ class TritonPythonModel:
         ]
         names_given = set()
         for name in self.prompt_inputs:
-            tensor = _input(request, name)
+            if given is not None:
+                tensor = pb_utils.Tensor(name, given[name]) if name in given else None
+            else:
+                tensor = _input(request, name)
             if tensor is not None:
                 feeds.append(tensor)
                 names_given.add(name)
@@ -313,7 +561,8 @@ class TritonPythonModel:
             feeds += self._mask_feeds(request, image_id)
         elif MASK_INPUT in names_given and HAS_MASK_INPUT not in names_given:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
-        names = [n for n in wanted if n != ENCODED] or list(protocol.DEFAULT_OUTPUTS)
+        skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
+        names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
         bls = pb_utils.InferenceRequest(
             model_name=self.decoder_model,
             inputs=feeds,
@@ -347,8 +596,8 @@ class TritonPythonModel:
             index = 0 if index_tensor is None else int(index_tensor.as_numpy().reshape(-1)[0])
             logits = self.cache.get_logits(image_id, key)
             if not 0 <= index < logits.shape[1]:
-                raise ValueError(
-                    f"{PREVIOUS_MASK_INDEX}: got {index}, expected 0..{logits.shape[1] - 1}"
+                raise bounds.RequestError(
+                    PREVIOUS_MASK_INDEX, f"got {index}, expected 0..{logits.shape[1] - 1}"
                 )
             mask = np.ascontiguousarray(logits[:, index : index + 1])
             has = 1.0

@@ -3,9 +3,12 @@
 One request, three uses. Every input but ``image_id`` is optional; tensors carry Triton's
 batch dim first (1 per request):
 
-- **embed**: ``image_id`` + the family's encoder inputs (``image``, float32 [3, S, S]
-  preprocessed). Runs the encoder unless the id is cached, keeps its outputs under the id and
-  answers ``encoded`` = 1 (ran) or 0 (was cached).
+- **embed**: an image as ``image_bytes`` (an encoded file, decoded on the server),
+  ``image_rgb`` (uint8 [H, W, 3]) or the family's encoder inputs (``image``, float32
+  [3, S, S] preprocessed). The server computes the image id from what it received and
+  answers it as ``image_id``; a client-sent ``image_id`` is only a hint and must equal it
+  (else InvalidInput). Runs the encoder unless the id is cached, answers ``encoded`` = 1
+  (ran) or 0 (was cached).
 - **probe**: ``image_id`` alone. Answers ``encoded`` = 0 when cached, else the miss below.
 - **predict**: ``image_id`` + the family's prompt tensors (the decoder inputs that are not
   encoder outputs: ``point_coords``/``point_labels``/``mask_input``/``has_mask_input``, or
@@ -16,6 +19,11 @@ batch dim first (1 per request):
 A miss (an id or logits key this server does not hold: never embedded, evicted, restarted)
 answers ``NOT_FOUND`` with code ``EmbeddingNotFound`` (see :mod:`triton_sam.serving.protocol`);
 clients embed again and resend once.
+
+Point-list families (SAM1, SAM2.1) also take prompts in original pixels (``points``,
+``labels``, ``box``, ``multimask_output``) and can answer finished masks at the original size
+(``masks_rle`` / ``masks_png`` / ``masks_bits`` with ``mask_boxes``, ``mask_scores``,
+``image_size``). Bounds on every request: :mod:`triton_sam.serving.bounds`.
 """
 
 from . import KIND_EMBEDDING_CACHE, KIND_PARAM
@@ -29,7 +37,24 @@ PREVIOUS_KEY = "previous_key"  # BYTES [1]
 PREVIOUS_MASK_INDEX = "previous_mask_index"  # INT32 [1]
 MASK_INPUT = "mask_input"
 HAS_MASK_INPUT = "has_mask_input"
+IMAGE_RGB = "image_rgb"  # UINT8 [H, W, 3]
+IMAGE_BYTES = "image_bytes"  # BYTES [1]: one encoded image file
 CONTROL_INPUTS = (IMAGE_ID, LOGITS_KEY, PREVIOUS_KEY, PREVIOUS_MASK_INDEX)
+IMAGE_INPUTS = (IMAGE_RGB, IMAGE_BYTES)
+# Prompts in original pixels (point_list decoders), and the finished masks they can ask for.
+POINTS = "points"  # FP32 [N, 2] (x, y)
+LABELS = "labels"  # INT32 [N]
+BOX = "box"  # FP32 [4] (x0, y0, x1, y1)
+MULTIMASK = "multimask_output"  # INT32 [1]
+PIXEL_INPUTS = (POINTS, LABELS, BOX, MULTIMASK)
+MASKS_RLE = "masks_rle"  # BYTES [M]: COCO compressed RLE counts (size: image_size)
+MASKS_PNG = "masks_png"  # BYTES [M]: 1-bit PNG
+MASKS_BITS = "masks_bits"  # BYTES [M]: row-major bits, MSB first, rows not padded
+MASK_BOXES = "mask_boxes"  # FP32 [M, 4]
+MASK_SCORES = "mask_scores"  # FP32 [M]
+IMAGE_SIZE = "image_size"  # INT32 [2] (H, W)
+ENCODED_MASK_OUTPUTS = (MASKS_RLE, MASKS_PNG, MASKS_BITS)
+FINISHED_OUTPUTS = (*ENCODED_MASK_OUTPUTS, MASK_BOXES, MASK_SCORES, IMAGE_SIZE)
 # Decoder outputs that are low-res logits (what a client passes back as mask_input).
 MASK_OUTPUTS = ("masks", "multimask_masks")
 # Asked for when a predict request names no output.
@@ -47,6 +72,13 @@ PARAM_MAX_IMAGES = "max_images"
 PARAM_MAX_BYTES = "max_bytes"
 PARAM_LOGITS_PER_IMAGE = "logits_per_image"
 PARAM_LOW_RES_LOGIT_LIMIT = "low_res_logit_limit"  # "" = kept logits unclipped
+PARAM_PREPROCESSING = "preprocessing"  # JSON of the family's preprocessing (serving/intake.py)
+PARAM_MAX_POINTS = "max_points"
+PARAM_MAX_BOXES = "max_boxes"
+PARAM_MAX_IMAGE_PIXELS = "max_image_pixels"
+PARAM_MAX_IMAGE_BYTES = "max_image_bytes"
+PARAM_BOX_BEFORE_POINTS = "box_before_points"  # "true"/"false": the family's prompt layout
+PARAM_PAD_WITH_BOX = "pad_with_box"
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_ENCODER_MODEL,
@@ -58,6 +90,13 @@ PARAM_KEYS = (
     PARAM_MAX_BYTES,
     PARAM_LOGITS_PER_IMAGE,
     PARAM_LOW_RES_LOGIT_LIMIT,
+    PARAM_PREPROCESSING,
+    PARAM_MAX_POINTS,
+    PARAM_MAX_BOXES,
+    PARAM_MAX_IMAGE_PIXELS,
+    PARAM_MAX_IMAGE_BYTES,
+    PARAM_BOX_BEFORE_POINTS,
+    PARAM_PAD_WITH_BOX,
 )
 
 # Bounds (SessionOptions' defaults).

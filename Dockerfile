@@ -1,0 +1,21 @@
+# The GPU server: NVIDIA's Triton image plus what triton-sam's python-backend models import.
+# Built and run by `docker compose up -d` (docker-compose.yml); the model repository is mounted
+# read-only at /models, never baked in.
+#
+# Pinned: the base image (r24.10 = Triton 2.51, the version the embedded server and the tests
+# run) and every package, at the versions of requirements/lock.txt (tests/unit/test_compose.py
+# checks both).
+ARG TRITON_BASE=nvcr.io/nvidia/tritonserver:24.10-py3
+FROM ${TRITON_BASE}
+
+# Pillow: the <family>_session model decodes image files itself (serving/intake.py).
+# tokenizers: the sam3_concept model tokenises its phrases. numpy<2: the python backend stub.
+RUN python3 -m pip install --no-cache-dir \
+        "numpy==1.26.4" \
+        "pillow==13.0.0" \
+        "tokenizers==0.23.3"
+
+# Liveness (compose healthcheck / Kubernetes probe): ready AND every session model's stub
+# alive; Triton 2.51 keeps a model READY after its stub died (triton_sam/health.py).
+COPY scripts/health_check.sh /opt/triton-sam/health_check.sh
+RUN chmod 0755 /opt/triton-sam/health_check.sh

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Liveness of a triton-sam server, for compose's healthcheck or a Kubernetes liveness probe.
+#
+#   scripts/health_check.sh [--heal | --restart] [URL]   (URL: $TRITON_URL or localhost:8000)
+#
+# Healthy = the server is ready AND every <family>_session model answers a probe. Triton 2.51
+# keeps a model READY after its python stub died (see triton_sam/health.py), so readiness alone
+# cannot tell: the probe asks for an image id nobody embeds; a live stub answers the
+# "triton_sam.EmbeddingNotFound" miss, a dead one "Stub process ... is not healthy".
+# With --heal (needs --model-control-mode=explicit; run it on the server's host), a dead model
+# is unloaded and loaded again (a fresh stub), then probed once more. With --restart (inside
+# the container, where tritonserver is PID 1), a dead model stops the server with SIGTERM so
+# the restart policy starts a fresh one. $TRITON_ADMIN_KEY, if set, is sent as the
+# triton-admin-key header (compose restricts the repository API to it).
+# Exit 0 healthy, 1 not. Needs only bash and curl (both in the NGC Triton image).
+set -uo pipefail
+
+heal=0
+restart=0
+if [[ "${1:-}" == "--heal" ]]; then heal=1; shift; fi
+if [[ "${1:-}" == "--restart" ]]; then restart=1; shift; fi
+auth=()
+if [[ -n "${TRITON_ADMIN_KEY:-}" ]]; then auth=(-H "triton-admin-key: $TRITON_ADMIN_KEY"); fi
+url="${1:-${TRITON_URL:-localhost:8000}}"
+url="${url%/}"
+[[ "$url" == http*://* ]] || url="http://$url"
+
+curl -fsS -o /dev/null --max-time 5 "$url/v2/health/ready" || { echo "$url: not ready" >&2; exit 1; }
+
+# Session models: names ending in _session in the repository index (or $SESSION_MODELS).
+models="${SESSION_MODELS:-}"
+if [[ -z "$models" ]]; then
+  index="$(curl -fsS --max-time 5 "${auth[@]}" -X POST "$url/v2/repository/index")" \
+    || { echo "$url: cannot list the models (set TRITON_ADMIN_KEY or SESSION_MODELS)" >&2; exit 1; }
+  models="$(printf '%s' "$index" | grep -o '"name":"[A-Za-z0-9_.-]*_session"' | cut -d'"' -f4)"
+fi
+
+probe() {
+  curl -sS --max-time 10 -X POST "$url/v2/models/$1/infer" -H 'Content-Type: application/json' \
+    -d '{"inputs":[{"name":"image_id","shape":[1,1],"datatype":"BYTES","data":["triton-sam-liveness"]}]}'
+}
+
+status=0
+for model in $models; do
+  body="$(probe "$model")"
+  if [[ "$body" != *EmbeddingNotFound* && "$body" != *'"outputs"'* && $heal == 1 ]]; then
+    echo "$model: $body; reloading" >&2
+    curl -fsS --max-time 60 "${auth[@]}" -X POST "$url/v2/repository/models/$model/unload" >/dev/null
+    curl -fsS --max-time 300 "${auth[@]}" -X POST "$url/v2/repository/models/$model/load" >/dev/null
+    body="$(probe "$model")"
+  fi
+  if [[ "$body" != *EmbeddingNotFound* && "$body" != *'"outputs"'* ]]; then
+    echo "$model: not alive: $body" >&2
+    status=1
+    if [[ $restart == 1 ]]; then
+      echo "stopping tritonserver (PID 1) so the restart policy starts a fresh one" >&2
+      kill -TERM 1
+    fi
+  fi
+done
+exit $status

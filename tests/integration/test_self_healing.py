@@ -1,0 +1,109 @@
+"""A killed python stub is detected and recovered (issue 12), against the embedded Triton.
+
+Triton 2.51 on its own keeps the model READY with a dead stub and answers every request
+``Stub process ... is not healthy`` (asserted here, so a Triton upgrade that changes it shows
+up). The recovery under test: ``scripts/health_check.sh`` (curl) fails while the stub is dead,
+so an orchestrator's liveness probe restarts the server; with model control ``explicit`` the
+:class:`~triton_sam.health.Watchdog` reloads the model and the next click works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from triton_sam.client import SAM2TritonClient
+from triton_sam.errors import ServerError
+from triton_sam.health import Watchdog, probe
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
+
+SESSION = "sam2_session"
+HEALTH_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "health_check.sh"
+IMAGE = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+RECOVERY_BOUND_S = 60.0  # watchdog period + reload (0.5 s measured) + the re-embed, shared CPU
+
+
+def stub_pid(server, model: str) -> int:
+    """The python-backend stub process serving ``model`` (its argv names the model)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == server.pid:
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if os.getpgid(int(pid)) == server.pid and any(model.encode() in a for a in argv):
+                return int(pid)
+        except OSError:
+            continue
+    raise AssertionError(f"no stub process for {model}")
+
+
+def health_check(server, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(HEALTH_CHECK), *args, server.http_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def click(server) -> np.ndarray:
+    with SAM2TritonClient(server.http_url) as client:
+        client.set_image(IMAGE)
+        return client.predict_full(point_coords=[[30, 20]], point_labels=[1]).low_res_logits
+
+
+def test_a_killed_stub_is_detected_and_the_model_recovers(embedded_triton, sam2_tiny_repository):
+    server = embedded_triton(sam2_tiny_repository, model_control="explicit")
+    before = click(server)
+    assert health_check(server).returncode == 0
+    raw = httpclient.InferenceServerClient(server.http_address)
+    try:
+        os.kill(stub_pid(server, SESSION), signal.SIGKILL)
+        time.sleep(1.0)
+        # What Triton 2.51 does: still READY, every request fails.
+        assert raw.is_server_ready() and raw.is_model_ready(SESSION)
+        with pytest.raises(ServerError, match="is not healthy"):
+            click(server)
+        assert probe(raw, SESSION) == "dead"
+        failed = health_check(server)
+        assert failed.returncode == 1 and "not alive" in failed.stderr
+        # Recovery: the watchdog reloads the model; the next click re-embeds and works.
+        killed_at = time.perf_counter()
+        watchdog = Watchdog(server.http_address, [SESSION], interval_s=1.0).start()
+        try:
+            while True:
+                try:
+                    after = click(server)
+                    break
+                except ServerError:
+                    assert time.perf_counter() - killed_at < RECOVERY_BOUND_S
+                    time.sleep(0.5)
+        finally:
+            watchdog.stop()
+        recovered_s = time.perf_counter() - killed_at
+        reloads = watchdog.reloads
+        print(f"recovered {recovered_s:.1f} s after the watchdog started; reloads {reloads}")
+        assert [m for m, _ in reloads] == [SESSION]
+        np.testing.assert_array_equal(after, before)  # same masks as before the kill
+        assert probe(raw, SESSION) == "alive" and health_check(server).returncode == 0
+    finally:
+        raw.close()
+
+
+def test_health_check_heals_a_dead_stub_itself(embedded_triton, sam2_tiny_repository):
+    server = embedded_triton(sam2_tiny_repository, model_control="explicit")
+    click(server)
+    os.kill(stub_pid(server, SESSION), signal.SIGKILL)
+    time.sleep(1.0)
+    healed = health_check(server, "--heal")
+    assert healed.returncode == 0, healed.stderr
+    assert "reloading" in healed.stderr
+    click(server)

@@ -1,0 +1,120 @@
+"""Liveness of the python-backend models, and their recovery (runs outside Triton).
+
+What Triton 2.51 does when a python-backend stub dies (killed by the OOM killer, a crash, a
+``kill -9``; measured in tests/integration/test_self_healing.py): nothing. The model and the
+server stay READY (``/v2/health/ready`` and ``/v2/models/<m>/ready`` answer 200), no new stub
+is started, and every request to the model answers ``Stub process '<m>_0_0' is not healthy``
+for as long as the server runs (watched for 105 s). Readiness therefore cannot tell, and an
+orchestrator that only polls it never restarts anything.
+
+So liveness is asked of the model itself: a probe request for an image id nobody embeds
+(:data:`LIVENESS_ID`) costs a dictionary lookup in a healthy stub, which answers our
+NOT_FOUND miss; a dead stub answers the "not healthy" error. Recovery, by what the
+deployment allows:
+
+- model control ``explicit`` (the embedded server with ``self_heal``, or a container whose
+  health check runs on localhost): :func:`heal` unloads and loads the dead model, which
+  starts a new stub (0.5 s measured for SAM2.1-tiny's session model; its cache is empty, and
+  clients re-embed on their next click, as after a restart);
+- otherwise ``scripts/health_check.sh`` fails, so compose's healthcheck marks the container
+  unhealthy and a Kubernetes liveness probe restarts the pod.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+LIVENESS_ID = "triton-sam-liveness"
+DEAD_MARKER = "is not healthy"
+MISS_MARKER = "triton_sam.EmbeddingNotFound"
+
+
+def probe(client: object, model: str) -> str:
+    """``"alive"`` or ``"dead"`` for one session model, by a probe request.
+
+    Args:
+        client: a ``tritonclient.http.InferenceServerClient``.
+        model: a ``<family>_session`` model (or any model answering an ``image_id`` probe).
+
+    Raises:
+        tritonclient.utils.InferenceServerException: any other error (server down, unknown
+            model): not a stub death this module can repair.
+    """
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    tensor = httpclient.InferInput("image_id", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[LIVENESS_ID.encode()]], dtype=np.object_))
+    try:
+        client.infer(model, [tensor])
+    except InferenceServerException as e:
+        message = str(e)
+        if MISS_MARKER in message:
+            return "alive"
+        if DEAD_MARKER in message:
+            return "dead"
+        raise
+    return "alive"
+
+
+def heal(client: object, model: str) -> float:
+    """Reload ``model`` (needs model control ``explicit``); returns the seconds it took.
+
+    A ``load`` of a model whose files did not change is a no-op in Triton, so it is unloaded
+    first: the load then starts a fresh stub.
+    """
+    start = time.perf_counter()
+    client.unload_model(model)
+    client.load_model(model)
+    return time.perf_counter() - start
+
+
+class Watchdog:
+    """Probes session models every ``interval_s`` and reloads the dead ones (a thread).
+
+    Attributes:
+        reloads: (model, seconds the reload took) of every recovery, in order.
+    """
+
+    def __init__(self, address: str, models: Sequence[str], *, interval_s: float = 5.0) -> None:
+        self.address = address
+        self.models = tuple(models)
+        self.interval_s = float(interval_s)
+        self.reloads: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check_once(self) -> dict[str, str]:
+        """Probe every model once, reload the dead ones; returns model -> status found."""
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.address)
+        try:
+            found = {m: probe(client, m) for m in self.models}
+            for model, status in found.items():
+                if status == "dead":
+                    self.reloads.append((model, heal(client, model)))
+            return found
+        finally:
+            client.close()
+
+    def start(self) -> Watchdog:
+        self._thread = threading.Thread(target=self._run, name="triton-sam-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check_once()
+            except Exception:  # server restarting or stopping: try again next round
+                continue

@@ -1,0 +1,155 @@
+"""Bounds on what one request may ask of the image models, and their checks (numpy only).
+
+The single definition of the limits: the ``<family>_session`` model enforces them on the
+server (the writer ships this file beside its ``model.py``), and the clients check the same
+numbers before sending, so a user of our client sees the error without a round trip while a
+raw HTTP/gRPC client that skips the checks is refused by the server all the same.
+
+Why these numbers:
+
+- ``MAX_POINTS`` = 64 prompt points per request, box corners included. SAM's decoder attends
+  over every prompt token: 4,096 points took 1.35 s and 20,000 points grew the decoder past
+  23 GB until the OOM killer ended it (issue 12). Interactive tools send a handful of clicks;
+  64 leaves room for scripted prompts while keeping a request's memory that of a few clicks.
+- ``MAX_BOXES`` = 1: one prompt set per request gives one set of masks (the official
+  predictors' single-image API takes one box); several boxes are several requests.
+- ``MAX_IMAGE_PIXELS`` = 4096 x 4096: SAM works at ~1024 px, and the server holds the decoded
+  image and its resized float copy (12 bytes a pixel while preprocessing).
+- ``MAX_IMAGE_BYTES`` = 64 MiB of encoded image: a 4096 x 4096 RGB PNG is at most ~48 MiB.
+- ``COORD_LIMIT``: coordinates (in the model's input frame, 1024 or 1008 px) beyond +-10,000
+  px are garbage, not a click outside the image; NaN and infinity are refused everywhere.
+- ``MAX_KEY_CHARS``: ids and logits keys are short strings, not payloads.
+
+Errors are :class:`RequestError`, a ``ValueError`` whose message starts with the field name:
+``<field>: got <what>, expected <what>``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_POINTS = 64
+MAX_BOXES = 1
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGE_BYTES = 64 * 2**20
+COORD_LIMIT = 10_000.0
+MAX_KEY_CHARS = 128
+# Point labels of the decoders: -1 padding, 0 background, 1 foreground, 2/3 box corners.
+POINT_LABELS = (-1, 0, 1, 2, 3)
+
+# Prompt tensors by layout (names as in the family specs): [..., N, 2] points, [..., N]
+# labels, [..., nb, 4] boxes; anything else a float tensor that must be finite.
+POINT_TENSORS = ("point_coords", "input_points")
+LABEL_TENSORS = ("point_labels", "input_labels")
+BOX_TENSORS = ("input_boxes",)
+
+
+class RequestError(ValueError):
+    """A request outside the bounds; ``field`` names the input, the message starts with it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def check_prompts(
+    prompts: dict[str, np.ndarray], *, max_points: int = MAX_POINTS, max_boxes: int = MAX_BOXES
+) -> None:
+    """Check the prompt tensors of one request (batch dim of 1 included).
+
+    Args:
+        prompts: input name -> array as received, e.g. ``point_coords`` float32 [1, N, 2],
+            ``point_labels`` float32 [1, N], ``mask_input`` float32 [1, 1, 256, 256],
+            ``has_mask_input`` float32 [1, 1]; or ``input_points`` [1, 1, N, 2],
+            ``input_labels`` int64 [1, 1, N], ``input_boxes`` [1, nb, 4].
+        max_points: most points (box corners included); max_boxes: most boxes.
+
+    Raises:
+        RequestError: naming the first tensor out of bounds.
+    """
+    points = None
+    for name, array in prompts.items():
+        array = np.asarray(array)
+        if array.ndim == 0 or array.shape[0] != 1:
+            raise RequestError(
+                name, f"got shape {list(array.shape)}, expected a batch of 1 (one prompt set)"
+            )
+        if name in POINT_TENSORS:
+            points = _check_points(name, array, max_points)
+        elif name in BOX_TENSORS:
+            _check_boxes(name, array, max_boxes)
+        elif name not in LABEL_TENSORS:
+            _check_finite(name, array)
+            if name == "has_mask_input" and not np.isin(array, (0, 1)).all():
+                raise RequestError(name, f"got {array.reshape(-1)[:4].tolist()}, expected 0 or 1")
+    for name in LABEL_TENSORS:
+        if name in prompts:
+            _check_labels(name, np.asarray(prompts[name]), points)
+
+
+def check_image_size(height: int, width: int, *, max_pixels: int, field: str = "image") -> None:
+    """Refuse an image of ``height`` x ``width`` above ``max_pixels`` (0 = no limit)."""
+    if height < 1 or width < 1:
+        raise RequestError(field, f"got {width}x{height} (W x H), expected W, H >= 1")
+    if max_pixels and height * width > max_pixels:
+        raise RequestError(
+            field,
+            f"got {width}x{height} (W x H) = {height * width} pixels, expected at most "
+            f"{max_pixels}; downscale it first (SAM works at ~1024 px)",
+        )
+
+
+def check_key(field: str, value: str) -> str:
+    """A short id or key (at most ``MAX_KEY_CHARS`` characters); returns it."""
+    if len(value) > MAX_KEY_CHARS:
+        raise RequestError(field, f"got {len(value)} characters, expected at most {MAX_KEY_CHARS}")
+    return value
+
+
+def _check_points(name: str, array: np.ndarray, max_points: int) -> int:
+    if array.ndim < 3 or array.shape[-1] != 2 or any(d != 1 for d in array.shape[:-2]):
+        raise RequestError(name, f"got shape {list(array.shape)}, expected [1, (1,) N, 2]")
+    n = int(array.shape[-2])
+    if n > max_points:
+        raise RequestError(
+            name,
+            f"got {n} points, expected at most {max_points} (box corners and padding point "
+            "included); the "
+            "decoder's memory grows with every point: send fewer, or raise max_points",
+        )
+    _check_finite(name, array)
+    return n
+
+
+def _check_boxes(name: str, array: np.ndarray, max_boxes: int) -> None:
+    if array.ndim != 3 or array.shape[-1] != 4:
+        raise RequestError(name, f"got shape {list(array.shape)}, expected [1, nb, 4]")
+    if array.shape[1] > max_boxes:
+        raise RequestError(
+            name, f"got {array.shape[1]} boxes, expected at most {max_boxes} per request"
+        )
+    _check_finite(name, array)
+
+
+def _check_labels(name: str, array: np.ndarray, points: int | None) -> None:
+    count = int(array.shape[-1]) if array.ndim else 0
+    if points is None or count != points or any(d != 1 for d in array.shape[:-1]):
+        raise RequestError(
+            name, f"got shape {list(array.shape)}, expected one label per point ({points})"
+        )
+    if not np.isin(array, POINT_LABELS).all():
+        values = sorted({float(v) for v in np.unique(array)[:8]})
+        raise RequestError(name, f"got values {values}, expected some of {list(POINT_LABELS)}")
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    if array.dtype.kind != "f":
+        return
+    if not np.isfinite(array).all():
+        raise RequestError(name, "got NaN or infinity, expected finite values")
+    if np.abs(array).max(initial=0.0) > COORD_LIMIT and name != "mask_input":
+        raise RequestError(
+            name,
+            f"got a value of magnitude {float(np.abs(array).max()):.3g}, expected at "
+            f"most {COORD_LIMIT:g} (pixels of the model's input frame)",
+        )
