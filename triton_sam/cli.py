@@ -384,6 +384,15 @@ def serve_cmd(
             "onnxruntime beside the checkout.",
         ),
     ] = None,
+    self_heal: Annotated[
+        bool,
+        typer.Option(
+            "--self-heal/--no-self-heal",
+            help="Probe the session models every 5 s and reload one whose python stub died "
+            "(Triton 2.51 keeps such a model READY while every request fails). Runs the "
+            "server with explicit model control, every model loaded at start.",
+        ),
+    ] = True,
 ) -> None:
     """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
 
@@ -393,6 +402,7 @@ def serve_cmd(
     ONNX files.
     """
     from triton_sam.config import load_config, section
+    from triton_sam.health import Watchdog, session_models
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
 
@@ -401,16 +411,25 @@ def serve_cmd(
     given = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
     serve.update({k: v for k, v in (*given.items(), ("host", host)) if v is not None})
     repo = embedded_repository(repository or Path(cfg.paths.repository), target=target)  # type: ignore[arg-type]
+    if self_heal:
+        serve["model_control"] = "explicit"  # the watchdog unloads and loads a dead model
     server = EmbeddedTriton(repo, onnxruntime_backend=onnxruntime_backend, **serve)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
         typer.echo(f"HTTP    {server.http_url}\ngRPC    {server.grpc_url}")
         typer.echo(f"metrics {server.metrics_url}/metrics\nlog     {server.log_path}")
+        watched = session_models(repo) if self_heal else []
+        watchdog = Watchdog(server.http_address, watched).start() if watched else None
+        if watchdog is not None:
+            typer.echo(f"self-heal: watching {', '.join(watched)}")
         typer.echo("ready; Ctrl-C to stop")
         try:
             signal.pause()
         except KeyboardInterrupt:
             typer.echo("stopping...")
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
 
 
 @app.command("check")

@@ -22,15 +22,19 @@ deployment allows:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from triton_sam.serving import protocol as envelope
+
 LIVENESS_ID = "triton-sam-liveness"
+# Triton's own message for a request to a model whose stub process died (not ours to code).
 DEAD_MARKER = "is not healthy"
-MISS_MARKER = "triton_sam.EmbeddingNotFound"
 
 
 def probe(client: object, model: str) -> str:
@@ -53,12 +57,25 @@ def probe(client: object, model: str) -> str:
         client.infer(model, [tensor])
     except InferenceServerException as e:
         message = str(e)
-        if MISS_MARKER in message:
-            return "alive"
+        if envelope.error_code(message) == envelope.ERR_EMBEDDING_NOT_FOUND:
+            return "alive"  # the stub answered our protocol's miss
         if DEAD_MARKER in message:
             return "dead"
         raise
     return "alive"
+
+
+def session_models(repo_dir: str | os.PathLike[str]) -> list[str]:
+    """The ``<family>_session`` models of a repository (by the kind their configs declare)."""
+    from triton_sam.repository.config import model_kind, parse_config
+    from triton_sam.repository.writer import CONFIG_FILENAME, list_models
+
+    kind = envelope.KIND_EMBEDDING_CACHE
+    return [
+        name
+        for name in list_models(repo_dir)
+        if model_kind(parse_config(Path(repo_dir) / name / CONFIG_FILENAME)) == kind
+    ]
 
 
 def heal(client: object, model: str) -> float:

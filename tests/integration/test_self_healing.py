@@ -107,3 +107,58 @@ def test_health_check_heals_a_dead_stub_itself(embedded_triton, sam2_tiny_reposi
     assert healed.returncode == 0, healed.stderr
     assert "reloading" in healed.stderr
     click(server)
+
+
+def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export):
+    """`triton-sam serve` (self-heal on by default): kill the session model's stub, and a
+    click works again without anyone calling anything but the client."""
+    import shutil
+    import sys
+
+    exe = shutil.which("triton-sam") or str(Path(sys.executable).with_name("triton-sam"))
+    cmd = [exe, "serve", "-r", str(sam2_tiny_export), "--http-port", "0", "--grpc-port", "0"]
+    proc = subprocess.Popen(
+        [*cmd, "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lines = []
+        for line in proc.stdout:  # the command prints its endpoints, then "ready"
+            lines.append(line)
+            if line.startswith("ready"):
+                break
+        assert any("self-heal: watching sam2_session" in x for x in lines), lines
+        url = next(x.split()[1] for x in lines if x.startswith("HTTP"))
+
+        class Served:  # what click() and stub_pid() need
+            http_url = url
+            pid = _child_tritonserver(proc.pid)
+
+        before = click(Served)
+        os.kill(stub_pid(Served, SESSION), signal.SIGKILL)
+        killed_at = time.perf_counter()
+        while True:
+            try:
+                after = click(Served)
+                break
+            except ServerError:
+                assert time.perf_counter() - killed_at < RECOVERY_BOUND_S
+                time.sleep(0.5)
+        print(f"serve recovered {time.perf_counter() - killed_at:.1f} s after the kill")
+        np.testing.assert_array_equal(after, before)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def _child_tritonserver(parent: int) -> int:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and name == "tritonserver":
+            return int(pid)
+    raise AssertionError(f"no tritonserver child of {parent}")

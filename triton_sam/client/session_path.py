@@ -242,7 +242,10 @@ class SessionImage:
                 f"image_id {self.image_id!r}: not on the server any more, and the client kept "
                 "no copy of the image to embed it again; call set_image again"
             )
-        return embed_inputs(self.rgb, self.encoded)
+        # The expected id goes along as a hint: the server ignores it for binding (it keys
+        # features by what it decodes), but a proxy routes the embed by it, to the replica
+        # the clicks on this image will reach (issue 15's image-affine routing).
+        return {IMAGE_ID: bytes_tensor(self.image_id), **embed_inputs(self.rgb, self.encoded)}
 
     def _reference(self, mask_input: Any) -> tuple[str, int] | None:
         for key, logits in reversed(self._recent):

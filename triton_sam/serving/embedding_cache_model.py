@@ -17,7 +17,7 @@ One request, three uses (every input is ``optional``):
   The server computes the image id itself, from what it received (decoded pixels, or the float
   tensor) plus the models and preprocessing, and answers it as ``image_id``: features are only
   ever kept under an id the server computed from their content. A client may send the
-  ``image_id`` it expects with the image; a different one is refused (INVALID_ARG), so no
+  ``image_id`` it expects with the image (a routing and lookup hint); it binds nothing, so no
   client can bind features to content the server did not hash (issue 12's cache poisoning).
   Runs the encoder unless the id is already cached, answers ``encoded`` = 1 (ran) or 0.
 - **probe**: ``image_id`` alone. ``encoded`` = 0 when cached, else the miss error below.
@@ -282,14 +282,12 @@ class TritonPythonModel:
             image = self._received_image(request)
             outputs = []
             if image is not None:
+                # The features are kept under the id computed here, whatever id the client
+                # sent with the image: a hint that differs (another client's id, or a client
+                # whose decoder differs from ours) binds nothing; the answer names the real
+                # id. Clients send their expected id with an embed so that a proxy in front
+                # of several replicas routes the embed where the clicks will go.
                 image_id, kind, value = image
-                if hint is not None and hint != image_id:
-                    raise bounds.RequestError(
-                        IMAGE_ID,
-                        f"got {hint!r}, but the image sent hashes to {image_id!r} on this "
-                        "server, which keys features only by the content it received; send "
-                        "the image without image_id, or the id the server answers",
-                    )
                 task = embeds.get(image_id)
                 if task is None:
                     task = embeds[image_id] = asyncio.ensure_future(

@@ -6,8 +6,9 @@ batch dim first (1 per request):
 - **embed**: an image as ``image_bytes`` (an encoded file, decoded on the server),
   ``image_rgb`` (uint8 [H, W, 3]) or the family's encoder inputs (``image``, float32
   [3, S, S] preprocessed). The server computes the image id from what it received and
-  answers it as ``image_id``; a client-sent ``image_id`` is only a hint and must equal it
-  (else InvalidInput). Runs the encoder unless the id is cached, answers ``encoded`` = 1
+  answers it as ``image_id``; a client-sent ``image_id`` is only a hint (it routes the
+  request to a replica and binds nothing: features are kept under the computed id only).
+  Runs the encoder unless the id is cached, answers ``encoded`` = 1
   (ran) or 0 (was cached).
 - **probe**: ``image_id`` alone. Answers ``encoded`` = 0 when cached, else the miss below.
 - **predict**: ``image_id`` + the family's prompt tensors (the decoder inputs that are not
