@@ -863,6 +863,7 @@ def bench_replicas_cmd(
     output: Annotated[Path, typer.Option(help="Report directory.")] = Path(
         "outputs/bench-replicas"
     ),
+    repository: RepositoryOpt = None,
 ) -> None:
     """Embedded Triton replicas behind a real nginx (image-affine consistent hashing), many
     sessions clicking, one replica SIGKILLed mid-run: failed clicks, requests per replica,
@@ -876,15 +877,24 @@ def bench_replicas_cmd(
         write_report,
     )
     from triton_sam.demo import build_local_repository
+    from triton_sam.errors import InputValidationError
     from triton_sam.scaleout.nginx import find_nginx
     from triton_sam.server import EmbeddedTriton
 
+    if protocol not in ("http", "grpc", "both"):
+        raise InputValidationError("protocol", f"got {protocol!r}, expected http, grpc or both")
     find_nginx()  # fail before the export when nginx is missing
     protocols = ["http", "grpc"] if protocol == "both" else [protocol]
     options = ReplicaBenchOptions(
         replicas=replicas, sessions=sessions, clicks=clicks, images=images, kill_after=kill_after
     )
-    spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench-replicas"))
+    if repository is None:  # export (verified checkpoint, else random weights) and serve it
+        spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench-replicas"))
+    else:  # a production repository holding `model`'s session model, served as its CPU twin
+        from triton_sam.models import get_model
+        from triton_sam.repository.writer import embedded_repository
+
+        spec, repo = get_model(model), embedded_repository(repository)
     names = {"model_type": spec.family.family}
     names["encoder_model"] = spec.family.encoder_model
     names["session_model"] = spec.family.session_model

@@ -10,7 +10,9 @@ HTTP and over gRPC:
   masks bit-exact, IoU scores within 1e-5: the same onnxruntime kernels on the same inputs);
 - every replica answered session requests (spread), only the killed replica's images moved
   (consistent hashing), the survivors re-encoded them (re-embeds counted from their own
-  counters), and one client on one connection reached more than one replica.
+  counters), and one client on one connection reached more than one replica;
+- every metric the Grafana dashboard and the HPA's adapter rules query is on the replicas'
+  /metrics (GPU metrics aside), with the flags deploy/ passes.
 
 The numbers are printed (``-s``); `triton-sam bench-replicas` runs the long version.
 """
@@ -18,12 +20,27 @@ The numbers are printed (``-s``); `triton-sam bench-replicas` runs the long vers
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(900)]
 
 OPTIONS = dict(replicas=3, sessions=16, clicks=6, images=6, kill_after=0.4)
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+# Exported only where Triton sees a GPU.
+GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_used_bytes"}
+
+
+def deployed_queries() -> set[str]:
+    """Metric names the Grafana dashboard and the autoscaler's adapter rules query."""
+    text = (DEPLOY / "grafana" / "triton-sam.json").read_text()
+    text += (DEPLOY / "prometheus" / "adapter-values.yaml").read_text()
+    return set(re.findall(r"\b((?:nv|triton_sam)_[a-z_]+)\b", text)) - {
+        "triton_sam_queue_us_per_request",  # the adapter's own names for the HPA
+        "triton_sam_pending_requests",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +86,5 @@ def test_replicas_survive_a_killed_replica(
     assert report.reembeds >= len(report.moved)
     # one connection, many images: balanced per request, not pinned
     assert report.one_channel_replicas >= 2
+    # what the dashboard and the HPA query exists (replicas run with deploy/'s metrics flags)
+    assert deployed_queries() - GPU_METRICS <= report.metric_names

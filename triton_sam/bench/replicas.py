@@ -19,6 +19,7 @@ the masks are compared, click by click, with the same script run against a singl
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -202,6 +203,8 @@ class ReplicaReport:
         mask_mismatches: clicks whose masks differ from the reference run (None: not
             compared); max_score_diff the largest IoU-score difference.
         click_ms: p50/p95/p99 click latency (ms); wall_s the run's duration.
+        metric_names: metric families a surviving replica exports on /metrics at the end
+            (what the dashboard and the autoscaler can query).
     """
 
     protocol: str
@@ -225,6 +228,7 @@ class ReplicaReport:
     max_score_diff: float | None = None
     click_ms: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    metric_names: set[str] = field(default_factory=set)
 
     def summary(self) -> dict[str, Any]:
         """The report as plain JSON-able values."""
@@ -372,6 +376,8 @@ def _counters(server: Any, encoder_model: str, session_model: str) -> tuple[int,
 
 
 def _fill(report, runs, entries, kill, replicas, encoder_model, session_model) -> None:
+    from triton_sam.bench.counters import _get_text
+
     clicks = [m for run in runs for m in run.masks]
     report.clicks = len(clicks)
     report.failed_clicks = sum(m is None for m in clicks)
@@ -407,6 +413,9 @@ def _fill(report, runs, entries, kill, replicas, encoder_model, session_model) -
         )
         if kill.victim is not None:
             report.reembeds += report.encodes_per_replica[i] - kill.counters_at_kill[i][0]
+    survivor = replicas.servers[replicas.alive()[0]]
+    text = _get_text(f"{survivor.metrics_url}/metrics")
+    report.metric_names = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
     if kill.victim is not None:
         victim = kill.victim
         # the victim's counters died with it: its last reading before the kill
