@@ -271,7 +271,8 @@ def dashboard_metrics() -> set[str]:
 def test_dashboard_covers_latency_queue_gpu_and_session_cache():
     # session_model.py runs inside Triton only (it imports the python backend's utils);
     # tests/integration/test_replicas.py checks these names on a live server's /metrics
-    source = (DEPLOY.parent / "triton_sam" / "repository" / "session_model.py").read_text()
+    (path,) = (DEPLOY.parent / "triton_sam").glob("**/session_model.py")
+    source = path.read_text()
     METRIC_PREFIX = re.search(r'^METRIC_PREFIX = "(\w+)"', source, re.M).group(1)
     names = dashboard_metrics()
     assert {"nv_inference_request_summary_us", "nv_inference_queue_summary_us"} <= names

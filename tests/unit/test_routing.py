@@ -28,6 +28,14 @@ def test_session_requests_carry_their_image_id_as_the_key():
     assert routing_headers(click) == {ROUTING_HEADER: IMAGE}
 
 
+def test_tracker_requests_are_keyed_by_their_tracking_session():
+    inputs = {"command": np.array([b"add_points"], dtype=np.object_)}
+    inputs["session_id"] = np.array([[b"track-7f3a"]], dtype=np.object_)
+    assert routing_key(inputs) == "track-7f3a"
+    both = {**inputs, "image_id": bytes_tensor(IMAGE)}
+    assert routing_key(both) == IMAGE  # the image wins where a request names both
+
+
 @pytest.mark.parametrize(
     "inputs",
     [
@@ -35,7 +43,7 @@ def test_session_requests_carry_their_image_id_as_the_key():
         {"image_id": np.zeros((1, 1), np.int32)},  # not a BYTES tensor
         {"image_id": np.array([[b"a"], [b"b"]], dtype=np.object_)},  # more than one id
         {"image_id": bytes_tensor("")},
-        {"image_id": bytes_tensor("x" * 129)},  # not an id of ours: not echoed
+        {"image_id": bytes_tensor("x" * 257)},  # not an id of ours: not echoed
         {"image_id": bytes_tensor("a\nb")},  # would break the header
     ],
 )
