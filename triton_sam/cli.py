@@ -878,7 +878,7 @@ def bench_replicas_cmd(
     )
     from triton_sam.demo import build_local_repository
     from triton_sam.errors import InputValidationError
-    from triton_sam.scaleout.nginx import find_nginx
+    from triton_sam.scaleout.proxy import find_nginx
     from triton_sam.server import EmbeddedTriton
 
     if protocol not in ("http", "grpc", "both"):

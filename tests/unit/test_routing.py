@@ -15,9 +15,9 @@ from triton_sam.scaleout.nginx import (
     HASH_VARIABLE,
     ProxyConfig,
     compose_config,
-    read_access_log,
     render_nginx_conf,
 )
+from triton_sam.scaleout.proxy import read_access_log
 
 IMAGE = "0123456789abcdef0123456789abcdef"
 

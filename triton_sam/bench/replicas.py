@@ -19,7 +19,6 @@ the masks are compared, click by click, with the same script run against a singl
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import Counter
@@ -29,7 +28,27 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.bench.replicas_report import (
+    ReplicaReport,
+    compare_runs,
+    counters,
+    fill_report,
+    owners,
+    write_report,
+)
 from triton_sam.errors import InputValidationError, TritonSamError
+
+__all__ = [
+    "ReplicaBenchOptions",
+    "ReplicaReport",
+    "SessionRun",
+    "bench_images",
+    "click_script",
+    "compare_runs",
+    "run_replicas",
+    "run_sessions",
+    "write_report",
+]
 
 
 @dataclass(frozen=True)
@@ -182,80 +201,6 @@ def run_sessions(
     return runs
 
 
-@dataclass
-class ReplicaReport:
-    """One run through the proxy (see the module docstring).
-
-    Attributes:
-        protocol: ``"http"`` or ``"grpc"``.
-        clicks / failed_clicks: clicks sent, and those that raised (with their errors).
-        requests_per_replica: session requests (with the routing header) answered by each
-            replica, from the proxy's log; other_requests the same for requests without it.
-        retried: requests the proxy re-sent to another replica (its first one failed).
-        victim: the killed replica (None: no kill); moved: images whose owner changed;
-            moved_from_survivors: images that changed owner although their owner survived
-            (consistent hashing promises none).
-        encodes_per_replica / misses_per_replica: encoder executions and session-model
-            misses per replica (the victim's read just before the kill).
-        reembeds: encodes on the survivors after the kill (images that moved, embedded anew).
-        one_channel_replicas: replicas reached by one client on one connection walking
-            every image (1 would mean the connection pinned it).
-        mask_mismatches: clicks whose masks differ from the reference run (None: not
-            compared); max_score_diff the largest IoU-score difference.
-        click_ms: p50/p95/p99 click latency (ms); wall_s the run's duration.
-        metric_names: metric families a surviving replica exports on /metrics at the end
-            (what the dashboard and the autoscaler can query).
-    """
-
-    protocol: str
-    clicks: int = 0
-    failed_clicks: int = 0
-    errors: list[str] = field(default_factory=list)
-    requests_per_replica: dict[int, int] = field(default_factory=dict)
-    other_requests: dict[int, int] = field(default_factory=dict)
-    retried: int = 0
-    victim: int | None = None
-    killed_after_clicks: int = 0
-    owners_before: dict[str, int] = field(default_factory=dict)
-    owners_after: dict[str, int] = field(default_factory=dict)
-    moved: list[str] = field(default_factory=list)
-    moved_from_survivors: list[str] = field(default_factory=list)
-    encodes_per_replica: dict[int, int] = field(default_factory=dict)
-    misses_per_replica: dict[int, int] = field(default_factory=dict)
-    reembeds: int = 0
-    one_channel_replicas: int = 0
-    mask_mismatches: int | None = None
-    max_score_diff: float | None = None
-    click_ms: dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0
-    metric_names: set[str] = field(default_factory=set)
-
-    def summary(self) -> dict[str, Any]:
-        """The report as plain JSON-able values."""
-        return {
-            "protocol": self.protocol,
-            "clicks": self.clicks,
-            "failed_clicks": self.failed_clicks,
-            "requests_per_replica": self.requests_per_replica,
-            "other_requests_per_replica": self.other_requests,
-            "retried_by_proxy": self.retried,
-            "victim": self.victim,
-            "killed_after_clicks": self.killed_after_clicks,
-            "images_per_replica_before": dict(Counter(self.owners_before.values())),
-            "images_moved": len(self.moved),
-            "moved_from_survivors": len(self.moved_from_survivors),
-            "encodes_per_replica": self.encodes_per_replica,
-            "session_misses_per_replica": self.misses_per_replica,
-            "reembeds": self.reembeds,
-            "one_channel_replicas": self.one_channel_replicas,
-            "mask_mismatches": self.mask_mismatches,
-            "max_score_diff": self.max_score_diff,
-            "click_ms": self.click_ms,
-            "wall_s": round(self.wall_s, 1),
-            "errors": self.errors[:10],
-        }
-
-
 def run_replicas(
     repository: Any,
     protocol: str,
@@ -277,7 +222,7 @@ def run_replicas(
         replica_set: a started :class:`~triton_sam.scaleout.replicas.ReplicaSet` to use
             instead of starting one (it is not stopped here).
     """
-    from triton_sam.scaleout.nginx import NginxProxy, read_access_log
+    from triton_sam.scaleout.proxy import NginxProxy, read_access_log
     from triton_sam.scaleout.replicas import ReplicaSet
 
     images = bench_images(options)
@@ -302,7 +247,7 @@ def run_replicas(
                 url, protocol, images, replicas, proxy, model_type
             )
             entries = read_access_log(proxy.access_log)
-        _fill(report, runs, entries, kill, replicas, encoder_model, session_model)
+        fill_report(report, runs, entries, kill, replicas, encoder_model, session_model)
         if reference is not None:
             report.mask_mismatches, report.max_score_diff = compare_runs(runs, reference)
         return report
@@ -340,97 +285,23 @@ class _Killer:
             self._thread.join()
 
     def _kill(self) -> None:
-        from triton_sam.scaleout.nginx import read_access_log
+        from triton_sam.scaleout.proxy import read_access_log
 
         entries = read_access_log(self.proxy.access_log)
-        owners = _owners(entries, self.replicas)
-        load = Counter(owners.values())
+        load = Counter(owners(entries, self.replicas).values())
         victim = max(self.replicas.alive(), key=lambda i: (load.get(i, 0), -i))
         for i in self.replicas.alive():
-            self.counters_at_kill[i] = _counters(self.replicas.servers[i], *self.models)
+            self.counters_at_kill[i] = counters(self.replicas.servers[i], *self.models)
         self.replicas.kill(victim)
         self.victim = victim
         self.log_lines_at_kill = len(entries)
-
-
-def _owners(entries: Sequence[Any], replicas: Any) -> dict[str, int]:
-    """Replica that last answered each routing key (where the proxy routes it)."""
-    owners: dict[str, int] = {}
-    for entry in entries:
-        index = replicas.index_of(entry.upstream) if entry.upstream else None
-        # any answer counts (a miss too: it is where the key is routed), not a dead replica
-        answered = entry.statuses and entry.statuses[-1] not in ("502", "504")
-        if entry.key and index is not None and answered:
-            owners[entry.key] = index
-    return owners
-
-
-def _counters(server: Any, encoder_model: str, session_model: str) -> tuple[int, int]:
-    """(encoder inferences, session-model misses) of one replica."""
-    from triton_sam.bench.counters import _get_text, parse_metrics, read_counters
-
-    encodes = read_counters(server.http_url, None, encoder_model).inference_count
-    metrics = parse_metrics(_get_text(f"{server.metrics_url}/metrics"), session_model)
-    misses = int(sum(v for k, v in metrics.items() if k.startswith("triton_sam_session_misses")))
-    return encodes, misses
-
-
-def _fill(report, runs, entries, kill, replicas, encoder_model, session_model) -> None:
-    from triton_sam.bench.counters import _get_text
-
-    clicks = [m for run in runs for m in run.masks]
-    report.clicks = len(clicks)
-    report.failed_clicks = sum(m is None for m in clicks)
-    report.errors = [e for run in runs for e in run.errors]
-    per, other = Counter(), Counter()
-    for entry in entries:
-        index = replicas.index_of(entry.upstream) if entry.upstream else None
-        if index is None:
-            continue
-        (per if entry.key else other)[index] += 1
-        report.retried += len(entry.upstreams) > 1
-    report.requests_per_replica = dict(sorted(per.items()))
-    report.other_requests = dict(sorted(other.items()))
-    latencies = np.array([ms for run in runs for ms in run.click_ms])
-    if latencies.size:
-        report.click_ms = {
-            f"p{q}": round(float(np.percentile(latencies, q)), 1) for q in (50, 95, 99)
-        }
-    report.victim = kill.victim
-    report.killed_after_clicks = kill.clicks_at_kill if kill.victim is not None else 0
-    cut = kill.log_lines_at_kill if kill.victim is not None else len(entries)
-    report.owners_before = _owners(entries[:cut], replicas)
-    report.owners_after = _owners(entries[cut:], replicas)
-    for key, after in report.owners_after.items():
-        before = report.owners_before.get(key)
-        if before is not None and before != after:
-            report.moved.append(key)
-            if before != kill.victim:
-                report.moved_from_survivors.append(key)
-    for i in replicas.alive():
-        report.encodes_per_replica[i], report.misses_per_replica[i] = _counters(
-            replicas.servers[i], encoder_model, session_model
-        )
-        if kill.victim is not None:
-            report.reembeds += report.encodes_per_replica[i] - kill.counters_at_kill[i][0]
-    survivor = replicas.servers[replicas.alive()[0]]
-    text = _get_text(f"{survivor.metrics_url}/metrics")
-    report.metric_names = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
-    if kill.victim is not None:
-        victim = kill.victim
-        # the victim's counters died with it: its last reading before the kill
-        report.encodes_per_replica[victim], report.misses_per_replica[victim] = (
-            kill.counters_at_kill[victim]
-        )
-        report.encodes_per_replica = dict(sorted(report.encodes_per_replica.items()))
-        report.misses_per_replica = dict(sorted(report.misses_per_replica.items()))
 
 
 def _one_channel(url, protocol, images, replicas, proxy, model_type) -> int:
     """Replicas reached by one client (one connection) setting every image in turn."""
     from triton_sam import SAM2TritonClient
     from triton_sam.client.session_path import image_id
-    from triton_sam.scaleout.nginx import read_access_log
+    from triton_sam.scaleout.proxy import read_access_log
 
     start = len(read_access_log(proxy.access_log))
     with SAM2TritonClient(url, model_type=model_type, protocol=protocol) as client:
@@ -440,57 +311,3 @@ def _one_channel(url, protocol, images, replicas, proxy, model_type) -> int:
     entries = read_access_log(proxy.access_log)[start:]
     reached = {replicas.index_of(e.upstream) for e in entries if e.key in keys}
     return len(reached - {None})
-
-
-def compare_runs(runs: Sequence[SessionRun], reference: Sequence[SessionRun]) -> tuple[int, float]:
-    """(clicks whose binary masks differ, largest IoU-score difference) between two runs of
-    the same scenario; a click that failed on either side counts as differing."""
-    mismatches, worst = 0, 0.0
-    for run, ref in zip(runs, reference, strict=True):
-        for masks, ref_masks, scores, ref_scores in zip(
-            run.masks, ref.masks, run.scores, ref.scores, strict=True
-        ):
-            if masks is None or ref_masks is None or scores is None or ref_scores is None:
-                mismatches += 1
-                continue
-            if masks.shape != ref_masks.shape or not np.array_equal(masks, ref_masks):
-                mismatches += 1
-            worst = max(worst, float(np.max(np.abs(scores - ref_scores))))
-    return mismatches, worst
-
-
-def write_report(reports: Sequence[ReplicaReport], options: ReplicaBenchOptions, out_dir):
-    """``replicas.json`` and ``replicas.md`` (one row per protocol) under ``out_dir``."""
-    import json
-    from dataclasses import asdict
-    from pathlib import Path
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    summaries = [r.summary() for r in reports]
-    data = {"options": asdict(options), "runs": summaries}
-    json_path = out / "replicas.json"
-    json_path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    lines = [
-        f"{options.replicas} replicas, {options.sessions} sessions x {options.clicks} clicks "
-        f"on {options.images} images, replica killed after {options.kill_after:.0%} of clicks",
-        "",
-        "| protocol | failed clicks | session requests per replica | images per replica "
-        "before | moved (from survivors) | re-embeds | one connection reached | mask "
-        "mismatches | click p50 / p95 / p99 ms | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in summaries:
-        per = ", ".join(f"{k}: {v}" for k, v in s["requests_per_replica"].items())
-        images = ", ".join(f"{k}: {v}" for k, v in sorted(s["images_per_replica_before"].items()))
-        ms = s["click_ms"]
-        lines.append(
-            f"| {s['protocol']} | {s['failed_clicks']} / {s['clicks']} | {per} "
-            f"(victim {s['victim']}) | {images} | {s['images_moved']} "
-            f"({s['moved_from_survivors']}) | {s['reembeds']} | {s['one_channel_replicas']} | "
-            f"{s['mask_mismatches']} | {ms.get('p50')} / {ms.get('p95')} / {ms.get('p99')} | "
-            f"{s['wall_s']} |"
-        )
-    md_path = out / "replicas.md"
-    md_path.write_text("\n".join(lines) + "\n")
-    return {"json": json_path, "md": md_path}
