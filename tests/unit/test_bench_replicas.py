@@ -36,18 +36,24 @@ def test_click_scripts_are_deterministic_inside_the_image_and_refine():
             assert 0 <= x < 320 and 0 <= y < 240
 
 
-def _run(masks, scores):
-    return SessionRun(image=0, masks=masks, scores=scores)
+def _run(logits, scores):
+    return SessionRun(image=0, masks=logits, scores=scores)
 
 
-def test_compare_runs_counts_differing_and_failed_clicks():
-    m = np.zeros((4, 4), bool)
-    flipped = m.copy()
-    flipped[0, 0] = True
+def test_compare_runs_tells_rounding_from_different_masks():
+    ref = np.array([[[2.0, -1.0], [2e-4, -3.0]]], np.float32)  # [M=1, H=2, W=2] logits
     s = np.array([0.5], np.float32)
-    reference = [_run([m, m, m], [s, s, s])]
-    assert compare_runs([_run([m, m, m], [s, s, s + 1e-7])], reference) == (
-        0,
-        pytest.approx(1e-7, rel=0.5),
-    )
-    assert compare_runs([_run([m, flipped, None], [s, s, None])], reference)[0] == 2
+    reference = [_run([ref, ref, ref, ref], [s, s, s, s])]
+    rounding = ref + np.float32(1e-6)
+    near_zero = ref.copy()
+    near_zero[0, 1, 0] = -2e-4  # a pixel at the decision boundary takes the other side
+    far = ref.copy()
+    far[0, 0, 1] = 1.0  # a pixel flips that the reference was sure about
+    same = compare_runs([_run([ref, rounding, ref, ref], [s, s, s, s + 1e-7])], reference)
+    assert same.mismatches == 0 and same.sign_flips == 0
+    assert same.max_logit_diff == pytest.approx(1e-6, rel=0.5)
+    assert same.max_score_diff == pytest.approx(1e-7, rel=0.5)
+    assert compare_runs([_run([ref, near_zero, ref, ref], [s] * 4)], reference).sign_flips == 1
+    assert compare_runs([_run([ref, near_zero, ref, ref], [s] * 4)], reference).mismatches == 0
+    result = compare_runs([_run([ref, far, None, ref], [s, s, None, s])], reference)
+    assert result.mismatches == 2  # the flipped mask and the failed click

@@ -88,7 +88,8 @@ class ReplicaBenchOptions:
 
 @dataclass
 class SessionRun:
-    """What one session got: per click, the binary masks and scores (None where it failed)."""
+    """What one session got: per click, the mask logits [M, H, W] (float32, original image
+    size; ``> 0`` is the mask) and IoU scores [M] (None where the click failed)."""
 
     image: int
     masks: list[np.ndarray | None] = field(default_factory=list)
@@ -181,7 +182,7 @@ def run_sessions(
                 run.scores.append(None)
             else:
                 run.click_ms.append((time.perf_counter() - t0) * 1e3)
-                run.masks.append(prediction.masks[0] > 0)
+                run.masks.append(prediction.masks[0])
                 run.scores.append(prediction.iou_predictions[0])
                 best = int(np.argmax(prediction.iou_predictions[0]))
                 previous = prediction.low_res_logits[0, best]
@@ -249,7 +250,11 @@ def run_replicas(
             entries = read_access_log(proxy.access_log)
         fill_report(report, runs, entries, kill, replicas, encoder_model, session_model)
         if reference is not None:
-            report.mask_mismatches, report.max_score_diff = compare_runs(runs, reference)
+            comparison = compare_runs(runs, reference)
+            report.mask_mismatches = comparison.mismatches
+            report.max_score_diff = comparison.max_score_diff
+            report.max_logit_diff = comparison.max_logit_diff
+            report.sign_flips = comparison.sign_flips
         return report
     finally:
         if own:
