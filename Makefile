@@ -22,7 +22,7 @@ UV_VERSION    := 0.13.9
 
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest
+.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
@@ -89,10 +89,15 @@ $(ORT_BACKEND)/libtriton_onnxruntime.so: $(STAMP) scripts/build_onnxruntime_back
 
 onnxruntime-backend: $(ORT_BACKEND)/libtriton_onnxruntime.so
 
+# nginx (Debian's nginx-light) for the image-affine proxy tests and `triton-sam
+# bench-replicas`; installs only when nginx is missing (apt-get, needs root or sudo).
+proxy-tools:
+	@bash scripts/install_nginx.sh
+
 demo: $(STAMP)
 	$(BIN)/triton-sam demo
 
-test: $(STAMP) $(PERF_ANALYZER)
+test: $(STAMP) $(PERF_ANALYZER) proxy-tools
 	$(BIN)/ruff check triton_sam tests
 	$(BIN)/pytest
 

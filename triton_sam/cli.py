@@ -909,6 +909,89 @@ def _checkpoints_dir() -> Path:
     return Path(load_config().paths.checkpoints)
 
 
+@app.command("bench-replicas")
+def bench_replicas_cmd(
+    model: Annotated[str, typer.Option(help="Variant to serve.")] = "sam2.1_hiera_tiny",
+    protocol: Annotated[str, typer.Option(help="grpc | http | both")] = "both",
+    replicas: Annotated[int, typer.Option(min=2, help="Triton replicas behind nginx.")] = 3,
+    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 16,
+    clicks: Annotated[int, typer.Option(min=1, help="Clicks per session.")] = 30,
+    images: Annotated[int, typer.Option(min=1, help="Distinct images.")] = 8,
+    kill_after: Annotated[
+        float, typer.Option(min=0.0, max=0.99, help="Fraction of clicks before a replica dies.")
+    ] = 0.4,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path(
+        "outputs/bench-replicas"
+    ),
+    repository: RepositoryOpt = None,
+) -> None:
+    """Embedded Triton replicas behind a real nginx (image-affine consistent hashing), many
+    sessions clicking, one replica SIGKILLed mid-run: failed clicks, requests per replica,
+    images moved, re-embeds, masks vs one server (JSON + markdown). Needs nginx on PATH.
+    Exits 1 on a failed click or a mask that differs from the single-server run."""
+    from triton_sam.bench.replicas import (
+        ReplicaBenchOptions,
+        bench_images,
+        run_replicas,
+        run_sessions,
+        write_report,
+    )
+    from triton_sam.demo import build_local_repository
+    from triton_sam.errors import InputValidationError
+    from triton_sam.scaleout.proxy import find_nginx
+    from triton_sam.server import EmbeddedTriton
+
+    if protocol not in ("http", "grpc", "both"):
+        raise InputValidationError("protocol", f"got {protocol!r}, expected http, grpc or both")
+    find_nginx()  # fail before the export when nginx is missing
+    protocols = ["http", "grpc"] if protocol == "both" else [protocol]
+    options = ReplicaBenchOptions(
+        replicas=replicas, sessions=sessions, clicks=clicks, images=images, kill_after=kill_after
+    )
+    if repository is None:  # export (verified checkpoint, else random weights) and serve it
+        spec, repo, _ = build_local_repository(model, Path("checkpoints"), Path(".bench-replicas"))
+    else:  # a production repository holding `model`'s session model, served as its CPU twin
+        from triton_sam.models import get_model
+        from triton_sam.repository.writer import embedded_repository
+
+        spec, repo = get_model(model), embedded_repository(repository)
+    names = {"model_type": spec.family.family}
+    names["encoder_model"] = spec.family.encoder_model
+    names["session_model"] = spec.family.session_model
+    typer.echo("reference: the same sessions against one server")
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        reference = run_sessions(
+            server.http_address,
+            "http",
+            bench_images(options),
+            options,
+            model_type=spec.family.family,
+        )
+    reports = []
+    for p in protocols:
+        typer.echo(f"{p}: {replicas} replicas behind nginx")
+        reports.append(run_replicas(repo, p, options, reference=reference, **names))
+    paths = write_report(reports, options, output)
+    typer.echo(paths["md"].read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+    if any(r.failed_clicks or r.mask_mismatches for r in reports):
+        raise typer.Exit(1)
+
+
+@app.command("proxy-config")
+def proxy_config_cmd(
+    replicas: Annotated[int, typer.Option(min=1, help="Triton replicas (one per GPU).")] = 2,
+    host_pattern: Annotated[
+        str, typer.Option(help="Replica host names; {i} is the replica index.")
+    ] = "triton-{i}",
+) -> None:
+    """Print the image-affine nginx configuration of deploy/compose for N replicas
+    (consistent hash of the clients' x-sam-image-id header, HTTP and gRPC)."""
+    from triton_sam.scaleout.nginx import compose_config, render_nginx_conf
+
+    typer.echo(render_nginx_conf(compose_config(replicas, host_pattern=host_pattern)), nl=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

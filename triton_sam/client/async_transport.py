@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, acall_with_retry
+from triton_sam.client.routing import routing_headers
 from triton_sam.client.transport import (
     _NUMPY_TO_TRITON,
     Endpoint,
@@ -264,7 +265,12 @@ class AsyncTransport:
         result = await self._call(
             what,
             self._client.infer(
-                model, infer_inputs, outputs=requested, request_id=request_id, **kwargs
+                model,
+                infer_inputs,
+                outputs=requested,
+                request_id=request_id,
+                headers=routing_headers(inputs),  # image affinity behind a proxy
+                **kwargs,
             ),
         )
         return {n: result.as_numpy(n) for n in outputs}

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from triton_sam.client.routing import routing_headers
 from triton_sam.errors import (
     EmbeddingNotFoundError,
     InferenceTimeoutError,
@@ -362,6 +363,7 @@ class Transport:
             for n in outputs
         ]
         kwargs: dict[str, Any] = {} if self._is_http else {"client_timeout": self.timeout_s}
+        kwargs["headers"] = routing_headers(inputs)  # image affinity behind a proxy
         what = f"infer on {model}"
         if idempotent:
             result = self._idempotent(
@@ -401,7 +403,12 @@ class Transport:
 
         try:
             pending.context = self._client.async_infer(
-                model, infer_inputs, done, outputs=requested, client_timeout=self.timeout_s
+                model,
+                infer_inputs,
+                done,
+                outputs=requested,
+                client_timeout=self.timeout_s,
+                headers=routing_headers(inputs),  # image affinity behind a proxy
             )
         except Exception as e:
             raise translate_error(e, what=what) from e
