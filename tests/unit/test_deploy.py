@@ -269,11 +269,10 @@ def dashboard_metrics() -> set[str]:
 
 
 def test_dashboard_covers_latency_queue_gpu_and_session_cache():
-    # session_model.py runs inside Triton only (it imports the python backend's utils);
+    # the session model's metric names come from its protocol module;
     # tests/integration/test_replicas.py checks these names on a live server's /metrics
-    (path,) = (DEPLOY.parent / "triton_sam").glob("**/session_model.py")
-    source = path.read_text()
-    METRIC_PREFIX = re.search(r'^METRIC_PREFIX = "(\w+)"', source, re.M).group(1)
+    from triton_sam.serving.protocol.embedding_cache import METRIC_PREFIX
+
     names = dashboard_metrics()
     assert {"nv_inference_request_summary_us", "nv_inference_queue_summary_us"} <= names
     assert {"nv_gpu_utilization", "nv_inference_pending_request_count"} <= names
