@@ -86,6 +86,33 @@ TENSORRT_PARAMS = frozenset(
 )
 TENSORRT_PRECISION_MODES = ("FP32", "FP16", "INT8")
 
+# Model-level ``parameters`` the onnxruntime backend reads (same source, ModelState's
+# constructor, ModelInstanceState's run options and its CUDA provider setup), with the values
+# it parses them into. The backend ignores any other key silently, so a misspelled one (or the
+# python runner's ``intra_op_threads``) would leave ORT at its defaults without a word;
+# check_onnxruntime_parameters() refuses it instead. Values are strings in the config;
+# integers go through std::stoi, booleans through ParseBoolValue (true/false/on/off/1/0,
+# any case). ORT's intra-op spinning has no key here: r24.10 cannot turn it off.
+_INT, _BOOL, _TEXT = "integer", "boolean", "text"
+ORT_MODEL_PARAMS: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "execution_mode": (_INT, (0, 1)),  # 0 sequential, 1 parallel (inter-op pool)
+    ORT_INTRA_OP_PARAM: (_INT, None),  # threads per instance; 0 = ORT's default
+    "inter_op_thread_count": (_INT, None),
+    "enable_mem_arena": (_BOOL, None),
+    "enable_mem_pattern": (_BOOL, None),
+    "memory.enable_memory_arena_shrinkage": (_TEXT, None),  # e.g. "cpu:0;gpu:0", per run
+    # CUDA provider (deprecated spelling; the "cuda" accelerator's parameters replace it)
+    "cudnn_conv_algo_search": (_INT, (0, 1, 2)),
+    "gpu_mem_limit": (_TEXT, None),
+    "arena_extend_strategy": (_INT, (0, 1)),
+    "do_copy_in_default_stream": (_TEXT, None),
+}
+_BOOL_WORDS = ("true", "false", "on", "off", "1", "0")
+# optimization { graph { level } }: -1 basic, 1 extended, 2 none; 0 (unset) all. The backend
+# maps any other value to "all" without a word.
+ORT_GRAPH_LEVELS = (-1, 0, 1, 2)
+OPENVINO_ACCELERATOR = "openvino"  # the only cpu_execution_accelerator it knows
+
 _TRITON_TYPES = {
     "bool": "TYPE_BOOL",
     "uint8": "TYPE_UINT8",
@@ -259,6 +286,7 @@ def build_graph_config(
     if options.target == "onnxruntime":
         _set_onnxruntime(config, options)
         check_accelerators(config)
+        check_onnxruntime_parameters(config)
     else:
         _set_python(config, options)
     if options.warmup:
@@ -345,6 +373,8 @@ def to_cpu_twin(config: ModelConfig) -> ModelConfig:
             silently dropped here.
     """
     check_accelerators(config)
+    if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
+        check_onnxruntime_parameters(config)
     twin = ModelConfig()
     twin.CopyFrom(config)
     cpu = model_config_pb2.ModelInstanceGroup.KIND_CPU
@@ -389,6 +419,59 @@ def check_accelerators(config: ModelConfig) -> None:
             f"model {config.name!r}: Triton's onnxruntime backend would refuse "
             f"optimization.execution_accelerators: {'; '.join(problems)}"
         )
+
+
+def check_onnxruntime_parameters(config: ModelConfig) -> None:
+    """Refuse settings of an onnxruntime-backend model that backend (r24.10) would ignore or
+    refuse: unknown ``parameters`` keys, unparsable or out-of-range values, an unknown
+    ``optimization.graph.level`` and CPU accelerators other than ``openvino``.
+
+    Raises:
+        RepositoryError: naming the model and every offending key or value at once.
+    """
+    problems = []
+    for key, param in sorted(config.parameters.items()):
+        problems += _ort_parameter_problems(key, param.string_value)
+    if config.optimization.HasField("graph"):
+        level = config.optimization.graph.level
+        if level not in ORT_GRAPH_LEVELS:
+            problems.append(
+                f"optimization.graph.level {level}, expected one of {list(ORT_GRAPH_LEVELS)} "
+                "(-1 basic, 1 extended, 2 none, 0 all)"
+            )
+    for accelerator in config.optimization.execution_accelerators.cpu_execution_accelerator:
+        if accelerator.name != OPENVINO_ACCELERATOR:
+            problems.append(
+                f"unknown CPU execution accelerator {accelerator.name!r}, expected "
+                f"{OPENVINO_ACCELERATOR!r}"
+            )
+    if problems:
+        raise RepositoryError(
+            f"model {config.name!r}: Triton's onnxruntime backend would ignore or refuse: "
+            + "; ".join(problems)
+        )
+
+
+def _ort_parameter_problems(key: str, value: str) -> list[str]:
+    known = ORT_MODEL_PARAMS.get(key)
+    if known is None:
+        hint = (
+            f" (the python runner's key; the backend's is {ORT_INTRA_OP_PARAM!r})"
+            if (key == INTRA_OP_THREADS_PARAM)
+            else ""
+        )
+        return [f"unknown parameter {key!r}{hint}, expected one of {sorted(ORT_MODEL_PARAMS)}"]
+    kind, allowed = known
+    text = value.strip()
+    if kind == _BOOL and text.lower() not in _BOOL_WORDS:
+        return [f"parameter {key!r} is {value!r}, expected a boolean ({'/'.join(_BOOL_WORDS)})"]
+    if kind == _INT:
+        number = int(text) if text.lstrip("-").isdigit() else None
+        if number is None or (allowed is None and number < 0):
+            return [f"parameter {key!r} is {value!r}, expected an integer >= 0"]
+        if allowed is not None and number not in allowed:
+            return [f"parameter {key!r} is {value!r}, expected one of {list(allowed)}"]
+    return []
 
 
 def check_model_name(name: str) -> None:
