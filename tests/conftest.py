@@ -240,3 +240,41 @@ def concept_server(concept_build):
     repo, _ = concept_build
     with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def sam2_tracking_checkpoint(sam2_tiny_checkpoint, tmp_path_factory) -> Path:
+    """``sam2_tiny_checkpoint`` with its mask and object-score output layers scaled so that
+    tracking is not degenerate (see tests/video_support.py)."""
+    from video_support import tracking_checkpoint
+
+    return tracking_checkpoint(
+        sam2_tiny_checkpoint, tmp_path_factory.mktemp("ckpt") / "sam2.1_tiny_tracking.pt"
+    )
+
+
+@pytest.fixture(scope="session")
+def sam2_video_export(sam2_tiny_spec, sam2_tracking_checkpoint, tmp_path_factory):
+    """The five tracking graphs of the tracking checkpoint, verified against torch (~3 min)."""
+    from triton_sam.export.sam2_video import export_video
+
+    out = tmp_path_factory.mktemp("sam2_video") / "graphs"
+    return export_video(sam2_tiny_spec, sam2_tracking_checkpoint, out)
+
+
+@pytest.fixture(scope="session")
+def video_clip(tmp_path_factory) -> Path:
+    """The synthetic clip of tests/video_support.py as a folder of JPEG frames."""
+    from video_support import write_clip
+
+    return write_clip(tmp_path_factory.mktemp("clip") / "frames")
+
+
+@pytest.fixture(scope="session")
+def upstream_video_run(sam2_tiny_spec, sam2_tracking_checkpoint, video_clip):
+    """The parity scenario through SAM2VideoPredictor (CPU, fp32; ~2 min on 2 free cores)."""
+    from video_support import run_scenario, upstream_predictor
+
+    predictor = upstream_predictor(sam2_tiny_spec, sam2_tracking_checkpoint)
+    state = predictor.init_state(video_clip)
+    return run_scenario(predictor, state, predictor.scores)

@@ -244,6 +244,107 @@ def _export(
     typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")
 
 
+@app.command("setup-video")
+def setup_video_cmd(
+    model: ModelArg,
+    overrides: OverridesArg = None,
+    random_init: Annotated[
+        bool, typer.Option("--random-init", help="Skip the download; export random weights.")
+    ] = False,
+    target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
+    repository: RepositoryOpt = None,
+) -> None:
+    """Export the SAM2.1 video graphs (verified against torch) and write them with the
+    sam2_tracker model into the repository (next to the image models)."""
+    from triton_sam.config import load_config, model_spec, section
+    from triton_sam.export import ExportOptions
+    from triton_sam.pipeline import build_video_repository, obtain_checkpoint
+    from triton_sam.repository.config import RepositoryOptions
+
+    extra = list(overrides or []) + ([f"repository.target={target}"] if target else [])
+    cfg = load_config(model, extra + (["export.random_init=true"] if random_init else []))
+    spec = model_spec(cfg)
+    export_cfg = section(cfg, "export")
+    random_init = bool(export_cfg.pop("random_init"))
+    checkpoint = None
+    if not random_init:
+        checkpoint = obtain_checkpoint(
+            spec, checkpoint=None, checkpoints_dir=Path(cfg.paths.checkpoints)
+        )
+    repo = repository or Path(cfg.paths.repository)
+    build = build_video_repository(
+        spec,
+        repo,
+        checkpoint=checkpoint,
+        random_init=random_init,
+        export_options=ExportOptions(**export_cfg),
+        repository_options=RepositoryOptions(**section(cfg, "repository")),
+    )
+    for name in build.models:
+        typer.echo(f"wrote {repo / name}")
+    worst = max(build.max_abs_error.values(), default=float("nan"))
+    typer.echo(f"onnxruntime vs torch max abs error over the graphs: {worst:.1e}")
+    typer.echo("next: `triton-sam serve`, then `triton-sam track VIDEO --click x,y --out DIR`")
+
+
+@app.command("track")
+def track_cmd(
+    video: Annotated[
+        Path, typer.Argument(help="Folder of frames, mp4, multi-page TIFF stack or .npy volume.")
+    ],
+    click: Annotated[
+        list[str] | None, typer.Option("--click", help="x,y[,frame][,obj] (repeatable).")
+    ] = None,
+    box: Annotated[
+        list[str] | None, typer.Option("--box", help="x0,y0,x1,y1[,frame][,obj] (repeatable).")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("outputs/track"),
+    url: Annotated[
+        str | None, typer.Option(help="Triton server (default: an embedded one over --repository).")
+    ] = None,
+    protocol: Annotated[str, typer.Option(help="grpc | http.")] = "grpc",
+    direction: Annotated[str, typer.Option(help="both | forward | reverse.")] = "both",
+    repository: RepositoryOpt = None,
+) -> None:
+    """Segment objects through a video or a 3-D stack from a few clicks: label PNGs per frame,
+    or one label TIFF stack for a volume."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from triton_sam.client.track import parse_box, parse_click, track_video
+    from triton_sam.client.video import SAM2VideoTritonClient
+    from triton_sam.client.video_source import open_video
+
+    prompts = [parse_click(c) for c in click or []] + [parse_box(b) for b in box or []]
+    source = np.load(video) if video.suffix == ".npy" else video
+    total = open_video(source).num_frames
+
+    def run(target: str) -> None:
+        with (
+            SAM2VideoTritonClient(target, protocol=protocol) as client,
+            tqdm(total=total, unit="frame", desc="tracking") as bar,
+        ):
+            result = track_video(
+                client, source, prompts, out, direction=direction, progress=bar.update
+            )
+        shares = ", ".join(f"object {o}: {f:.1%}" for o, f in result.foreground.items())
+        typer.echo(f"{result.frames} frames, {shares}")
+        typer.echo(
+            "wrote "
+            + (str(result.paths[0].parent) if len(result.paths) > 1 else str(result.paths[0]))
+        )
+
+    if url:
+        run(url)
+        return
+    from triton_sam.repository.writer import embedded_repository
+    from triton_sam.server import EmbeddedTriton
+
+    repo = embedded_repository(repository or Path("model_repository"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        run(server.grpc_url if protocol == "grpc" else server.http_url)
+
+
 @app.command("serve")
 def serve_cmd(
     repository: RepositoryOpt = None,
@@ -497,6 +598,49 @@ def bench_backends_cmd(
             model_name=spec.name,
         )
     paths = write_report(report, output)
+    typer.echo(paths["md"].read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
+@app.command("bench-video")
+def bench_video_cmd(
+    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
+    frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
+    objects: Annotated[int, typer.Option(min=1, max=3, help="Objects tracked.")] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed propagations per path.")] = 1,
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
+    work_dir: Annotated[Path, typer.Option(help="Graphs and repository.")] = Path(".bench_video"),
+) -> None:
+    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs SAM2VideoPredictor and
+    onnxruntime in-process, one run; bytes per propagated frame; server memory per session."""
+    from triton_sam.bench.video import run_video_benchmark, write_video_report
+    from triton_sam.export.sam2_video import GRAPH_KEYS, TRACKER_CONFIG_FILENAME, export_video
+    from triton_sam.models import get_model
+    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.video_config import write_video_models
+    from triton_sam.server import EmbeddedTriton
+    from triton_sam.tracking.config import TrackerConfig
+
+    spec = get_model(model)
+    graphs_dir = work_dir / "graphs" / spec.name
+    if not (graphs_dir / TRACKER_CONFIG_FILENAME).is_file():
+        typer.echo(f"exporting {spec.name} (random weights) to {graphs_dir} ...")
+        export_video(spec, None, graphs_dir)
+    graphs = {key: graphs_dir / f"{key}.onnx" for key in GRAPH_KEYS}
+    config = TrackerConfig.from_json((graphs_dir / TRACKER_CONFIG_FILENAME).read_text())
+    repo = work_dir / "model_repository"
+    write_video_models(repo, graphs, config, RepositoryOptions(target="python"))
+    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+        report = run_video_benchmark(
+            graphs_dir=graphs_dir,
+            spec=spec,
+            urls={"triton-grpc": server.grpc_url, "triton-http": server.http_url},
+            work_dir=work_dir,
+            frames=frames,
+            objects=objects,
+            repeats=repeats,
+        )
+    paths = write_video_report(report, output)
     typer.echo(paths["md"].read_text())
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
 

@@ -122,3 +122,28 @@ class RequestCancelledError(TritonSamError):
 
 class ImageNotSetError(TritonSamError):
     """``predict`` was called before ``set_image``."""
+
+
+class TrackingSessionNotFoundError(ServerError):
+    """The server holds no tracking session under this id (never created, evicted by its
+    bounds, or the server restarted). ``SAM2VideoTritonClient`` re-creates it transparently
+    when it still has the video."""
+
+
+class FrameIndexError(InputValidationError, IndexError):
+    """A frame index outside the video (or a frame the server was never sent)."""
+
+
+class ObjectNotFoundError(TritonSamError, KeyError):
+    """An object id that was never added to the tracking session."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class NoPromptsError(TritonSamError, RuntimeError):
+    """Propagation asked for before any object got points, a box or a mask."""
+
+
+class TrackingLimitError(ServerOverloadedError):
+    """A tracking session would exceed the server's bounds (frames, bytes, objects)."""

@@ -20,6 +20,7 @@ from triton_sam.models.spec import ModelSpec
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.session_config import SessionOptions, write_session
+from triton_sam.repository.video_config import TrackerOptions
 from triton_sam.repository.writer import write_pair
 
 log = logging.getLogger(__name__)
@@ -241,3 +242,70 @@ def _build_concept(
 def _graph_files(result: ExportResult, graph: str) -> list[Path]:
     path = result.encoder if graph == "encoder" else result.decoder
     return [p for p in result.files() if p.name.startswith(path.stem)]
+
+
+@dataclass
+class VideoRepositoryBuild:
+    """What :func:`build_video_repository` produced.
+
+    Attributes:
+        models: Triton model names written (five graphs, then the tracker).
+        max_abs_error: the export's ORT-vs-torch errors per ``graph.output``.
+        seconds: wall time per export stage.
+    """
+
+    models: list[str]
+    max_abs_error: dict[str, float]
+    seconds: dict[str, float]
+
+
+def build_video_repository(
+    spec: ModelSpec,
+    repository: Path,
+    *,
+    checkpoint: Path | None,
+    random_init: bool = False,
+    export_options: ExportOptions | None = None,
+    repository_options: RepositoryOptions | None = None,
+    tracker_options: TrackerOptions | None = None,
+    work_dir: Path | None = None,
+) -> VideoRepositoryBuild:
+    """Export the tracking graphs of ``spec`` and write them with the ``sam2_tracker`` model.
+
+    Raises:
+        InputValidationError: neither a checkpoint nor ``random_init``; a non-SAM2 family.
+        ExportError, ExportValidationError, RepositoryError: from the stages.
+    """
+    from triton_sam.export.sam2_video import export_video
+    from triton_sam.repository.video_config import write_video_models
+
+    if spec.family.family != "sam2":
+        raise InputValidationError(
+            "model", f"video tracking is exported for SAM2.1 variants, got {spec.name!r}"
+        )
+    if checkpoint is None and not random_init:
+        raise InputValidationError(
+            "checkpoint", "no checkpoint given; download one or pass random_init=True"
+        )
+    repository.mkdir(parents=True, exist_ok=True)
+    scratch = Path(
+        tempfile.mkdtemp(
+            prefix=f".{repository.resolve().name}.video-export-",
+            dir=work_dir or repository.resolve().parent,
+        )
+    )
+    try:
+        if random_init:
+            log.warning("exporting %s with RANDOM weights: masks will be meaningless", spec.name)
+            checkpoint = save_random_checkpoint(spec, scratch / spec.checkpoint.filename)
+        result = export_video(spec, checkpoint, scratch / "onnx", export_options)
+        models = write_video_models(
+            repository,
+            result.graphs,
+            result.config,
+            repository_options or RepositoryOptions(),
+            tracker_options,
+        )
+        return VideoRepositoryBuild(models, result.max_abs_error, result.seconds)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -19,12 +19,10 @@ What is checked, each against the stateless decoder path on the same server:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import socket
 import statistics
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -33,6 +31,7 @@ import numpy as np
 import pytest
 from prompt_matrix import prompt_matrix
 
+from triton_sam.bench.wire import ByteCountingProxy
 from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client
 from triton_sam.models import get_family
 from triton_sam.repository.config import RepositoryOptions
@@ -79,47 +78,8 @@ def metrics(server: EmbeddedTriton) -> dict[str, float]:
     return values
 
 
-class CountingProxy:
-    """TCP proxy to a server that counts the bytes clients send (what a click costs on the
-    wire: request, protocol framing, HTTP headers)."""
-
-    def __init__(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.target = (host, int(port))
-        self.sent = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            for sock in (client, upstream):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                if count:
-                    with self._lock:
-                        self.sent += len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._listener.close()
+# counts what clients send (and receive): request, protocol framing, HTTP headers
+CountingProxy = ByteCountingProxy
 
 
 def wire_bytes_of_click(proxy: CountingProxy, client, **prompt) -> int:

@@ -10,6 +10,7 @@ from triton_sam.client.speculative import (
 )
 from triton_sam.client.sync import SAM2TritonClient
 from triton_sam.client.transport import TlsOptions
+from triton_sam.client.video import SAM2VideoTritonClient
 
 __all__ = [
     "ConceptPrediction",
@@ -18,6 +19,7 @@ __all__ = [
     "Prediction",
     "RetryPolicy",
     "SAM2TritonClient",
+    "SAM2VideoTritonClient",
     "SpeculativeSAM2Client",
     "TlsOptions",
     "queue_multiple_requests",

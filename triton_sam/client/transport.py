@@ -373,6 +373,40 @@ class Transport:
             )
         return {n: result.as_numpy(n) for n in outputs}
 
+    def start_infer(
+        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> PendingInfer:
+        """Send a request without waiting; the returned handle waits for it or cancels it.
+
+        Over gRPC the request can be cancelled for real (the call is cancelled, so Triton
+        drops it if still queued, and a python-backend model can see ``is_cancelled``); over
+        HTTP, which has no cancellation, the request runs to its end and the handle only
+        discards the answer.
+        """
+        what = f"infer on {model}"
+        if self._is_http:
+            try:
+                return PendingInfer(result=self.infer(model, inputs, outputs))
+            except Exception as e:  # delivered by wait(), like the gRPC path
+                return PendingInfer(error=e)
+        pending = PendingInfer()
+        infer_inputs = build_infer_inputs(self._module, inputs, http=False)
+        requested = [self._module.InferRequestedOutput(n) for n in outputs]
+
+        def done(result: Any, error: Any) -> None:
+            if error is not None:
+                pending.finish(error=translate_error(error, what=what))
+            else:
+                pending.finish(result={n: result.as_numpy(n) for n in outputs})
+
+        try:
+            pending.context = self._client.async_infer(
+                model, infer_inputs, done, outputs=requested, client_timeout=self.timeout_s
+            )
+        except Exception as e:
+            raise translate_error(e, what=what) from e
+        return pending
+
     @property
     def _is_http(self) -> bool:
         return self.endpoint.protocol == "http"
@@ -386,6 +420,48 @@ class Transport:
             # closing a broken connection must not mask the error that broke it
             with contextlib.suppress(Exception):
                 client.close()
+
+
+class PendingInfer:
+    """A request in flight (see :meth:`Transport.start_infer`)."""
+
+    def __init__(self, result: dict[str, np.ndarray] | None = None, error: Exception | None = None):
+        self._done = threading.Event()
+        self._result, self._error = result, error
+        self.context: Any = None  # tritonclient's CallContext (gRPC)
+        self.cancelled = False
+        if result is not None or error is not None:
+            self._done.set()
+
+    def finish(
+        self, *, result: dict[str, np.ndarray] | None = None, error: Exception | None = None
+    ):
+        self._result, self._error = result, error
+        self._done.set()
+
+    def cancel(self) -> None:
+        """Cancel the call (gRPC); :meth:`wait` then raises RequestCancelledError."""
+        self.cancelled = True
+        if self.context is not None:
+            with contextlib.suppress(Exception):
+                self.context.cancel()
+        self._done.set()
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """The outputs by name.
+
+        Raises:
+            RequestCancelledError: cancelled; InferenceTimeoutError: no answer in time; the
+            translated server error otherwise.
+        """
+        if not self._done.wait(timeout_s):
+            raise InferenceTimeoutError(f"no answer within {timeout_s} s")
+        if self.cancelled:
+            raise RequestCancelledError("the request was cancelled")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
 
 
 def build_infer_inputs(module: Any, inputs: Mapping[str, np.ndarray], *, http: bool) -> list[Any]:

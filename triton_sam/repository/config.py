@@ -258,23 +258,35 @@ def build_graph_config(
     outputs: tuple[TensorSpec, ...],
     options: RepositoryOptions,
     *,
-    serves_like: Graph,
+    serves_like: Graph | None = None,
+    max_batch_size: int | None = None,
+    max_queue_size: int = 0,
+    queue_timeout_us: int = 0,
 ) -> ModelConfig:
     """Build the config of any ONNX graph (families with more graphs than a pair use this).
+
+    Same rendering as :func:`build_config` (target, instance group, dynamic batching, queue
+    policy, TensorRT, warmup), for tensors given directly instead of a family's graph.
 
     Args:
         name: Triton model name.
         inputs / outputs: the graph's tensor contract (per item, without the batch dim).
         options: target and serving options.
-        serves_like: ``"encoder"`` or ``"decoder"``: whose batch size and queue bounds in
-            ``options`` apply (a heavy per-image graph serves like the encoder).
+        serves_like: ``"encoder"`` or ``"decoder"``: take the batch size and queue bounds of
+            that graph in ``options`` (a heavy per-image graph serves like the encoder);
+            otherwise ``max_batch_size`` (required) and the queue bounds given here apply.
+        max_batch_size / max_queue_size / queue_timeout_us: explicit bounds (0 = none).
 
     Raises:
-        InputValidationError: bad name or an unsupported dtype in the spec.
+        InputValidationError: a bad name, batch size or dtype.
     """
     check_model_name(name)
-    graph = serves_like
-    config = ModelConfig(name=name, max_batch_size=options.max_batch_size(graph))
+    if serves_like is not None:
+        max_batch_size = options.max_batch_size(serves_like)
+        max_queue_size = getattr(options, f"{serves_like}_max_queue_size")
+        queue_timeout_us = getattr(options, f"{serves_like}_queue_timeout_us")
+    _check_int("max_batch_size", max_batch_size, minimum=1)
+    config = ModelConfig(name=name, max_batch_size=max_batch_size)
     config.input.extend(_tensor(t, model_config_pb2.ModelInput) for t in inputs)
     config.output.extend(_tensor(t, model_config_pb2.ModelOutput) for t in outputs)
     config.instance_group.add(kind=_KINDS[options.kind], count=options.instance_count)
@@ -282,7 +294,7 @@ def build_graph_config(
     # batcher; the default scheduler hands requests straight to the backend. Speculative
     # clients depend on this, so every model gets one.
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    _set_queue_policy(config, options, graph)
+    _apply_queue_policy(config, max_queue_size, queue_timeout_us)
     if options.target == "onnxruntime":
         _set_onnxruntime(config, options)
         check_accelerators(config)
@@ -499,10 +511,7 @@ def _tensor(spec: TensorSpec, message: type) -> object:
     return message(name=spec.name, data_type=triton_dtype(spec.dtype), dims=list(spec.shape))
 
 
-def _set_queue_policy(config: ModelConfig, options: RepositoryOptions, graph: Graph) -> None:
-    """Bound the queue so overload is rejected quickly instead of piling up (REJECT)."""
-    size = getattr(options, f"{graph}_max_queue_size")
-    timeout_us = getattr(options, f"{graph}_queue_timeout_us")
+def _apply_queue_policy(config: ModelConfig, size: int, timeout_us: int) -> None:
     if not size and not timeout_us:
         return
     policy = config.dynamic_batching.default_queue_policy

@@ -1,0 +1,390 @@
+"""Unit tier for the tracking orchestration (numpy only, no torch, no server).
+
+The orchestration runs on a fake graph runner that records every call, so each test checks
+one of upstream's decisions (which graph, which flags, which memories) without a model.
+Numerical parity with SAM2VideoPredictor is tests/parity/test_sam2_video_parity.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from triton_sam.tracking import protocol
+from triton_sam.tracking.config import TrackerConfig
+from triton_sam.tracking.memory import select_closest_cond_frames, select_memories
+from triton_sam.tracking.protocol import TrackingError
+from triton_sam.tracking.resample import antialias_resize
+from triton_sam.tracking.state import Session, from_bfloat16, to_bfloat16
+from triton_sam.tracking.tracker import COND, NON_COND, Tracker
+
+CONFIG = TrackerConfig()
+
+
+# -- memory selection -------------------------------------------------------------------------
+def test_forward_selection_takes_cond_frames_then_the_six_previous_frames():
+    cond = {0: "c0"}
+    non_cond = {t: f"n{t}" for t in range(1, 7)}
+    sel = select_memories(CONFIG, 7, cond, non_cond, num_frames=10)
+    assert sel.memories == ["c0", "n1", "n2", "n3", "n4", "n5", "n6"]
+    assert sel.memory_tpos == [0, 1, 2, 3, 4, 5, 6]
+    # pointers: the past cond frame (offset 7), then frames 6..1 (offsets 1..6); frame 0 is
+    # a cond frame, not a non-cond one, so it is not listed twice
+    assert sel.pointers == ["c0", "n6", "n5", "n4", "n3", "n2", "n1"]
+    np.testing.assert_array_equal(
+        sel.pointer_tpos, np.array([7, 1, 2, 3, 4, 5, 6], np.float32) / np.float32(9)
+    )
+    assert sel.pointer_tpos.dtype == np.float32
+
+
+def test_reverse_selection_looks_ahead_and_signs_cond_offsets():
+    cond = {9: "c9", 0: "c0"}
+    non_cond = {4: "n4", 5: "n5", 6: "n6"}
+    sel = select_memories(CONFIG, 3, cond, non_cond, num_frames=10, reverse=True)
+    assert sel.memories == ["c9", "c0", "n6", "n5", "n4"]  # insertion order of cond frames
+    assert sel.memory_tpos == [0, 0, 4, 5, 6]
+    # only cond frames ahead (9), offset (3 - 9) * -1 = 6; frame 0 lies behind
+    assert sel.pointers == ["c9", "n4", "n5", "n6"]
+    np.testing.assert_array_equal(sel.pointer_tpos * 9, np.array([6, 1, 2, 3], np.float32))
+
+
+def test_no_pointer_when_the_only_cond_frame_is_ahead():
+    sel = select_memories(CONFIG, 3, {5: "c5"}, {}, num_frames=10)
+    assert sel.memories == ["c5"] and sel.pointers == []
+    assert sel.pointer_tpos.shape == (0,)
+
+
+def test_memory_stride_picks_every_rth_frame_plus_the_last():
+    config = TrackerConfig(memory_temporal_stride_for_eval=2)
+    non_cond = {t: t for t in range(1, 10)}
+    sel = select_memories(config, 10, {0: "c"}, non_cond, num_frames=20)
+    # t_pos 1 would be frame 0, a cond frame (not a recent one): skipped
+    assert sel.memories == ["c", 2, 4, 6, 8, 9]
+    assert sel.memory_tpos == [0, 2, 3, 4, 5, 6]
+
+
+def test_unselected_cond_frames_count_as_recent_frames():
+    cond = {0: "c0", 4: "c4", 8: "c8"}
+    selected, unselected = select_closest_cond_frames(5, cond, 2)
+    assert list(selected) == [4, 8] and list(unselected) == [0]
+    config = TrackerConfig(max_cond_frames_in_attn=2)
+    sel = select_memories(config, 6, cond, {5: "n5"}, num_frames=10)
+    assert sel.memories[:2] == ["c4", "c8"]
+    assert "n5" in sel.memories
+
+
+def test_selection_without_cond_frame_is_refused():
+    with pytest.raises(ValueError, match="conditioning frame"):
+        select_memories(CONFIG, 1, {}, {0: "x"}, num_frames=3)
+
+
+# -- bfloat16 storage -------------------------------------------------------------------------
+def test_bfloat16_rounds_to_nearest_even_like_torch():
+    bits = np.array([0x3F800000, 0x3F808000, 0x3F818000, 0x3F80C000, 0xBF808001], np.uint32)
+    got = to_bfloat16(bits.view(np.float32))
+    np.testing.assert_array_equal(
+        got, np.array([0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xBF81], np.uint16)
+    )
+    assert np.isnan(from_bfloat16(to_bfloat16(np.array([np.nan], np.float32))))[0]
+
+
+def test_bfloat16_round_trip_is_exact_for_bfloat16_values():
+    values = from_bfloat16(np.arange(0, 0x7F80, 7, dtype=np.uint16))
+    np.testing.assert_array_equal(from_bfloat16(to_bfloat16(values)), values)
+
+
+# -- config and protocol ------------------------------------------------------------------------
+def test_config_round_trips_and_refuses_unknown_or_mistyped_settings():
+    config = TrackerConfig(num_maskmem=5, only_obj_ptrs_in_the_past_for_eval=False)
+    assert TrackerConfig.from_json(config.to_json()) == config
+    data = json.loads(config.to_json())
+    with pytest.raises(ValueError, match="unknown settings"):
+        TrackerConfig.from_json(json.dumps({**data, "new_knob": 1}))
+    with pytest.raises(ValueError, match="num_maskmem"):
+        TrackerConfig.from_json(json.dumps({**data, "num_maskmem": "7"}))
+
+
+def test_use_multimask_follows_sam2_base():
+    assert CONFIG.use_multimask(True, 1) and CONFIG.use_multimask(False, 0)
+    assert not CONFIG.use_multimask(True, 2)  # a box counts as two points
+    assert not TrackerConfig(multimask_output_for_tracking=False).use_multimask(False, 0)
+
+
+def test_error_codes_are_structural():
+    message = protocol.error_message(protocol.ERR_FRAME_OUT_OF_RANGE, "frame_index: got 9")
+    assert protocol.error_code(f"[StatusCode.INVALID_ARGUMENT] {message}") == "FrameOutOfRange"
+    assert protocol.error_code("some other failure") is None
+    assert set(protocol.ERROR_STATUS) >= {protocol.ERR_SESSION_NOT_FOUND, protocol.ERR_INTERNAL}
+
+
+# -- the orchestration on a fake runner ---------------------------------------------------------
+class FakeRunner:
+    """Returns fixed outputs per graph and records (graph, inputs) of every call."""
+
+    def __init__(self, score: float = 1.0) -> None:
+        self.calls: list[tuple[str, dict[str, np.ndarray]]] = []
+        self.score = score
+
+    def run(self, graph, inputs, outputs):
+        self.calls.append((graph, {k: np.array(v) for k, v in inputs.items()}))
+        shapes = {name: shape for name, _, shape in protocol.GRAPHS[graph][1]}
+        result = {n: np.full((1, *shapes[n]), 0.25, np.float32) for n in outputs}
+        if "object_score_logits" in result:
+            result["object_score_logits"][:] = self.score
+        if "low_res_masks" in result:
+            result["low_res_masks"][:] = np.float32(40.0 * len(self.calls))  # clipped at 32
+        return result
+
+    def graphs(self) -> list[str]:
+        return [g for g, _ in self.calls]
+
+    def last(self, graph):
+        return [inputs for g, inputs in self.calls if g == graph][-1]
+
+
+def make(num_frames=6, hw=(30, 40), score=1.0):
+    runner = FakeRunner(score)
+    tracker = Tracker(runner, CONFIG)
+    session = Session(num_frames, hw)
+    for t in range(num_frames):
+        session.frames[t] = np.zeros((*hw, 3), np.uint8)
+    return tracker, session, runner
+
+
+def test_first_click_decodes_without_memory_and_with_three_masks():
+    tracker, session, runner = make()
+    frame, ids, masks = tracker.add_new_points_or_box(
+        session, 0, 7, np.array([[10.0, 15.0]]), np.array([1])
+    )
+    assert (frame, ids, masks.shape) == (0, [7], (1, 1, 256, 256))
+    assert runner.graphs() == ["video_encoder", "video_decoder"]
+    dec = runner.last("video_decoder")
+    assert dec["add_no_mem_embed"][0, 0] == 1 and dec["multimask_output"][0, 0] == 1
+    assert dec["has_mask_input"][0, 0] == 0
+    # (X / W * 1024, Y / H * 1024), then the padding point the prompt encoder would add
+    np.testing.assert_array_equal(dec["point_coords"][0], [[256.0, 512.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(dec["point_labels"][0], [1, -1])
+    assert 0 in session.objects[7].temp_outputs[COND]
+
+
+def test_box_goes_first_and_gives_a_single_mask():
+    tracker, session, runner = make()
+    tracker.add_new_points_or_box(
+        session, 2, 1, np.array([[5.0, 5.0]]), np.array([0]), box=np.array([1, 2, 20, 25])
+    )
+    dec = runner.last("video_decoder")
+    np.testing.assert_array_equal(dec["point_labels"][0], [2, 3, 0, -1])
+    assert dec["multimask_output"][0, 0] == 0
+
+
+def test_propagation_encodes_prompted_memories_once_then_tracks_with_memory():
+    tracker, session, runner = make()
+    tracker.add_new_points_or_box(session, 0, 1, np.array([[5.0, 5.0]]), np.array([1]))
+    runner.calls.clear()
+    results = list(tracker.propagate_in_video(session, max_frame_num_to_track=2))
+    assert [f for f, _, _ in results] == [0, 1, 2]
+    encoders = [inputs for g, inputs in runner.calls if g == "memory_encoder"]
+    assert [e["is_mask_from_pts"][0, 0] for e in encoders] == [1.0, 0.0, 0.0]
+    attention = runner.last("memory_attention")  # frame 2: cond frame 0 + frame 1
+    assert attention["memory"].shape == (1, 2, 64, 64, 64)
+    np.testing.assert_array_equal(attention["memory_tpos"], [[0, 6]])
+    assert attention["obj_ptrs"].shape == (1, 2, 256)
+    dec = runner.last("video_decoder")
+    np.testing.assert_array_equal(dec["point_labels"][0], [-1, -1])  # no prompt: two pads
+    assert dec["multimask_output"][0, 0] == 1 and dec["add_no_mem_embed"][0, 0] == 0
+    assert session.objects[1].outputs[NON_COND].keys() == {1, 2}
+    assert session.objects[1].frames_tracked == {0: False, 1: False, 2: False}
+
+
+def test_correction_on_a_tracked_frame_feeds_back_clipped_logits():
+    tracker, session, runner = make()
+    tracker.add_new_points_or_box(session, 0, 1, np.array([[5.0, 5.0]]), np.array([1]))
+    list(tracker.propagate_in_video(session))
+    tracker.add_new_points_or_box(session, 3, 1, np.array([[8.0, 9.0]]), np.array([0]))
+    dec = runner.last("video_decoder")
+    assert dec["has_mask_input"][0, 0] == 1 and dec["add_no_mem_embed"][0, 0] == 0
+    assert dec["mask_input"].max() == protocol.MASK_INPUT_LIMIT  # the fake logits were > 32
+    assert runner.graphs()[-2] == "memory_attention"
+    assert 3 in session.objects[1].temp_outputs[NON_COND]
+
+
+def test_absent_object_scores_are_passed_on_untouched():
+    tracker, session, _ = make(score=-3.0)
+    tracker.add_new_points_or_box(session, 0, 1, np.array([[5.0, 5.0]]), np.array([1]))
+    _, _, scores = tracker.track(session, 1)
+    np.testing.assert_array_equal(scores, [-3.0])
+
+
+def test_mask_prompt_uses_the_mask_as_logits():
+    tracker, session, runner = make(hw=(64, 64))
+    mask = np.zeros((64, 64), bool)
+    mask[16:48, 16:48] = True
+    _, _, masks = tracker.add_new_mask(session, 0, 5, mask)
+    assert runner.graphs()[-1] == "mask_prompt"
+    sent = runner.last("mask_prompt")["mask"]
+    assert sent.shape == (1, 1, 1024, 1024) and set(np.unique(sent)) == {0.0, 1.0}
+    expected = antialias_resize(sent * 20 - 10, (256, 256))
+    np.testing.assert_array_equal(masks[0:1], expected)
+    assert masks[0, 0, 128, 128] == 10 and masks[0, 0, 5, 5] == -10
+
+
+def test_processing_order_is_upstreams():
+    tracker, session, _ = make(num_frames=6)
+    tracker.add_new_points_or_box(session, 2, 1, np.array([[5.0, 5.0]]), np.array([1]))
+    assert tracker.processing_order(session) == [2, 3, 4, 5]
+    assert tracker.processing_order(session, reverse=True) == [2, 1, 0]
+    assert tracker.processing_order(session, 5, 2, reverse=True) == [5, 4, 3]
+    assert tracker.processing_order(session, 0, reverse=True) == []
+
+
+def test_objects_are_tracked_independently_in_insertion_order():
+    tracker, session, _ = make()
+    tracker.add_new_points_or_box(session, 0, 9, np.array([[5.0, 5.0]]), np.array([1]))
+    _, ids, masks = tracker.add_new_points_or_box(session, 1, 4, box=np.array([1, 1, 9, 9]))
+    assert ids == [9, 4]
+    assert (masks[0] == protocol.NO_OBJ_SCORE).all()  # object 9 has nothing on frame 1
+    ids, removed = tracker.remove_object(session, 9)
+    assert ids == [4] and [frame for frame, _ in removed] == [0]
+    tracker.remove_object(session, 4)
+    assert session.obj_ids == []
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "field"),
+    [
+        (lambda t, s: t.track(s, 6), protocol.ERR_FRAME_OUT_OF_RANGE, "frame_index"),
+        (lambda t, s: t.track(s, 1), protocol.ERR_NO_PROMPTS, None),
+        (
+            lambda t, s: t.remove_object(s, 3, strict=True),
+            protocol.ERR_OBJECT_NOT_FOUND,
+            "object_id",
+        ),
+        (
+            lambda t, s: t.add_new_points_or_box(s, 0, 1, np.zeros((1, 2)), np.array([2])),
+            protocol.ERR_INVALID_INPUT,
+            "labels",
+        ),
+        (
+            lambda t, s: t.add_new_points_or_box(s, 0, 1, np.array([[np.nan, 1.0]]), np.array([1])),
+            protocol.ERR_INVALID_INPUT,
+            "points",
+        ),
+        (
+            lambda t, s: t.add_new_points_or_box(
+                s, 0, 1, box=np.array([0, 0, 5, 5]), clear_old_points=False
+            ),
+            protocol.ERR_INVALID_INPUT,
+            "box",
+        ),
+        (
+            lambda t, s: t.add_new_mask(s, 0, 1, np.zeros((2, 3, 4))),
+            protocol.ERR_INVALID_INPUT,
+            "mask",
+        ),
+    ],
+)
+def test_bad_requests_raise_typed_tracking_errors(call, code, field):
+    tracker, session, _ = make()
+    with pytest.raises(TrackingError) as info:
+        call(tracker, session)
+    assert info.value.code == code and info.value.field == field
+
+
+def test_a_frame_never_uploaded_is_reported_as_such():
+    tracker, session, _ = make()
+    del session.frames[3]
+    with pytest.raises(TrackingError) as info:
+        tracker.features(session, 3)
+    assert info.value.code == protocol.ERR_FRAME_MISSING
+
+
+def test_feature_cache_is_bounded():
+    tracker, session, runner = make()
+    session.feature_cache_frames = 2
+    for t in (0, 1, 2, 0):
+        tracker.features(session, t)
+    assert runner.graphs().count("video_encoder") == 4  # frame 0 was evicted by frame 2
+    assert list(session.features) == [2, 0]
+
+
+# -- the service and its bounded store ----------------------------------------------------------
+def service(max_sessions=2, **bounds):
+    from triton_sam.tracking.service import TrackingService
+    from triton_sam.tracking.sessions import SessionStore
+
+    return TrackingService(FakeRunner(), CONFIG, SessionStore(max_sessions=max_sessions, **bounds))
+
+
+def call(svc, command, session, **tensors):
+    inputs = {
+        protocol.COMMAND: np.array([command.encode()], object),
+        protocol.SESSION_ID: np.array([session.encode()], object),
+        **tensors,
+    }
+    return svc.handle(inputs)
+
+
+def init(svc, session, frames=4, hw=(8, 8)):
+    return call(
+        svc,
+        "init",
+        session,
+        num_frames=np.array([frames], np.int32),
+        video_hw=np.array(hw, np.int32),
+    )
+
+
+def test_least_recently_used_sessions_are_evicted_beyond_the_bound():
+    svc = service(max_sessions=2)
+    for name in ("a", "b"):
+        init(svc, name)
+    call(svc, "info", "a")  # a is now more recent than b
+    init(svc, "c")
+    assert "b" not in svc.store and {"a", "c"} <= set(svc.store._sessions)
+    with pytest.raises(TrackingError) as info:
+        call(svc, "info", "b")
+    assert info.value.code == protocol.ERR_SESSION_NOT_FOUND
+    assert svc.store.evictions == 1
+
+
+def test_a_session_above_its_byte_bound_is_refused_and_kept():
+    svc = service(max_session_bytes=500)
+    init(svc, "a")
+    frame = np.zeros((8, 8, 3), np.uint8)  # 192 bytes
+    for t in (0, 1):
+        call(svc, "add_frame", "a", frame_index=np.array([t], np.int32), frame=frame)
+    with pytest.raises(TrackingError) as info:
+        call(svc, "add_frame", "a", frame_index=np.array([2], np.int32), frame=frame)
+    assert info.value.code == protocol.ERR_LIMIT and info.value.field == "session_id"
+    assert sorted(svc.store.get("a").frames) == [0, 1]
+
+
+def test_service_answers_a_prompt_with_masks_and_scores():
+    svc = service()
+    init(svc, "s", hw=(30, 40))
+    call(
+        svc,
+        "add_frame",
+        "s",
+        frame_index=np.array([0], np.int32),
+        frame=np.zeros((30, 40, 3), np.uint8),
+    )
+    out = call(
+        svc,
+        "add_points",
+        "s",
+        frame_index=np.array([0], np.int32),
+        object_id=np.array([3], np.int32),
+        points=np.array([[5.0, 5.0]], np.float32),
+        labels=np.array([1], np.int32),
+    )
+    assert out[protocol.OUT_MASKS].shape == (1, 1, 256, 256)
+    assert (
+        out[protocol.OUT_OBJECT_IDS].tolist() == [3] and out[protocol.OUT_OBJECT_SCORES][0] == 1.0
+    )
+    order = call(svc, "preflight", "s")[protocol.OUT_FRAMES]
+    assert order.tolist() == [0, 1, 2, 3]
+    status = json.loads(call(svc, "info", "s")[protocol.OUT_STATUS][0])
+    assert status["session"]["frames_uploaded"] == 1 and status["sessions"] == 1

@@ -1,0 +1,438 @@
+"""SAM2VideoTritonClient: ``SAM2VideoPredictor``'s API, with the tracking done by Triton.
+
+The server's ``sam2_tracker`` model keeps each video's state (frames, features, memory bank,
+object pointers); this client sends each frame once (its file bytes, or uint8 pixels for
+arrays), prompts, and one "track" request per propagated frame, and gets back that frame's
+low-res logits, which it upsamples to the video's resolution as upstream does.
+
+A session the server lost (evicted by its bounds, or a restart) is re-created transparently:
+the client keeps the video and a log of the state-changing calls, replays them (re-sending
+frames as they are needed) and retries the call that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from triton_sam.client.retry import RetryPolicy
+from triton_sam.client.transport import PendingInfer, TlsOptions, Transport, resolve_endpoint
+from triton_sam.client.video_errors import tracking_error
+from triton_sam.client.video_source import VideoSource, open_video
+from triton_sam.errors import (
+    RequestCancelledError,
+    ServerUnavailableError,
+    TrackingSessionNotFoundError,
+    TritonSamError,
+)
+from triton_sam.tracking import protocol as p
+from triton_sam.tracking.resample import bilinear
+
+_MASK_OUTPUTS = (p.OUT_FRAME_INDEX, p.OUT_OBJECT_IDS, p.OUT_MASKS, p.OUT_OBJECT_SCORES)
+
+
+@dataclass
+class VideoState:
+    """One video on the server (what :meth:`SAM2VideoTritonClient.init_state` returns).
+
+    Attributes:
+        session_id: the server's key for this video (random).
+        source: the frames (kept to re-send them when the server lost the session).
+        obj_ids: object ids as the server last reported them.
+        uploaded: frames the server holds.
+        log: state-changing calls since init, replayed after a lost session.
+        resets: how many times the session was re-created.
+        object_scores: per frame, the objects' score logits of the latest answer about it
+            (float32 [K] in ``obj_ids`` order; > 0: the object is present, NaN: no output).
+    """
+
+    session_id: str
+    source: VideoSource
+    obj_ids: list[int] = field(default_factory=list)
+    uploaded: set[int] = field(default_factory=set)
+    log: list[tuple[str, dict[str, np.ndarray]]] = field(default_factory=list)
+    resets: int = 0
+    object_scores: dict[int, np.ndarray] = field(default_factory=dict)
+    _pending: PendingInfer | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def num_frames(self) -> int:
+        return self.source.num_frames
+
+    @property
+    def video_hw(self) -> tuple[int, int]:
+        return self.source.height, self.source.width
+
+
+class SAM2VideoTritonClient:
+    """Track objects through a video or a 3-D volume with SAM2.1 on a Triton server.
+
+    Args:
+        url: ``host:port``; defaults to ``$TRITON_URL``, else localhost:8001 (gRPC) /
+            localhost:8000 (HTTP).
+        protocol: ``"grpc"`` (cancellation reaches the server) or ``"http"``.
+        model: the tracker model's name.
+        timeout_s: per-request timeout (a tracked frame takes about a second on a GPU, a few
+            on a CPU).
+        retry: backoff for idempotent calls; None uses the default policy.
+        tls: certificates for an ``https://`` server.
+
+    Raises:
+        ServerUnavailableError: no ready server, or no ready tracker model.
+
+    Example:
+        >>> client = SAM2VideoTritonClient("localhost:8001")
+        >>> state = client.init_state("frames/")          # or an mp4, or a (Z, Y, X) volume
+        >>> client.add_new_points_or_box(state, 0, obj_id=1, points=[[210, 350]], labels=[1])
+        >>> for frame_idx, obj_ids, masks in client.propagate_in_video(state):
+        ...     binary = masks[0, 0] > 0                   # object obj_ids[0] on this frame
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        protocol: str = "grpc",
+        model: str = p.TRACKER_MODEL,
+        timeout_s: float = 600.0,
+        retry: RetryPolicy | None = None,
+        tls: TlsOptions | None = None,
+    ) -> None:
+        self.model = model
+        self.transport = Transport(
+            resolve_endpoint(url, protocol), timeout_s=timeout_s, retry=retry, tls=tls
+        )
+        self.bytes_sent = 0  # request tensor payloads (frames, prompts), for reports
+        try:
+            self._check_ready()
+        except BaseException:
+            self.transport.close()
+            raise
+
+    # -- API mirroring SAM2VideoPredictor -----------------------------------------------------
+    def init_state(self, video: object, *, session_id: str | None = None) -> VideoState:
+        """Open ``video`` (a folder of frames, an mp4, a list of images, a TIFF stack, or a
+        numpy volume (Z, Y, X) / (Z, Y, X, C)) as a session on the server; frame 0 is sent
+        now, the others the first time a call needs them.
+
+        Raises:
+            InputValidationError: (field ``video``) an unusable video or volume.
+            TrackingLimitError: more frames than the server takes.
+        """
+        state = VideoState(session_id or uuid.uuid4().hex, open_video(video))
+        self._init_session(state)
+        self._ensure_frame(state, 0)
+        return state
+
+    def add_new_points_or_box(
+        self,
+        state: VideoState,
+        frame_idx: int,
+        obj_id: int,
+        points: object = None,
+        labels: object = None,
+        clear_old_points: bool = True,
+        normalize_coords: bool = True,
+        box: object = None,
+    ) -> tuple[int, list[int], np.ndarray]:
+        """Clicks ((X, Y) pixels, labels 1 = object / 0 = background) and/or a box
+        (X0, Y0, X1, Y1) for one object on one frame.
+
+        Returns:
+            (frame_idx, obj_ids, float32 logits [K, 1, H, W] of every object at the video's
+            resolution; > 0 is the mask).
+
+        Raises:
+            FrameIndexError, InputValidationError (naming the field), TrackingLimitError.
+        """
+        tensors: dict[str, np.ndarray] = {
+            p.FRAME_INDEX: _int32(frame_idx),
+            p.OBJECT_ID: _int32(obj_id),
+            p.CLEAR_OLD_POINTS: np.array([bool(clear_old_points)]),
+            p.NORMALIZE_COORDS: np.array([bool(normalize_coords)]),
+        }
+        if points is not None:
+            tensors[p.POINTS] = np.asarray(points, np.float32).reshape(-1, 2)
+        if labels is not None:
+            tensors[p.LABELS] = np.asarray(labels).astype(np.int32).reshape(-1)
+        if box is not None:
+            tensors[p.BOX] = np.asarray(box, np.float32).reshape(-1)
+        return self._masks(state, self._command(state, p.CMD_ADD_POINTS, tensors, _MASK_OUTPUTS))
+
+    def add_new_mask(
+        self, state: VideoState, frame_idx: int, obj_id: int, mask: np.ndarray
+    ) -> tuple[int, list[int], np.ndarray]:
+        """A binary mask [H, W] (the video's size) for one object on one frame; returns as
+        :meth:`add_new_points_or_box`."""
+        tensors = {
+            p.FRAME_INDEX: _int32(frame_idx),
+            p.OBJECT_ID: _int32(obj_id),
+            p.MASK: np.asarray(mask).astype(bool),
+        }
+        return self._masks(state, self._command(state, p.CMD_ADD_MASK, tensors, _MASK_OUTPUTS))
+
+    def propagate_in_video(
+        self,
+        state: VideoState,
+        start_frame_idx: int | None = None,
+        max_frame_num_to_track: int | None = None,
+        reverse: bool = False,
+    ) -> Iterator[tuple[int, list[int], np.ndarray]]:
+        """Track every object through the video; yields (frame_idx, obj_ids, logits
+        [K, 1, H, W] at the video's resolution) frame by frame, in upstream's order.
+
+        One request per frame: stop iterating (or call :meth:`cancel_propagation` from
+        another thread) and nothing past the frame in flight runs on the server; over gRPC
+        the request in flight is cancelled too.
+
+        Raises:
+            NoPromptsError: no object has prompts. FrameIndexError: a bad start frame.
+        """
+        order = self._command(
+            state,
+            p.CMD_PREFLIGHT,
+            {
+                p.START_FRAME: _int32(-1 if start_frame_idx is None else start_frame_idx),
+                p.MAX_FRAMES: _int32(
+                    -1 if max_frame_num_to_track is None else max_frame_num_to_track
+                ),
+                p.REVERSE: np.array([bool(reverse)]),
+            },
+            (p.OUT_FRAMES,),
+        )[p.OUT_FRAMES]
+        state._cancel.clear()
+        for frame_idx in order.tolist():
+            if state._cancel.is_set():
+                return
+            tensors = {p.FRAME_INDEX: _int32(frame_idx), p.REVERSE: np.array([bool(reverse)])}
+            try:
+                out = self._command(state, p.CMD_TRACK, tensors, _MASK_OUTPUTS, cancellable=True)
+            except RequestCancelledError:
+                return
+            yield self._masks(state, out)
+
+    def cancel_propagation(self, state: VideoState) -> None:
+        """Stop a running :meth:`propagate_in_video` (from any thread): no further frame is
+        requested, and over gRPC the request in flight is cancelled."""
+        state._cancel.set()
+        pending = state._pending
+        if pending is not None:
+            pending.cancel()
+
+    def get_frame_masks(
+        self, state: VideoState, frame_idx: int
+    ) -> tuple[int, list[int], np.ndarray]:
+        """The masks the server holds for a frame (nothing is recomputed, nothing but the
+        frame's masks crosses the wire); as :meth:`add_new_points_or_box` returns them."""
+        out = self._command(state, p.CMD_GET, {p.FRAME_INDEX: _int32(frame_idx)}, _MASK_OUTPUTS)
+        return self._masks(state, out)
+
+    def clear_all_prompts_in_frame(
+        self, state: VideoState, frame_idx: int, obj_id: int
+    ) -> tuple[int, list[int], np.ndarray]:
+        """Remove one object's prompts on a frame (``clear_all_prompts_in_frame``)."""
+        tensors = {p.FRAME_INDEX: _int32(frame_idx), p.OBJECT_ID: _int32(obj_id)}
+        return self._masks(state, self._command(state, p.CMD_CLEAR_PROMPTS, tensors, _MASK_OUTPUTS))
+
+    def remove_object(
+        self, state: VideoState, obj_id: int, strict: bool = False
+    ) -> tuple[list[int], list[tuple[int, np.ndarray]]]:
+        """Remove an object; returns (remaining ids, [(frame, logits [K, 1, H, W])] for the
+        frames where it had prompts).
+
+        Raises:
+            ObjectNotFoundError: ``strict`` and the object was never added.
+        """
+        tensors = {p.OBJECT_ID: _int32(obj_id), p.STRICT: np.array([bool(strict)])}
+        out = self._command(state, p.CMD_REMOVE_OBJECT, tensors, (p.OUT_OBJECT_IDS, p.OUT_FRAMES))
+        state.obj_ids = out[p.OUT_OBJECT_IDS].tolist()
+        updated = [(t, self.get_frame_masks(state, t)[2]) for t in out[p.OUT_FRAMES].tolist()]
+        return state.obj_ids, updated
+
+    def reset_state(self, state: VideoState) -> None:
+        """Remove every object, prompt and result (the frames stay on the server)."""
+        self._command(state, p.CMD_RESET, {}, (p.OUT_STATUS,))
+        state.obj_ids = []
+        state.log = []
+
+    def close_state(self, state: VideoState) -> None:
+        """Free the session on the server (frames, features, memory bank)."""
+        with contextlib.suppress(TritonSamError):
+            self._send(state, p.CMD_CLOSE, {}, (p.OUT_STATUS,))
+
+    def session_info(self, state: VideoState) -> dict[str, Any]:
+        """The server's counters: its sessions and bytes, this session's size and frames."""
+        import json
+
+        out = self._command(state, p.CMD_INFO, {}, (p.OUT_STATUS,))
+        return json.loads(out[p.OUT_STATUS].reshape(-1)[0])
+
+    def close(self) -> None:
+        """Close the connections (idempotent)."""
+        self.transport.close()
+
+    def __enter__(self) -> SAM2VideoTritonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------------
+    def _command(
+        self,
+        state: VideoState,
+        command: str,
+        tensors: dict[str, np.ndarray],
+        outputs: tuple[str, ...],
+        *,
+        cancellable: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Send a command, sending frames first when it needs them, re-creating the session
+        once if the server lost it."""
+        for attempt in range(2):
+            try:
+                self._prepare(state, command, tensors)
+                out = self._send(state, command, tensors, outputs, cancellable=cancellable)
+            except TrackingSessionNotFoundError:
+                if attempt or command == p.CMD_CLOSE:
+                    raise
+                self._recreate(state)
+                continue
+            if command in _LOGGED:
+                state.log.append((command, tensors))
+            if p.OUT_OBJECT_IDS in out:
+                state.obj_ids = out[p.OUT_OBJECT_IDS].tolist()
+            return out
+        raise AssertionError("unreachable")
+
+    def _prepare(self, state: VideoState, command: str, tensors: dict[str, np.ndarray]) -> None:
+        if command in _NEEDS_FRAME:
+            self._ensure_frame(state, int(tensors[p.FRAME_INDEX][0]))
+
+    def _send(
+        self,
+        state: VideoState,
+        command: str,
+        tensors: dict[str, np.ndarray],
+        outputs: tuple[str, ...],
+        *,
+        cancellable: bool = False,
+    ) -> dict[str, np.ndarray]:
+        inputs = {
+            p.COMMAND: np.array([[command.encode()]], dtype=object),
+            p.SESSION_ID: np.array([[state.session_id.encode()]], dtype=object),
+            **{name: value[None] for name, value in tensors.items()},  # Triton's batch dim
+        }
+        self.bytes_sent += sum(_payload(v) for v in inputs.values())
+        try:
+            if cancellable:
+                state._pending = self.transport.start_infer(self.model, inputs, outputs)
+                try:
+                    result = state._pending.wait()
+                finally:
+                    state._pending = None
+            else:
+                idempotent = command in _IDEMPOTENT
+                result = self.transport.infer(self.model, inputs, outputs, idempotent=idempotent)
+        except RequestCancelledError:
+            raise
+        except TritonSamError as e:
+            raise _typed(e) from e
+        return {name: value[0] for name, value in result.items()}
+
+    def _init_session(self, state: VideoState) -> None:
+        tensors = {
+            p.NUM_FRAMES: _int32(state.num_frames),
+            p.VIDEO_HW: np.array(state.video_hw, np.int32),
+        }
+        self._send(state, p.CMD_INIT, tensors, (p.OUT_STATUS,))
+        state.uploaded.clear()
+
+    def _ensure_frame(self, state: VideoState, frame_idx: int) -> None:
+        """Send frame ``frame_idx`` if the server does not hold it (sent once per session)."""
+        if frame_idx in state.uploaded or not 0 <= frame_idx < state.num_frames:
+            return  # an out-of-range index is the server's to refuse, with its typed error
+        encoded = state.source.encoded(frame_idx)
+        tensors: dict[str, np.ndarray] = {p.FRAME_INDEX: _int32(frame_idx)}
+        if encoded is not None:
+            tensors[p.FRAME_BYTES] = np.array([encoded], dtype=object)
+        else:
+            pixels = state.source.pixels(frame_idx)
+            tensors[p.FRAME] = pixels[..., None] if pixels.ndim == 2 else pixels
+        self._send(state, p.CMD_ADD_FRAME, tensors, (p.OUT_STATUS,))
+        state.uploaded.add(frame_idx)
+
+    def _recreate(self, state: VideoState) -> None:
+        """The server lost the session: create it again and replay what it held."""
+        state.resets += 1
+        self._init_session(state)
+        self._ensure_frame(state, 0)
+        for command, tensors in state.log:
+            self._prepare(state, command, tensors)
+            self._send(state, command, tensors, (p.OUT_STATUS,))
+
+    def _masks(
+        self, state: VideoState, out: dict[str, np.ndarray]
+    ) -> tuple[int, list[int], np.ndarray]:
+        masks = out[p.OUT_MASKS]
+        ids = out[p.OUT_OBJECT_IDS].tolist()
+        frame = int(out[p.OUT_FRAME_INDEX].reshape(-1)[0])
+        if p.OUT_OBJECT_SCORES in out:
+            state.object_scores[frame] = out[p.OUT_OBJECT_SCORES]
+        height, width = state.video_hw
+        full = (
+            bilinear(masks, (height, width)) if ids else np.zeros((0, 1, height, width), np.float32)
+        )
+        return frame, ids, full
+
+    def _check_ready(self) -> None:
+        address = self.transport.endpoint.address
+        if not self.transport.is_server_ready():
+            raise ServerUnavailableError(
+                f"url: no ready Triton server at {address}; start one with `triton-sam serve`"
+            )
+        if not self.transport.is_model_ready(self.model):
+            raise ServerUnavailableError(
+                f"model: {self.model!r} is not ready on {address}; write the video models with "
+                "`triton-sam setup-video` and check the server log"
+            )
+
+
+# commands whose effect the server keeps (replayed after a lost session), those that need
+# their frame on the server, and those safe to retry
+_LOGGED = {
+    p.CMD_ADD_POINTS,
+    p.CMD_ADD_MASK,
+    p.CMD_TRACK,
+    p.CMD_CLEAR_PROMPTS,
+    p.CMD_REMOVE_OBJECT,
+}
+_NEEDS_FRAME = {p.CMD_ADD_POINTS, p.CMD_ADD_MASK, p.CMD_TRACK}
+_IDEMPOTENT = {p.CMD_INIT, p.CMD_ADD_FRAME, p.CMD_GET, p.CMD_INFO, p.CMD_PREFLIGHT}
+
+
+def _typed(e: TritonSamError) -> TritonSamError:
+    """The tracking error a server message carries (by its code), else ``e`` as it is."""
+    message = str(e)
+    code = p.error_code(message)
+    if code is None:
+        return e
+    start = message.find(p.ERROR_PREFIX) + len(p.ERROR_PREFIX) + len(code) + 2
+    return tracking_error(code, message[start:])
+
+
+def _int32(value: int) -> np.ndarray:
+    return np.array([int(value)], np.int32)
+
+
+def _payload(array: np.ndarray) -> int:
+    if array.dtype == object:
+        return sum(len(v) for v in array.reshape(-1))
+    return int(array.nbytes)

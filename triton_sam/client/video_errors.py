@@ -1,0 +1,40 @@
+"""Tracking errors by protocol code -> the package's typed errors (one place)."""
+
+from __future__ import annotations
+
+from triton_sam.errors import (
+    FrameIndexError,
+    InputValidationError,
+    NoPromptsError,
+    ObjectNotFoundError,
+    ServerError,
+    TrackingLimitError,
+    TrackingSessionNotFoundError,
+    TritonSamError,
+)
+from triton_sam.tracking import protocol
+
+
+def tracking_error(code: str | None, message: str, field: str | None = None) -> TritonSamError:
+    """The typed error for a tracking error ``code`` (``protocol.ERR_*``) and its message.
+
+    ``field`` is the input the error concerns; when None it is read from the message's
+    ``<field>: ...`` start, the convention of every tracker message.
+    """
+    if field is None:
+        head = message.split(":", 1)[0].strip()
+        field = head if head.isidentifier() else "request"
+    text = message.split(": ", 1)[1] if message.startswith(f"{field}: ") else message
+    if code == protocol.ERR_SESSION_NOT_FOUND:
+        return TrackingSessionNotFoundError(message)
+    if code in (protocol.ERR_FRAME_OUT_OF_RANGE, protocol.ERR_FRAME_MISSING):
+        return FrameIndexError(field, text)
+    if code == protocol.ERR_OBJECT_NOT_FOUND:
+        return ObjectNotFoundError(message)
+    if code == protocol.ERR_NO_PROMPTS:
+        return NoPromptsError(message)
+    if code == protocol.ERR_LIMIT:
+        return TrackingLimitError(message)
+    if code == protocol.ERR_INVALID_INPUT:
+        return InputValidationError(field, text)
+    return ServerError(message)

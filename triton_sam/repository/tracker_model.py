@@ -1,0 +1,213 @@
+"""Triton python-backend model that tracks objects through videos: ``sam2_tracker``.
+
+The repository writer copies this file to ``sam2_tracker/1/model.py`` and the dependency-free
+``triton_sam/tracking`` package beside it as ``triton_sam_tracking/`` (the same code the
+clients' in-process predictor runs). It imports only numpy, json, os, sys and
+``triton_python_backend_utils`` itself; the package adds Pillow to decode and resize frames.
+
+Every request is one command of ``triton_sam_tracking.protocol`` (init, add_frame, add_points,
+add_mask, preflight, track, get, ...) on one session; the answer carries one frame's low-res
+masks at most, so the memory bank never crosses the wire. The five graphs run as their own
+Triton models (onnxruntime backend in the GPU container, runner.py in the embedded server),
+called through BLS.
+
+State placement: sessions live in this model's one instance (its stub process), bounded in
+sessions, frames and bytes with LRU eviction (``SessionStore``). Triton's sequence batcher with
+implicit state was not used: implicit state is a fixed set of tensors handed back to the same
+model on every request of a sequence, while a tracking session holds a variable, growing
+memory bank (per object and frame), frames, and Python decisions over them; it would also
+travel through the model on every request instead of staying put.
+
+Concurrency: one instance; requests execute one after another (a frame of one session and a
+click of another queue behind each other). Scale the graph models' instances, not this one:
+a second instance would hold other sessions, and Triton cannot route a session to its
+instance. Queued requests that were cancelled are dropped by Triton (dynamic batching) or
+skipped here; a propagation is one request per frame, so a cancelled client stops it.
+
+Config ``parameters`` (keys in ``protocol.PARAM_KEYS``): graph_models, model_config,
+max_sessions, max_frames, max_session_bytes, max_total_bytes, feature_cache_frames.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+PACKAGE = "triton_sam_tracking"
+METRIC_PREFIX = "triton_sam_tracker_"
+
+
+class BlsRunner:
+    """Runs a graph as another model of this server (synchronous BLS, CPU tensors)."""
+
+    def __init__(self, models):
+        self.models = models  # graph key -> Triton model name
+
+    def run(self, graph, inputs, outputs):
+        kwargs = {}
+        if hasattr(pb_utils, "PreferredMemory"):
+            kwargs["preferred_memory"] = pb_utils.PreferredMemory(
+                pb_utils.TRITONSERVER_MEMORY_CPU, 0
+            )
+        request = pb_utils.InferenceRequest(
+            model_name=self.models[graph],
+            inputs=[pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in inputs.items()],
+            requested_output_names=list(outputs),
+            **kwargs,
+        )
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(f"{self.models[graph]}: {response.error().message()}")
+        result = {}
+        for name in outputs:
+            tensor = pb_utils.get_output_tensor_by_name(response, name)
+            if tensor is None:
+                raise RuntimeError(f"{self.models[graph]} returned no {name!r}")
+            result[name] = np.array(tensor.as_numpy())  # out of the shared-memory pool
+        return result
+
+
+class TritonPythonModel:
+    """The ``sam2_tracker`` model: commands on bounded, server-side tracking sessions."""
+
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        if version_dir not in sys.path:
+            sys.path.insert(0, version_dir)  # the shipped package wins over any installed one
+        from triton_sam_tracking import protocol
+        from triton_sam_tracking.config import TrackerConfig
+        from triton_sam_tracking.service import TrackingService
+        from triton_sam_tracking.sessions import SessionStore
+
+        self.protocol = protocol
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        store = SessionStore(
+            max_sessions=int(params.get("max_sessions") or protocol.DEFAULT_MAX_SESSIONS),
+            max_frames=int(params.get("max_frames") or protocol.DEFAULT_MAX_FRAMES),
+            max_session_bytes=int(
+                params.get("max_session_bytes") or protocol.DEFAULT_MAX_SESSION_BYTES
+            ),
+            max_total_bytes=int(params.get("max_total_bytes") or protocol.DEFAULT_MAX_TOTAL_BYTES),
+            feature_cache_frames=int(
+                params.get("feature_cache_frames") or protocol.DEFAULT_FEATURE_CACHE_FRAMES
+            ),
+        )
+        runner = BlsRunner(json.loads(params["graph_models"]))
+        self.service = TrackingService(
+            runner, TrackerConfig.from_json(params["model_config"]), store
+        )
+        self.input_names = [t["name"] for t in config["input"]]
+        self.metrics = _Metrics(args)
+
+    def execute(self, requests):
+        """Answer the requests of this batch one after another."""
+        responses = [self._answer(request) for request in requests]
+        self.metrics.publish(self.service)
+        return responses
+
+    def finalize(self):
+        self.service = None
+        self.metrics.close()
+
+    def _answer(self, request):
+        p = self.protocol
+        try:
+            if hasattr(request, "is_cancelled") and request.is_cancelled():
+                self.metrics.count("cancelled_skipped")
+                return _error("request cancelled before execution", "CANCELLED")
+            inputs = {}
+            for name in self.input_names:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is None:
+                    continue
+                value = tensor.as_numpy()
+                if value.shape[0] != 1:  # max_batch_size > 0: dim 0 is Triton's batch
+                    raise p.TrackingError(
+                        p.ERR_INVALID_INPUT, f"{name}: send one item per request", name
+                    )
+                inputs[name] = value[0]
+            outputs = self.service.handle(inputs)
+            return pb_utils.InferenceResponse(output_tensors=_tensors(request, outputs, p))
+        except Exception as e:  # never let one request take the sessions down
+            code = getattr(e, "code", None) or p.ERR_INTERNAL
+            message = e.wire_message() if hasattr(e, "wire_message") else f"{type(e).__name__}: {e}"
+            if code == p.ERR_INTERNAL and not message.startswith(p.ERROR_PREFIX):
+                message = p.error_message(code, message)
+            return _error(message, p.ERROR_STATUS.get(code, "INTERNAL"))
+
+
+def _tensors(request, outputs, p):
+    """Every requested output with Triton's batch dim; an output the command does not produce
+    goes back empty (Triton wants every requested output in the response)."""
+    names = []
+    if hasattr(request, "requested_output_names"):
+        names = list(request.requested_output_names())
+    names = names or list(outputs)
+    contracts = {name: (dtype, dims) for name, dtype, dims in p.OUTPUT_TENSORS}
+    tensors = []
+    for name in names:
+        value = outputs.get(name)
+        if value is None:
+            dtype, dims = contracts[name]
+            if dtype == "bytes":
+                value = np.array([b"{}"], dtype=object)
+            else:
+                value = np.zeros([0 if d < 0 else d for d in dims], np.dtype(dtype))
+        tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(value)[None]))
+    return tensors
+
+
+class _Metrics:
+    """Gauges of the sessions and counters of frames tracked, evictions, cancelled requests
+    skipped; no-ops where the stub has no custom metrics."""
+
+    SPECS = (
+        ("sessions", "GAUGE", "Tracking sessions held"),
+        ("bytes", "GAUGE", "Bytes of frames, features and memory banks held"),
+        ("frames_tracked", "GAUGE", "Frames answered by track since the model loaded"),
+        ("evictions", "GAUGE", "Sessions evicted by the bounds since the model loaded"),
+        ("cancelled_skipped", "COUNTER", "Cancelled requests answered without running"),
+    )
+
+    def __init__(self, args):
+        self._families, self._metrics = [], {}
+        if not hasattr(pb_utils, "MetricFamily"):
+            return
+        labels = {"model": args["model_name"], "version": str(args["model_version"])}
+        try:
+            for name, kind, description in self.SPECS:
+                family = pb_utils.MetricFamily(
+                    name=METRIC_PREFIX + name,
+                    description=description,
+                    kind=getattr(pb_utils.MetricFamily, kind),
+                )
+                self._families.append(family)
+                self._metrics[name] = family.Metric(labels=labels)
+        except Exception:  # metrics disabled
+            self._families, self._metrics = [], {}
+
+    def count(self, name, value=1):
+        metric = self._metrics.get(name)
+        if metric is not None and value:
+            metric.increment(value)
+
+    def publish(self, service):
+        if "sessions" not in self._metrics:
+            return
+        self._metrics["sessions"].set(len(service.store))
+        self._metrics["bytes"].set(service.store.nbytes)
+        self._metrics["frames_tracked"].set(service.frames_tracked)
+        self._metrics["evictions"].set(service.store.evictions)
+
+    def close(self):
+        self._metrics.clear()
+        self._families.clear()
+
+
+def _error(message, code):
+    code = getattr(pb_utils.TritonError, code, None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)

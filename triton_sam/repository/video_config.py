@@ -1,0 +1,179 @@
+"""The video models of a repository: five graph configs and the ``sam2_tracker`` model.
+
+Graphs are configured like the image pair (:func:`config.build_graph_config`: target,
+dynamic batching, queue policy); the tracker is a python-backend BLS model whose directory
+holds ``model.py`` (``tracker_model.py``) and the dependency-free ``triton_sam/tracking``
+package as ``triton_sam_tracking/``. Everything is written as one set
+(:func:`writer.write_models`): the graphs and the tracker that calls them change together.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2
+
+import triton_sam.tracking as tracking_package
+from triton_sam.models.spec import TensorSpec
+from triton_sam.repository.config import (
+    ONNX_FILENAME,
+    ModelConfig,
+    RepositoryOptions,
+    build_graph_config,
+    check_model_name,
+    config_to_text,
+    triton_dtype,
+)
+from triton_sam.repository.writer import RUNNER_NAME, RUNNER_SOURCE, ModelFiles, write_models
+from triton_sam.tracking import protocol
+from triton_sam.tracking.config import TrackerConfig
+
+TRACKER_SOURCE = Path(__file__).with_name("tracker_model.py")
+PACKAGE_DIR = "triton_sam_tracking"  # what tracker_model.py imports
+
+
+@dataclass(frozen=True)
+class TrackerOptions:
+    """Bounds of the tracker's sessions and batching of the video graphs.
+
+    Attributes:
+        max_sessions: sessions held at once (LRU eviction beyond).
+        max_frames: frames one session may have.
+        max_session_bytes: bytes one session may hold (frames as sent, cached features at
+            16 MiB per frame, 0.75 MiB per object and tracked frame).
+        max_total_bytes: bytes all sessions may hold (LRU eviction beyond).
+        feature_cache_frames: encoded frames kept per session.
+        graph_max_batch_size: ``max_batch_size`` of the video graphs (objects or sessions
+            batched by Triton when their shapes agree).
+        graph_max_queue_size: requests a video graph's queue holds (0 = unbounded).
+    """
+
+    max_sessions: int = protocol.DEFAULT_MAX_SESSIONS
+    max_frames: int = protocol.DEFAULT_MAX_FRAMES
+    max_session_bytes: int = protocol.DEFAULT_MAX_SESSION_BYTES
+    max_total_bytes: int = protocol.DEFAULT_MAX_TOTAL_BYTES
+    feature_cache_frames: int = protocol.DEFAULT_FEATURE_CACHE_FRAMES
+    graph_max_batch_size: int = 4
+    graph_max_queue_size: int = 64
+
+    def __post_init__(self) -> None:
+        from triton_sam.repository.config import _check_int
+
+        for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
+        _check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
+        _check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
+
+
+def graph_specs(key: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """A video graph's inputs and outputs as TensorSpecs (from the protocol's contracts)."""
+    inputs, outputs = protocol.GRAPHS[key]
+    return tuple(TensorSpec(*t) for t in inputs), tuple(TensorSpec(*t) for t in outputs)
+
+
+def build_tracker_config(
+    options: RepositoryOptions,
+    config: TrackerConfig,
+    tracker: TrackerOptions | None = None,
+    *,
+    name: str = protocol.TRACKER_MODEL,
+    graph_models: dict[str, str] | None = None,
+) -> ModelConfig:
+    """The tracker model's config: optional request tensors, one CPU instance, bounds."""
+    tracker = tracker or TrackerOptions()
+    check_model_name(name)
+    # Requests are never batched together (each is one command), but max_batch_size > 0
+    # with dynamic batching is what makes Triton drop a cancelled request still queued.
+    model = ModelConfig(name=name, backend="python", max_batch_size=8)
+    for tensor, dtype, dims in protocol.INPUTS:
+        message = model_config_pb2.ModelInput(name=tensor, data_type=_dtype(dtype), dims=list(dims))
+        message.optional = tensor not in protocol.REQUIRED_INPUTS
+        model.input.append(message)
+    for tensor, dtype, dims in protocol.OUTPUT_TENSORS:
+        model.output.append(
+            model_config_pb2.ModelOutput(name=tensor, data_type=_dtype(dtype), dims=list(dims))
+        )
+    # One instance, always: the sessions live in it (see tracker_model.py).
+    model.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
+    model.dynamic_batching.max_queue_delay_microseconds = 0
+    params = {
+        "graph_models": _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
+        "model_config": config.to_json(),
+        "max_sessions": tracker.max_sessions,
+        "max_frames": tracker.max_frames,
+        "max_session_bytes": tracker.max_session_bytes,
+        "max_total_bytes": tracker.max_total_bytes,
+        "feature_cache_frames": tracker.feature_cache_frames,
+    }
+    for key, value in params.items():
+        model.parameters[key].string_value = str(value)
+    return model
+
+
+def video_artifacts(
+    graphs: dict[str, Path],
+    config: TrackerConfig,
+    options: RepositoryOptions,
+    tracker: TrackerOptions | None = None,
+) -> list[ModelFiles]:
+    """The five graph models and the tracker, ready for :func:`writer.write_models`."""
+    tracker = tracker or TrackerOptions()
+    artifacts = []
+    for key, name in protocol.DEFAULT_MODEL_NAMES.items():
+        inputs, outputs = graph_specs(key)
+        model = build_graph_config(
+            name,
+            inputs,
+            outputs,
+            options,
+            max_batch_size=tracker.graph_max_batch_size,
+            max_queue_size=tracker.graph_max_queue_size,
+        )
+        files = {ONNX_FILENAME: Path(graphs[key])}
+        if options.target == "python":
+            files[RUNNER_NAME] = RUNNER_SOURCE
+        artifacts.append(ModelFiles(name, config_to_text(model), files))
+    model = build_tracker_config(options, config, tracker)
+    artifacts.append(ModelFiles(model.name, config_to_text(model), tracker_files()))
+    return artifacts
+
+
+def tracker_files() -> dict[str, Path]:
+    """The tracker's version directory: model.py and the tracking package."""
+    package = Path(tracking_package.__file__).parent
+    files = {RUNNER_NAME: TRACKER_SOURCE}
+    for source in sorted(package.glob("*.py")):
+        files[f"{PACKAGE_DIR}/{source.name}"] = source
+    return files
+
+
+def write_video_models(
+    repo_dir: str | os.PathLike[str],
+    graphs: dict[str, Path],
+    config: TrackerConfig,
+    options: RepositoryOptions,
+    tracker: TrackerOptions | None = None,
+) -> list[str]:
+    """Write the video graphs and the tracker into ``repo_dir`` as one atomic set."""
+    return [
+        p.name for p in write_models(repo_dir, video_artifacts(graphs, config, options, tracker))
+    ]
+
+
+def is_tracker_config(config: ModelConfig) -> bool:
+    """True for a tracker model's config (python backend with the BLS graph map)."""
+    return config.backend == "python" and "graph_models" in config.parameters
+
+
+def _dtype(dtype: str) -> int:
+    name = "TYPE_STRING" if dtype == "bytes" else triton_dtype(dtype)
+    return model_config_pb2.DataType.Value(name)
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,302 @@
+"""The video/volume tracking protocol: graph contracts, tracker tensors, limits, status codes.
+
+Dependency-free (standard library only): the repository writer ships this package next to the
+tracker model's ``model.py``, where ``triton_sam`` is not installed, and the exporter, the
+config writer and the clients read the same definitions in-process. One definition per fact.
+
+Graph contracts are ``(name, dtype, shape)`` per tensor; ``shape`` is per request item,
+without Triton's batch dimension (dim 0 of every graph tensor is the batch: the objects of one
+call, or requests batched by Triton); ``-1`` is a variable dim. Image-space tensors are in the
+model's square input frame (``IMAGE_SIZE``), masks at ``MASK_SIZE`` (stride 4); point
+coordinates are (X, Y) in the input frame.
+"""
+
+from __future__ import annotations
+
+IMAGE_SIZE = 1024  # square model input (SAM2Base.image_size for every SAM2.1 variant)
+MASK_SIZE = IMAGE_SIZE // 4  # low-resolution mask logits (stride 4)
+FEAT_SIZE = IMAGE_SIZE // 16  # lowest-resolution feature map (stride 16)
+HIDDEN_DIM = 256  # SAM2Base.hidden_dim (FPN neck d_model) for every SAM2.1 variant
+MEM_DIM = 64  # SAM2Base.mem_dim (memory encoder out_dim) for every SAM2.1 variant
+# A large negative logit that marks "no object" (sam2.modeling.sam2_base.NO_OBJ_SCORE).
+NO_OBJ_SCORE = -1024.0
+# add_new_points_or_box clamps the previous low-res logits it feeds back as mask input.
+MASK_INPUT_LIMIT = 32.0
+# SAM2Base._use_mask_as_output: a mask prompt becomes logits -10 / +10.
+MASK_AS_OUTPUT_SCALE = 20.0
+MASK_AS_OUTPUT_BIAS = -10.0
+# load_video_frames' normalisation (ImageNet mean/std on [0, 1]).
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
+
+TensorContract = tuple[str, str, tuple[int, ...]]
+
+# -- the five graphs the tracker calls ------------------------------------------------------
+# Image encoder for tracking: SAM2Base.forward_image + _prepare_backbone_features, the three
+# feature levels as NCHW maps, *without* no_mem_embed (the image pair's encoder adds it; the
+# memory attention and the memory encoder need the raw lowest level). The position encodings
+# are constants of the feature-map size, so they live inside the graphs that use them.
+ENCODER_INPUTS: tuple[TensorContract, ...] = (("image", "float32", (3, IMAGE_SIZE, IMAGE_SIZE)),)
+ENCODER_OUTPUTS: tuple[TensorContract, ...] = (
+    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
+    ("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
+    ("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
+)
+# Memory attention (SAM2Base._prepare_memory_conditioned_features, step 2): the current
+# frame's features cross-attend to Nm spatial memories and Np object pointers.
+#   memory_tpos: t_pos of each memory (0 = conditioning frame, 1..num_maskmem-1 = how recent),
+#     the graph adds maskmem_tpos_enc[num_maskmem - 1 - t_pos] to its position encoding;
+#   obj_ptr_tpos: each pointer's temporal offset divided by (max pointers - 1), as upstream
+#     feeds get_1d_sine_pe.
+MEMORY_ATTENTION_INPUTS: tuple[TensorContract, ...] = (
+    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
+    ("memory", "float32", (-1, MEM_DIM, FEAT_SIZE, FEAT_SIZE)),
+    ("memory_tpos", "int64", (-1,)),
+    ("obj_ptrs", "float32", (-1, HIDDEN_DIM)),
+    ("obj_ptr_tpos", "float32", (-1,)),
+)
+MEMORY_ATTENTION_OUTPUTS: tuple[TensorContract, ...] = (
+    ("pix_feat", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
+)
+# SAM heads (SAM2Base._forward_sam_heads) on memory-conditioned features. Prompts as the
+# image decoder takes them: box corners (2/3) first, clicks, then padding points (-1), which
+# the caller appends (upstream's prompt encoder pads once more than the points it is given).
+# Flags are 0/1 floats so one graph serves every case by arithmetic:
+#   has_mask_input: mask_input holds previous logits (a correction), else no_mask_embed;
+#   multimask_output: the best of tokens 1-3 by predicted IoU, else token 0 with dynamic
+#     multimask via stability (SAM2Base._use_multimask decides, in the orchestration);
+#   add_no_mem_embed: pix_feat is the raw frame feature of an initial conditioning frame
+#     (directly_add_no_mem_embed), so the graph adds no_mem_embed.
+DECODER_INPUTS: tuple[TensorContract, ...] = (
+    ("pix_feat", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
+    ("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
+    ("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
+    ("point_coords", "float32", (-1, 2)),
+    ("point_labels", "float32", (-1,)),
+    ("mask_input", "float32", (1, MASK_SIZE, MASK_SIZE)),
+    ("has_mask_input", "float32", (1,)),
+    ("multimask_output", "float32", (1,)),
+    ("add_no_mem_embed", "float32", (1,)),
+)
+# low_res_masks: the selected mask, NO_OBJ_SCORE everywhere when object_score_logits <= 0;
+# obj_ptr: already replaced by no_obj_ptr when the object is absent (fixed_no_obj_ptr).
+DECODER_OUTPUTS: tuple[TensorContract, ...] = (
+    ("low_res_masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
+    ("obj_ptr", "float32", (HIDDEN_DIM,)),
+    ("object_score_logits", "float32", (1,)),
+    ("iou", "float32", (1,)),
+)
+# Memory encoder (SAM2Base._encode_new_memory): low-res masks upsampled to the input frame
+# inside the graph (bilinear, as every upstream caller does before encoding), sigmoid (or
+# binarised for masks from clicks), scale and bias, no_obj_embed_spatial added where the
+# object is absent. The output is what upstream stores (before its bfloat16 cast, which the
+# orchestration applies).
+MEMORY_ENCODER_INPUTS: tuple[TensorContract, ...] = (
+    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
+    ("low_res_masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
+    ("object_score_logits", "float32", (1,)),
+    ("is_mask_from_pts", "float32", (1,)),
+)
+MEMORY_ENCODER_OUTPUTS: tuple[TensorContract, ...] = (
+    ("maskmem_features", "float32", (MEM_DIM, FEAT_SIZE, FEAT_SIZE)),
+)
+# A mask prompt (SAM2Base._use_mask_as_output): the object pointer and score a binary mask in
+# the input frame gives; its low-res logits are a resampling the orchestration does.
+# (The pointer and score come from the decoder's tokens, which the high-resolution features do
+# not reach: they only shape the mask upsampling, whose output is not used here.)
+MASK_PROMPT_INPUTS: tuple[TensorContract, ...] = (
+    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
+    ("mask", "float32", (1, IMAGE_SIZE, IMAGE_SIZE)),
+)
+MASK_PROMPT_OUTPUTS: tuple[TensorContract, ...] = (
+    ("obj_ptr", "float32", (HIDDEN_DIM,)),
+    ("object_score_logits", "float32", (1,)),
+)
+
+# graph key -> (inputs, outputs); the keys are also the exporter's file stems.
+GRAPHS: dict[str, tuple[tuple[TensorContract, ...], tuple[TensorContract, ...]]] = {
+    "video_encoder": (ENCODER_INPUTS, ENCODER_OUTPUTS),
+    "memory_attention": (MEMORY_ATTENTION_INPUTS, MEMORY_ATTENTION_OUTPUTS),
+    "video_decoder": (DECODER_INPUTS, DECODER_OUTPUTS),
+    "memory_encoder": (MEMORY_ENCODER_INPUTS, MEMORY_ENCODER_OUTPUTS),
+    "mask_prompt": (MASK_PROMPT_INPUTS, MASK_PROMPT_OUTPUTS),
+}
+# graph key -> default Triton model name
+DEFAULT_MODEL_NAMES: dict[str, str] = {
+    "video_encoder": "sam2_video_encoder",
+    "memory_attention": "sam2_memory_attention",
+    "video_decoder": "sam2_video_decoder",
+    "memory_encoder": "sam2_memory_encoder",
+    "mask_prompt": "sam2_mask_prompt",
+}
+TRACKER_MODEL = "sam2_tracker"
+
+# -- the tracker model's request -----------------------------------------------------------
+# One request = one command. Every input but COMMAND and SESSION_ID is optional; a command
+# reads the ones it needs and refuses missing ones with INVALID_ARG naming the input.
+COMMAND = "command"  # BYTES [1]: one of COMMANDS
+SESSION_ID = "session_id"  # BYTES [1]: chosen by the client (a random token)
+FRAME_INDEX = "frame_index"  # INT32 [1]
+OBJECT_ID = "object_id"  # INT32 [1]
+NUM_FRAMES = "num_frames"  # INT32 [1]: init
+VIDEO_HW = "video_hw"  # INT32 [2]: init, (H, W) of the original frames
+FRAME = "frame"  # UINT8 [H, W, C] (C = 1 or 3): one decoded frame
+FRAME_BYTES = "frame_bytes"  # BYTES [1]: one encoded frame (PNG/JPEG/TIFF...)
+POINTS = "points"  # FP32 [N, 2]: (X, Y) pixels of the original frame
+LABELS = "labels"  # INT32 [N]: 1 foreground, 0 background
+BOX = "box"  # FP32 [4]: (X0, Y0, X1, Y1) pixels of the original frame
+CLEAR_OLD_POINTS = "clear_old_points"  # BOOL [1], default true
+NORMALIZE_COORDS = "normalize_coords"  # BOOL [1], default true: points/box in pixels
+MASK = "mask"  # BOOL [H, W] at the original resolution
+START_FRAME = "start_frame_index"  # INT32 [1], -1 = earliest conditioning frame
+MAX_FRAMES = "max_frame_num_to_track"  # INT32 [1], -1 = all
+REVERSE = "reverse"  # BOOL [1]
+STRICT = "strict"  # BOOL [1]: remove_object of an unknown object is an error
+# outputs
+OUT_FRAME_INDEX = "out_frame_index"  # INT32 [1]
+OUT_OBJECT_IDS = "object_ids"  # INT32 [K]
+OUT_MASKS = "masks"  # FP32 [K, 1, MASK_SIZE, MASK_SIZE] low-res logits (client upsamples)
+OUT_OBJECT_SCORES = "object_scores"  # FP32 [K]
+OUT_FRAMES = "frames"  # INT32 [F]: preflight's processing order; remove_object's frames
+OUT_STATUS = "status"  # BYTES [1]: JSON with counters, for info/tests
+OUTPUTS = (OUT_FRAME_INDEX, OUT_OBJECT_IDS, OUT_MASKS, OUT_OBJECT_SCORES, OUT_FRAMES, OUT_STATUS)
+# every request input: (name, dtype, per-item dims); all optional but COMMAND and SESSION_ID
+INPUTS: tuple[TensorContract, ...] = (
+    (COMMAND, "bytes", (1,)),
+    (SESSION_ID, "bytes", (1,)),
+    (FRAME_INDEX, "int32", (1,)),
+    (OBJECT_ID, "int32", (1,)),
+    (NUM_FRAMES, "int32", (1,)),
+    (VIDEO_HW, "int32", (2,)),
+    (FRAME, "uint8", (-1, -1, -1)),
+    (FRAME_BYTES, "bytes", (1,)),
+    (POINTS, "float32", (-1, 2)),
+    (LABELS, "int32", (-1,)),
+    (BOX, "float32", (4,)),
+    (CLEAR_OLD_POINTS, "bool", (1,)),
+    (NORMALIZE_COORDS, "bool", (1,)),
+    (MASK, "bool", (-1, -1)),
+    (START_FRAME, "int32", (1,)),
+    (MAX_FRAMES, "int32", (1,)),
+    (REVERSE, "bool", (1,)),
+    (STRICT, "bool", (1,)),
+)
+OUTPUT_TENSORS: tuple[TensorContract, ...] = (
+    (OUT_FRAME_INDEX, "int32", (1,)),
+    (OUT_OBJECT_IDS, "int32", (-1,)),
+    (OUT_MASKS, "float32", (-1, 1, MASK_SIZE, MASK_SIZE)),
+    (OUT_OBJECT_SCORES, "float32", (-1,)),
+    (OUT_FRAMES, "int32", (-1,)),
+    (OUT_STATUS, "bytes", (1,)),
+)
+REQUIRED_INPUTS = (COMMAND, SESSION_ID)
+
+# Commands. Frames are uploaded once (init, then add_frame per frame); propagation is one
+# request per frame ("track"), so each answer carries one frame's masks (~256 KiB per object
+# at low resolution), the memory bank never crosses the wire, and a cancelled client simply
+# stops asking: nothing past the frame in flight runs.
+CMD_INIT = "init"
+CMD_ADD_FRAME = "add_frame"
+CMD_ADD_POINTS = "add_points"
+CMD_ADD_MASK = "add_mask"
+CMD_PREFLIGHT = "preflight"
+CMD_TRACK = "track"
+CMD_GET = "get"
+CMD_CLEAR_PROMPTS = "clear_prompts"
+CMD_REMOVE_OBJECT = "remove_object"
+CMD_RESET = "reset"
+CMD_CLOSE = "close"
+CMD_INFO = "info"
+COMMANDS = (
+    CMD_INIT,
+    CMD_ADD_FRAME,
+    CMD_ADD_POINTS,
+    CMD_ADD_MASK,
+    CMD_PREFLIGHT,
+    CMD_TRACK,
+    CMD_GET,
+    CMD_CLEAR_PROMPTS,
+    CMD_REMOVE_OBJECT,
+    CMD_RESET,
+    CMD_CLOSE,
+    CMD_INFO,
+)
+
+# -- errors --------------------------------------------------------------------------------
+# Every error message starts with "triton_sam.<code>:" so clients map it to a typed error
+# structurally (the code), not by parsing prose. The Triton status (second item) is what the
+# python backend answers.
+ERR_SESSION_NOT_FOUND = "SessionNotFound"  # unknown or evicted session
+ERR_FRAME_OUT_OF_RANGE = "FrameOutOfRange"
+ERR_FRAME_MISSING = "FrameNotUploaded"
+ERR_OBJECT_NOT_FOUND = "ObjectNotFound"
+ERR_INVALID_INPUT = "InvalidInput"
+ERR_LIMIT = "LimitExceeded"  # a session larger than the server's bounds
+ERR_NO_PROMPTS = "NoPrompts"  # propagation before any prompt
+ERR_INTERNAL = "Internal"
+ERROR_STATUS = {
+    ERR_SESSION_NOT_FOUND: "NOT_FOUND",
+    ERR_FRAME_OUT_OF_RANGE: "INVALID_ARG",
+    ERR_FRAME_MISSING: "INVALID_ARG",
+    ERR_OBJECT_NOT_FOUND: "NOT_FOUND",
+    ERR_INVALID_INPUT: "INVALID_ARG",
+    ERR_LIMIT: "INVALID_ARG",  # not retried: the same request would fail again
+    ERR_NO_PROMPTS: "INVALID_ARG",
+    ERR_INTERNAL: "INTERNAL",
+}
+ERROR_PREFIX = "triton_sam."
+
+# -- bounds (defaults; the tracker model's config parameters override them) --------------
+DEFAULT_MAX_SESSIONS = 4
+DEFAULT_MAX_FRAMES = 2000  # frames per session
+DEFAULT_MAX_SESSION_BYTES = 8 * 2**30  # frames + features + memory bank of one session
+DEFAULT_MAX_TOTAL_BYTES = 16 * 2**30  # every session together (LRU eviction beyond)
+DEFAULT_FEATURE_CACHE_FRAMES = 4  # encoded frames per session (16 MiB each, LRU)
+MAX_OBJECTS = 64
+MAX_POINTS = 64
+MAX_FRAME_SIDE = 8192  # pixels per side of an uploaded frame
+MAX_FRAME_BYTES = 64 * 2**20  # an encoded frame
+
+# Config ``parameters`` of the tracker model (written by the repository, read by model.py).
+PARAM_KEYS = (
+    "graph_models",  # JSON: graph key -> Triton model name
+    "model_config",  # JSON: the SAM2 hyperparameters the orchestration needs (TrackerConfig)
+    "max_sessions",
+    "max_frames",
+    "max_session_bytes",
+    "max_total_bytes",
+    "feature_cache_frames",
+)
+
+
+def error_message(code: str, message: str) -> str:
+    """The text of a tracker error: ``triton_sam.<code>: <message>``."""
+    return f"{ERROR_PREFIX}{code}: {message}"
+
+
+def error_code(message: str) -> str | None:
+    """The code of a tracker error message (None when it is not one)."""
+    start = message.find(ERROR_PREFIX)
+    if start < 0:
+        return None
+    rest = message[start + len(ERROR_PREFIX) :]
+    code = rest.split(":", 1)[0]
+    return code if code in ERROR_STATUS else None
+
+
+class TrackingError(Exception):
+    """An error of the tracking orchestration, carrying its protocol code.
+
+    Attributes:
+        code: one of the ``ERR_*`` codes (the key of ``ERROR_STATUS``).
+        field: the input it concerns, when there is one.
+    """
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        self.code = code
+        self.field = field
+        super().__init__(message)
+
+    def wire_message(self) -> str:
+        """The message as the tracker model answers it (``triton_sam.<code>: ...``)."""
+        return error_message(self.code, str(self))

@@ -1,0 +1,476 @@
+"""The tracking orchestration: ``SAM2VideoPredictor``'s logic over an injected graph runner.
+
+Dependency-free (numpy only). The runner executes the five graphs of
+:mod:`.protocol` (``run(graph, inputs, output_names) -> outputs``, batch dim included): ORT
+sessions in-process (:mod:`.runners`), BLS calls inside Triton (the tracker model). Every
+decision upstream makes in Python (conditioning or not, which memories, multimask or not,
+when to encode a memory) is made here, in upstream's order, so the two agree step by step.
+
+Coordinates: points and boxes in (X, Y) pixels of the original frame; masks returned as
+low-res logits [K, 1, 256, 256] for the K objects in ``session.obj_ids`` order (upsample them
+to the frame with ``resample.bilinear``, as upstream does); NO_OBJ_SCORE for an object with
+no output on that frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from . import protocol
+from .config import TrackerConfig
+from .memory import select_memories
+from .prompts import point_inputs
+from .protocol import TrackingError
+from .resample import antialias_resize, decode_frame, preprocess_frame
+from .state import (
+    Features,
+    FrameOutput,
+    ObjectState,
+    PointInputs,
+    Session,
+    from_bfloat16,
+    to_bfloat16,
+)
+
+COND, NON_COND = "cond_frame_outputs", "non_cond_frame_outputs"
+_F32 = np.float32
+
+
+class GraphRunner(Protocol):
+    """Runs one graph: ``run("video_decoder", {name: array}, ["low_res_masks", ...])``."""
+
+    def run(
+        self, graph: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]: ...
+
+
+class Tracker:
+    """Stateless over sessions: every call takes the :class:`Session` it acts on.
+
+    Args:
+        runner: executes the graphs.
+        config: the variant's tracking settings (from the export).
+    """
+
+    def __init__(self, runner: GraphRunner, config: TrackerConfig | None = None) -> None:
+        self.runner = runner
+        self.config = config or TrackerConfig()
+        self.size = self.config.image_size
+        self.graph_calls: dict[str, int] = {key: 0 for key in protocol.GRAPHS}
+
+    # -- frames ------------------------------------------------------------------------------
+    def features(self, session: Session, frame_idx: int) -> Features:
+        """The frame's encoder outputs (cached per session, encoded on a miss)."""
+        cached = session.cached_features(frame_idx)
+        if cached is not None:
+            return cached
+        frame = session.frames.get(frame_idx)
+        if frame is None:
+            raise TrackingError(
+                protocol.ERR_FRAME_MISSING,
+                f"frame_index: frame {frame_idx} was not uploaded to this session",
+                "frame_index",
+            )
+        if isinstance(frame, bytes):
+            frame = decode_frame(frame)
+        if frame.shape[:2] != session.video_hw:
+            raise TrackingError(
+                protocol.ERR_INVALID_INPUT,
+                f"frame: frame {frame_idx} is {frame.shape[1]}x{frame.shape[0]}, the video "
+                f"{session.video_hw[1]}x{session.video_hw[0]} (W x H)",
+                "frame",
+            )
+        out = self._run("video_encoder", {"image": preprocess_frame(frame, self.size)})
+        features = (out["vision_feats"], out["high_res_feats_0"], out["high_res_feats_1"])
+        session.cache_features(frame_idx, features)
+        return features
+
+    # -- prompts -----------------------------------------------------------------------------
+    def add_new_points_or_box(
+        self,
+        session: Session,
+        frame_idx: int,
+        obj_id: int,
+        points: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+        *,
+        clear_old_points: bool = True,
+        normalize_coords: bool = True,
+        box: np.ndarray | None = None,
+    ) -> tuple[int, list[int], np.ndarray]:
+        """Clicks and/or a box on a frame (``SAM2VideoPredictor.add_new_points_or_box``).
+
+        Args:
+            points: [N, 2] (X, Y) pixels of the original frame; labels: [N] (1 / 0).
+            clear_old_points: replace this object's earlier clicks on the frame.
+            normalize_coords: coordinates are pixels (True) or already divided by the
+                frame's width and height (False), as upstream.
+            box: [4] (X0, Y0, X1, Y1) pixels; placed first as corners labelled 2 and 3.
+
+        Returns:
+            (frame_idx, obj_ids, low-res logits [K, 1, 256, 256] of every object).
+        """
+        self._check_frame(session, frame_idx)
+        new = point_inputs(session.video_hw, points, labels, box, normalize_coords, self.size)
+        if box is not None and not clear_old_points:
+            raise TrackingError(
+                protocol.ERR_INVALID_INPUT,
+                "box: cannot add a box without clearing old points (a box must come before "
+                "any click); use clear_old_points=True",
+                "box",
+            )
+        obj = self._object(session, obj_id, create=True)
+        old = None if clear_old_points else obj.point_inputs.get(frame_idx)
+        if old is not None:
+            new = PointInputs(
+                np.concatenate([old.coords, new.coords]), np.concatenate([old.labels, new.labels])
+            )
+        obj.point_inputs[frame_idx] = new
+        obj.mask_inputs.pop(frame_idx, None)
+        is_init, reverse, key = self._prompt_kind(obj, frame_idx)
+        prev = obj.temp_outputs[key].get(frame_idx)
+        if prev is None:
+            prev = obj.outputs[COND].get(frame_idx) or obj.outputs[NON_COND].get(frame_idx)
+        prev_logits = None
+        if prev is not None:
+            limit = protocol.MASK_INPUT_LIMIT
+            prev_logits = np.clip(prev.pred_masks, -limit, limit).astype(_F32)
+        out = self._infer_frame(
+            session, obj, frame_idx, is_init, new, reverse, prev_logits=prev_logits
+        )
+        obj.temp_outputs[key][frame_idx] = out
+        return frame_idx, session.obj_ids, self.consolidate(session, frame_idx, key == COND)
+
+    def add_new_mask(
+        self, session: Session, frame_idx: int, obj_id: int, mask: np.ndarray
+    ) -> tuple[int, list[int], np.ndarray]:
+        """A binary mask [H, W] (any size; the original frame's in practice) on a frame
+        (``SAM2VideoPredictor.add_new_mask``)."""
+        self._check_frame(session, frame_idx)
+        mask = np.asarray(mask)
+        if mask.ndim != 2 or 0 in mask.shape:
+            raise TrackingError(
+                protocol.ERR_INVALID_INPUT, f"mask: got shape {mask.shape}; expected [H, W]", "mask"
+            )
+        obj = self._object(session, obj_id, create=True)
+        full = mask.astype(bool).astype(_F32)[None, None]
+        if full.shape[-2:] != (self.size, self.size):
+            full = antialias_resize(full, (self.size, self.size))
+            full = (full >= 0.5).astype(_F32)
+        obj.mask_inputs[frame_idx] = full
+        obj.point_inputs.pop(frame_idx, None)
+        _, _, key = self._prompt_kind(obj, frame_idx)
+        obj.temp_outputs[key][frame_idx] = self._mask_as_output(session, frame_idx, full)
+        return frame_idx, session.obj_ids, self.consolidate(session, frame_idx, key == COND)
+
+    def clear_all_prompts_in_frame(
+        self, session: Session, frame_idx: int, obj_id: int, *, need_output: bool = True
+    ) -> tuple[int, list[int], np.ndarray] | None:
+        """``SAM2VideoPredictor.clear_all_prompts_in_frame``."""
+        self._check_frame(session, frame_idx)
+        obj = self._object(session, obj_id, create=True)
+        obj.point_inputs.pop(frame_idx, None)
+        obj.mask_inputs.pop(frame_idx, None)
+        obj.temp_outputs[COND].pop(frame_idx, None)
+        obj.temp_outputs[NON_COND].pop(frame_idx, None)
+        out = obj.outputs[COND].pop(frame_idx, None)
+        if out is not None:  # no longer a conditioning frame: downgraded
+            obj.outputs[NON_COND][frame_idx] = out
+            obj.frames_tracked.pop(frame_idx, None)
+        if not need_output:
+            return None
+        is_cond = any(frame_idx in o.temp_outputs[COND] for o in session.objects.values())
+        return frame_idx, session.obj_ids, self.consolidate(session, frame_idx, is_cond)
+
+    def remove_object(
+        self, session: Session, obj_id: int, *, strict: bool = False
+    ) -> tuple[list[int], list[tuple[int, np.ndarray]]]:
+        """``SAM2VideoPredictor.remove_object``: (remaining ids, [(frame, masks)] of the
+        frames where the removed object had prompts)."""
+        if obj_id not in session.objects:
+            if strict:
+                raise TrackingError(
+                    protocol.ERR_OBJECT_NOT_FOUND,
+                    f"object_id: {obj_id} is not in this session (objects: {session.obj_ids})",
+                    "object_id",
+                )
+            return session.obj_ids, []
+        if len(session.objects) == 1:
+            self.reset_state(session)
+            return session.obj_ids, []
+        obj = session.objects[obj_id]
+        frames = set(obj.point_inputs) | set(obj.mask_inputs)
+        for frame_idx in frames:
+            self.clear_all_prompts_in_frame(session, frame_idx, obj_id, need_output=False)
+        del session.objects[obj_id]
+        updated = []
+        for frame_idx in frames:
+            is_cond = any(frame_idx in o.temp_outputs[COND] for o in session.objects.values())
+            updated.append((frame_idx, self.consolidate(session, frame_idx, is_cond)))
+        return session.obj_ids, updated
+
+    def reset_state(self, session: Session) -> None:
+        """Remove every object, prompt and result (frames and features stay)."""
+        session.objects.clear()
+
+    # -- propagation -------------------------------------------------------------------------
+    def preflight(self, session: Session) -> int:
+        """``propagate_in_video_preflight``: encode the prompted frames' memories and move
+        them into the memory bank. Idempotent. Returns the earliest conditioning frame."""
+        if not session.objects:
+            raise TrackingError(
+                protocol.ERR_NO_PROMPTS,
+                "no points, box or mask for any object; add prompts before propagating",
+            )
+        for obj_id, obj in session.objects.items():
+            for key in (NON_COND, COND):
+                for frame_idx, out in obj.temp_outputs[key].items():
+                    if out.maskmem is None:
+                        out.maskmem = self._encode_memory(session, frame_idx, out, from_pts=True)
+                    obj.outputs[key][frame_idx] = out
+                obj.temp_outputs[key].clear()
+            if not obj.outputs[COND]:
+                raise TrackingError(
+                    protocol.ERR_NO_PROMPTS,
+                    f"object_id: object {obj_id} has no points, box or mask on any frame",
+                    "object_id",
+                )
+            for frame_idx in obj.outputs[COND]:
+                obj.outputs[NON_COND].pop(frame_idx, None)
+        return min(t for o in session.objects.values() for t in o.outputs[COND])
+
+    def processing_order(
+        self,
+        session: Session,
+        start_frame_idx: int | None = None,
+        max_frame_num_to_track: int | None = None,
+        reverse: bool = False,
+    ) -> list[int]:
+        """The frames ``propagate_in_video`` visits, in order (runs :meth:`preflight`)."""
+        start = self.preflight(session)
+        if start_frame_idx is not None:
+            self._check_frame(session, start_frame_idx, "start_frame_idx")
+            start = start_frame_idx
+        count = session.num_frames if max_frame_num_to_track is None else max_frame_num_to_track
+        if count < 0:
+            raise TrackingError(
+                protocol.ERR_INVALID_INPUT,
+                f"max_frame_num_to_track: got {count}, expected >= 0",
+                "max_frame_num_to_track",
+            )
+        if reverse:
+            end = max(start - count, 0)
+            return list(range(start, end - 1, -1)) if start > 0 else []
+        end = min(start + count, session.num_frames - 1)
+        return list(range(start, end + 1))
+
+    def track(
+        self, session: Session, frame_idx: int, reverse: bool = False
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """One step of ``propagate_in_video``: every object on ``frame_idx``.
+
+        Returns:
+            (obj_ids, low-res logits [K, 1, 256, 256], object score logits [K]).
+        """
+        self._check_frame(session, frame_idx)
+        self.preflight(session)  # a no-op unless prompts were added since the last call
+        masks, scores = [], []
+        for obj in session.objects.values():
+            out = obj.outputs[COND].get(frame_idx)
+            if out is None:
+                out = self._infer_frame(session, obj, frame_idx, False, None, reverse, memory=True)
+                obj.outputs[NON_COND][frame_idx] = out
+            obj.frames_tracked[frame_idx] = reverse
+            masks.append(out.pred_masks)
+            scores.append(out.object_score_logits.reshape(-1))
+        return session.obj_ids, np.concatenate(masks), np.concatenate(scores)
+
+    def propagate_in_video(
+        self,
+        session: Session,
+        start_frame_idx: int | None = None,
+        max_frame_num_to_track: int | None = None,
+        reverse: bool = False,
+    ) -> Iterator[tuple[int, list[int], np.ndarray]]:
+        """``SAM2VideoPredictor.propagate_in_video``: yields (frame_idx, obj_ids, low-res
+        logits [K, 1, 256, 256])."""
+        order = self.processing_order(session, start_frame_idx, max_frame_num_to_track, reverse)
+        for frame_idx in order:
+            obj_ids, masks, _ = self.track(session, frame_idx, reverse)
+            yield frame_idx, obj_ids, masks
+
+    def consolidate(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
+        """Every object's latest low-res logits on a frame, NO_OBJ_SCORE where it has none
+        (``_consolidate_temp_output_across_obj``)."""
+        size = self.size // 4
+        masks = np.full((len(session.objects), 1, size, size), protocol.NO_OBJ_SCORE, _F32)
+        for i, out in enumerate(self._latest(session, frame_idx, is_cond)):
+            if out is not None:
+                masks[i] = out.pred_masks[0]
+        return masks
+
+    def object_scores(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
+        """Every object's latest object score logit on a frame (> 0: present), NaN where it
+        has no output; float32 [K], the objects of :meth:`consolidate`."""
+        scores = np.full(len(session.objects), np.nan, _F32)
+        for i, out in enumerate(self._latest(session, frame_idx, is_cond)):
+            if out is not None:
+                scores[i] = out.object_score_logits.reshape(-1)[0]
+        return scores
+
+    def _latest(self, session: Session, frame_idx: int, is_cond: bool) -> list[FrameOutput | None]:
+        key = COND if is_cond else NON_COND
+        latest = []
+        for obj in session.objects.values():
+            out = obj.temp_outputs[key].get(frame_idx)
+            if out is None:
+                out = obj.outputs[COND].get(frame_idx) or obj.outputs[NON_COND].get(frame_idx)
+            latest.append(out)
+        return latest
+
+    # -- one frame of one object -------------------------------------------------------------
+    def _infer_frame(
+        self,
+        session: Session,
+        obj: ObjectState,
+        frame_idx: int,
+        is_init: bool,
+        points: PointInputs | None,
+        reverse: bool,
+        *,
+        prev_logits: np.ndarray | None = None,
+        memory: bool = False,
+    ) -> FrameOutput:
+        """``track_step`` with point inputs (or none): memory-conditioned features, the SAM
+        heads, and (``memory=True``) the memory encoder on the result."""
+        vision, high_0, high_1 = self.features(session, frame_idx)
+        if is_init:  # directly_add_no_mem_embed: the decoder graph adds it
+            pix = vision
+        else:
+            pix = self._memory_attention(session, obj, frame_idx, vision, reverse)
+        num_points = 0 if points is None else len(points.labels)
+        multimask = self.config.use_multimask(is_init, num_points)
+        # upstream pads once in the prompt encoder, after its own (0, 0, -1) for no points
+        if points is None:
+            coords = np.zeros((2, 2), _F32)
+            labels = np.full(2, -1.0, _F32)
+        else:
+            coords = np.concatenate([points.coords, np.zeros((1, 2), _F32)]).astype(_F32)
+            labels = np.concatenate([points.labels.astype(_F32), [-1.0]]).astype(_F32)
+        has_mask = prev_logits is not None
+        size = self.size // 4
+        out = self._run(
+            "video_decoder",
+            {
+                "pix_feat": pix,
+                "high_res_feats_0": high_0,
+                "high_res_feats_1": high_1,
+                "point_coords": coords[None],
+                "point_labels": labels[None],
+                "mask_input": prev_logits if has_mask else np.zeros((1, 1, size, size), _F32),
+                "has_mask_input": np.full((1, 1), float(has_mask), _F32),
+                "multimask_output": np.full((1, 1), float(multimask), _F32),
+                "add_no_mem_embed": np.full((1, 1), float(is_init), _F32),
+            },
+        )
+        result = FrameOutput(out["low_res_masks"], out["obj_ptr"], out["object_score_logits"])
+        if memory:
+            result.maskmem = self._encode_memory(
+                session, frame_idx, result, from_pts=points is not None
+            )
+        return result
+
+    def _memory_attention(
+        self, session: Session, obj: ObjectState, frame_idx: int, vision: np.ndarray, reverse: bool
+    ) -> np.ndarray:
+        selection = select_memories(
+            self.config,
+            frame_idx,
+            obj.outputs[COND],
+            obj.outputs[NON_COND],
+            session.num_frames,
+            reverse=reverse,
+        )
+        memory = np.stack([from_bfloat16(o.maskmem) for o in selection.memories], axis=1)
+        hidden = protocol.HIDDEN_DIM
+        pointers = [o.obj_ptr for o in selection.pointers]
+        obj_ptrs = np.stack(pointers, axis=1) if pointers else np.zeros((1, 0, hidden), _F32)
+        out = self._run(
+            "memory_attention",
+            {
+                "vision_feats": vision,
+                "memory": memory,
+                "memory_tpos": np.array([selection.memory_tpos], np.int64),
+                "obj_ptrs": obj_ptrs,
+                "obj_ptr_tpos": selection.pointer_tpos[None],
+            },
+        )
+        return out["pix_feat"]
+
+    def _encode_memory(
+        self, session: Session, frame_idx: int, out: FrameOutput, *, from_pts: bool
+    ) -> np.ndarray:
+        vision = self.features(session, frame_idx)[0]
+        result = self._run(
+            "memory_encoder",
+            {
+                "vision_feats": vision,
+                "low_res_masks": out.pred_masks,
+                "object_score_logits": out.object_score_logits,
+                "is_mask_from_pts": np.full((1, 1), float(from_pts), _F32),
+            },
+        )
+        # upstream keeps memories in bfloat16
+        return to_bfloat16(result["maskmem_features"])
+
+    def _mask_as_output(self, session: Session, frame_idx: int, mask: np.ndarray) -> FrameOutput:
+        """``_use_mask_as_output``: the mask itself (logits -10 / +10, downsampled with
+        antialias) with the pointer and score of the ``mask_prompt`` graph."""
+        vision = self.features(session, frame_idx)[0]
+        out = self._run("mask_prompt", {"vision_feats": vision, "mask": mask})
+        high_res = mask * _F32(protocol.MASK_AS_OUTPUT_SCALE) + _F32(protocol.MASK_AS_OUTPUT_BIAS)
+        low_res = antialias_resize(high_res, (self.size // 4, self.size // 4))
+        return FrameOutput(low_res, out["obj_ptr"], out["object_score_logits"])
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.graph_calls[graph] += 1
+        names = [name for name, _, _ in protocol.GRAPHS[graph][1]]
+        return self.runner.run(graph, inputs, names)
+
+    def _prompt_kind(self, obj: ObjectState, frame_idx: int) -> tuple[bool, bool, str]:
+        """(is_init_cond_frame, reverse, storage key) of a prompt on this frame."""
+        is_init = frame_idx not in obj.frames_tracked
+        reverse = False if is_init else obj.frames_tracked[frame_idx]
+        is_cond = is_init or self.config.add_all_frames_to_correct_as_cond
+        return is_init, reverse, COND if is_cond else NON_COND
+
+    def _object(self, session: Session, obj_id: int, *, create: bool) -> ObjectState:
+        obj = session.objects.get(obj_id)
+        if obj is None:
+            if not create:
+                raise TrackingError(
+                    protocol.ERR_OBJECT_NOT_FOUND,
+                    f"object_id: {obj_id} is not in this session (objects: {session.obj_ids})",
+                    "object_id",
+                )
+            if len(session.objects) >= protocol.MAX_OBJECTS:
+                raise TrackingError(
+                    protocol.ERR_LIMIT,
+                    f"object_id: at most {protocol.MAX_OBJECTS} objects per session",
+                    "object_id",
+                )
+            obj = session.objects[obj_id] = ObjectState()
+        return obj
+
+    @staticmethod
+    def _check_frame(session: Session, frame_idx: int, field: str = "frame_index") -> None:
+        if not 0 <= frame_idx < session.num_frames:
+            raise TrackingError(
+                protocol.ERR_FRAME_OUT_OF_RANGE,
+                f"{field}: got {frame_idx}, expected 0..{session.num_frames - 1}",
+                field,
+            )
