@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import statistics
+import threading
 import time
 import urllib.request
 from pathlib import Path
