@@ -319,3 +319,22 @@ def test_only_openvino_is_a_cpu_accelerator_of_the_backend() -> None:
     config.optimization.execution_accelerators.cpu_execution_accelerator.add(name="dnnl")
     with pytest.raises(RepositoryError, match="unknown CPU execution accelerator 'dnnl'"):
         check_onnxruntime_parameters(config)
+
+
+@pytest.mark.parametrize(
+    ("cores", "instances", "threads"), [(1, 1, "1"), (2, 2, "1"), (8, 4, "2"), (16, 4, "4")]
+)
+def test_a_cpu_decoder_is_sized_by_cores(cores: int, instances: int, threads: str) -> None:
+    twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions()))
+    sized = cfg.size_cpu_decoder(twin, cores)
+    assert [g.count for g in sized.instance_group] == [instances]
+    assert sized.parameters[cfg.ORT_INTRA_OP_PARAM].string_value == threads
+    check_onnxruntime_parameters(sized)
+    assert twin.instance_group[0].count == 1  # a copy; the twin is untouched
+
+
+def test_a_decoder_with_its_own_thread_count_is_not_resized() -> None:
+    twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions(intra_op_threads=3)))
+    assert cfg.size_cpu_decoder(twin, 16) == twin
+    with pytest.raises(InputValidationError, match="cores"):
+        cfg.size_cpu_decoder(twin, 0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from triton_sam.repository.config import (
     default_model_name,
     parse_config,
     render_config,
+    size_cpu_decoder,
     to_cpu_twin,
     to_python_target,
 )
@@ -330,6 +331,10 @@ def embedded_repository(
       that backend checks it; with ``target="python"`` the python-backend runner twin
       (:func:`~triton_sam.repository.config.to_python_target`), the fallback for a server
       without that backend;
+    - one change that is a CPU choice, not a CPU limit: on the onnxruntime backend, the
+      decoder a session model calls gets instances and threads sized for this host's cores
+      (:func:`~triton_sam.repository.config.size_cpu_decoder`, measured there), unless its
+      config sets ``intra_op_thread_count`` itself;
     - session models (python BLS): one ``KIND_CPU`` instance;
     - other python models: as they are.
 
@@ -350,6 +355,10 @@ def embedded_repository(
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
     configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
     twins = {n: _embedded_config(c, target) for n, c in configs.items()}
+    if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
+        cores = len(os.sched_getaffinity(0))
+        for name in _session_decoders(configs.values()) & set(twins):
+            twins[name] = size_cpu_decoder(twins[name], cores)
     for name, twin in twins.items():
         if _is_onnxruntime(twin):
             check_onnx_config(twin, _model_files(repo_dir, name, twin)[0])
@@ -374,6 +383,15 @@ def embedded_repository(
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
+
+
+def _session_decoders(configs: Iterable[ModelConfig]) -> set[str]:
+    """Names of the decoders the session models of a repository call."""
+    return {
+        c.parameters["decoder_model"].string_value
+        for c in configs
+        if is_session_config(c) and "decoder_model" in c.parameters
+    }
 
 
 def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:
