@@ -163,12 +163,13 @@ def _bench_paths(
     minutes apart at most, not a whole path's sweep apart, on a machine others load.
 
     One path object (connection, predictor) per caller; ``official`` has one caller.
-    Before a level's prompts each caller encodes its own image once (untimed); before
+    Before its first prompts each caller encodes its own image once (untimed); before
     ``refine`` each caller clicks once (untimed), so every timed refinement refines the
     caller's previous mask (by reference on the session path) and none is a first click.
     """
     widest = max(levels)
     callers: dict[str, list[bench_paths.Path]] = {}
+    holding: set[int] = set()  # id() of callers that hold an image of their own
     out: list[Series] = []
     try:
         for path, factory in factories.items():
@@ -182,10 +183,13 @@ def _bench_paths(
                     if op == "encode":
                         call = _encode_call(group, variants)
                         n = max(n_encode, c)
+                        holding.add(id(group[0]))  # the warm-up call encodes at least
                     else:
-                        if not prepared:  # once per level, every path's callers
+                        if not prepared:  # callers new at this level get an image
                             for caller in itertools.chain.from_iterable(active.values()):
-                                caller.encode(next(variants))
+                                if id(caller) not in holding:
+                                    caller.encode(next(variants))
+                                    holding.add(id(caller))
                             prepared = True
                         if op == "refine":
                             for caller in group:
