@@ -561,35 +561,44 @@ def demo_cmd(
 
 @app.command("bench")
 def bench_cmd(
-    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
-    n_encode: Annotated[int, typer.Option(min=1, help="Timed encoder calls per path.")] = 5,
-    n_decode: Annotated[int, typer.Option(min=1, help="Timed decoder calls per path.")] = 50,
-    concurrency: Annotated[
-        str, typer.Option(help="Comma-separated concurrency levels.")
-    ] = "1,4,16",
+    model: Annotated[
+        str, typer.Option(help="Comma-separated variants, e.g. sam1_vit_b,sam2.1_hiera_tiny.")
+    ] = "sam2.1_hiera_tiny",
+    n_encode: Annotated[int, typer.Option(min=1, help="Timed encodes per path.")] = 3,
+    n_decode: Annotated[int, typer.Option(min=1, help="Timed calls per prompt kind.")] = 30,
+    concurrency: Annotated[str, typer.Option(help="Comma-separated concurrency levels.")] = "1,4",
+    protocols: Annotated[str, typer.Option(help="Comma-separated: grpc, http.")] = "grpc,http",
+    official: Annotated[
+        bool, typer.Option(help="Time the official predictor (PyTorch) in-process too.")
+    ] = True,
+    runner: Annotated[
+        bool, typer.Option(help="Time the session path on the python-runner twins too.")
+    ] = True,
+    work_dir: Annotated[Path, typer.Option(help="Exports (reused).")] = Path(".bench_users"),
     output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
 ) -> None:
-    """Latency p50/p95/p99 and throughput of encode and one-click decode at several
-    concurrencies: embedded Triton over HTTP and gRPC vs onnxruntime in-process on the same
-    ONNX files, in one run (JSON, markdown, PNG)."""
-    levels = _levels(concurrency)
-    from triton_sam.bench.latency import run_latency_benchmark, write_report
-    from triton_sam.demo import build_local_repository
+    """What users run, in one run: encode, click, box and refinement through the official
+    predictor and onnxruntime in-process, and our client on the embedded server (session
+    model and stateless decoder, onnxruntime backend; the python runner as one more row);
+    p50/p95/p99, throughput and same-run ratios (JSON, markdown, PNG)."""
+    from triton_sam.bench.users import prepare_model, run_user_benchmark, write_report
     from triton_sam.sample import sample_image
-    from triton_sam.server import EmbeddedTriton
 
-    spec, repo, _ = build_local_repository(model, _checkpoints_dir(), Path(".bench"))
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        report = run_latency_benchmark(
-            repo,
-            {"http": server.http_url, "grpc": server.grpc_url},
-            spec.family,
-            sample_image(),
-            concurrency=levels,
-            n_encode=n_encode,
-            n_decode=n_decode,
-            model_name=spec.name,
-        )
+    levels = _levels(concurrency)
+    names = [m.strip() for m in model.split(",") if m.strip()]
+    chosen = [p.strip() for p in protocols.split(",") if p.strip()]
+    if not names or not chosen or set(chosen) - {"grpc", "http"}:
+        raise typer.BadParameter("give at least one model and protocols from grpc, http")
+    models = [prepare_model(n, work_dir, runner=runner) for n in names]
+    report = run_user_benchmark(
+        models,
+        sample_image(),
+        protocols=chosen,
+        concurrency=levels,
+        n_encode=n_encode,
+        n_decode=n_decode,
+        official=official,
+    )
     paths = write_report(report, output)
     typer.echo(paths["md"].read_text())
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))

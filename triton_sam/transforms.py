@@ -18,12 +18,15 @@ Coordinates are (X, Y) pixels; sizes are (H, W). Parity with upstream is measure
 
 from __future__ import annotations
 
+import functools
 import io
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps
+from threadpoolctl import ThreadpoolController
 
 from triton_sam.errors import ConfigError, InputValidationError
 from triton_sam.models.spec import Preprocessing
@@ -49,6 +52,34 @@ _READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionB
 
 
 # -- images ---------------------------------------------------------------------------------
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
+    return ThreadpoolController()  # inspects the loaded libraries once (~ms)
+
+
+def _single_threaded_blas(fn: _F) -> _F:
+    """Run ``fn`` with the BLAS library (numpy's OpenBLAS) on the calling thread only.
+
+    The resizes are dozens of small matrix products. A multi-threaded BLAS wakes its workers
+    for each one and then lets them spin for ~0.1 s (OpenBLAS's default thread timeout):
+    measured on a shared 2-core machine, a mask upsampling took 2.6 ms single-threaded and
+    2.8-120 ms threaded (waking sleeping workers behind other processes), and the spinning
+    worker burnt ~100 ms of CPU per click, which a server on the same machine (the embedded
+    one) lost from its decoder. Each output element is computed the same way either way
+    (checked bit for bit), so only the threading changes.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _blas_controller().limit(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def load_image(image: ImageLike, *, max_pixels: int | None = None) -> np.ndarray:
     """Load an image as a contiguous HxWx3 uint8 RGB array.
 
@@ -299,6 +330,7 @@ def _rule_call(pre: Preprocessing, method: str, *args: Any) -> Any:
 
 
 # -- preprocessing --------------------------------------------------------------------------
+@_single_threaded_blas
 def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
     """Turn an RGB image into the encoder input.
 
@@ -324,6 +356,7 @@ def preprocess(image: np.ndarray, pre: Preprocessing) -> np.ndarray:
 
 
 # -- postprocessing -------------------------------------------------------------------------
+@_single_threaded_blas
 def postprocess_masks(
     low_res_logits: np.ndarray, orig_hw: tuple[int, int], pre: Preprocessing
 ) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from triton_sam.errors import CheckpointError, ExportValidationError
+from triton_sam.errors import CheckpointError, ExportValidationError, InputValidationError
 from triton_sam.export import ExportOptions, export_model, onnx_utils, save_random_checkpoint
 from triton_sam.models import get_model, model_names
 
@@ -151,3 +151,50 @@ def test_mismatched_checkpoint_names_the_keys(tmp_path):
     torch.save({"model": {"not_a_key": torch.zeros(1)}}, path)
     with pytest.raises(CheckpointError, match="missing keys"):
         export_model(SPEC, path, tmp_path / "out")
+
+
+# -- CPU options: fused attention, int8 encoder weights ------------------------------------------
+@pytest.fixture(scope="module")
+def cpu_optimised(checkpoint, tmp_path_factory):
+    """One export with both options (each is checked on its own below)."""
+    options = ExportOptions(fuse_attention=True, quantize="int8")
+    return export_model(SPEC, checkpoint, tmp_path_factory.mktemp("cpu_opt"), options)
+
+
+def _op_types(path):
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def test_fused_attention_replaces_every_hiera_attention(cpu_optimised):
+    # SAM2.1-tiny's Hiera has 12 blocks, each with one attention.
+    assert cpu_optimised.fused_operators["MultiHeadAttention"] == 12
+    assert "MultiHeadAttention" in _op_types(cpu_optimised.encoder)
+    assert "Softmax" not in _op_types(cpu_optimised.encoder)
+
+
+def test_int8_encoder_is_checked_with_its_own_tolerance(cpu_optimised):
+    from triton_sam.export.optimize import INT8_TOLERANCE
+
+    ops = _op_types(cpu_optimised.encoder)
+    assert "DynamicQuantizeLinear" in ops or "DynamicQuantizeMatMul" in ops
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+    assert cpu_optimised.encoder_tolerance == (INT8_TOLERANCE.atol, INT8_TOLERANCE.rtol)
+    assert cpu_optimised.tolerance == (1e-4, 1e-4)  # the decoder stays fp32, checked as such
+    assert "MatMulInteger" not in _op_types(cpu_optimised.decoder)
+    # The check ran (and passed, within the guard); int8 does move the features.
+    assert cpu_optimised.max_abs_error["image_embed"] > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"quantize": "int4"}, "quantize"),
+        ({"quantize": "int8", "fp16": True}, "quantize"),
+    ],
+)
+def test_bad_cpu_options_name_the_field(kwargs, field):
+    with pytest.raises(InputValidationError) as info:
+        ExportOptions(**kwargs)
+    assert info.value.field == field

@@ -11,6 +11,8 @@ What is checked, each against the stateless decoder path on the same server:
   stub's RSS stops growing; a click on an evicted image is re-encoded transparently;
 - 8 sessions on 8 images with interleaved clicks each get their own image's masks (within
   1e-5: there the encoder and decoder run batched, the reference alone);
+- a click on a cached image is answered while another image is being encoded (by order of
+  completion, not by a time bound);
 - a server restarted between two clicks: the client re-encodes and gives the same mask.
 """
 
@@ -21,6 +23,7 @@ import os
 import shutil
 import socket
 import statistics
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -228,6 +231,42 @@ def test_eight_sessions_on_eight_images_interleaved(sam2_tiny_server):
                 np.testing.assert_allclose(r[i][1], scores, atol=BATCHED_ATOL, rtol=0)
     firsts = [r[0] for r in rounds[0]]
     assert len({m.tobytes() for m in firsts}) == 8  # eight different answers
+
+
+# -- a click does not wait for another image's encode ------------------------------------------
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_click_is_answered_while_other_images_are_encoded(sam2_tiny_server, protocol):
+    """Triton runs one ``execute`` of the session instance at a time; the model returns from
+    it at once and answers by response sender, so a click on a cached image overtakes the
+    encodes in flight. Four new images keep the encoder busy for a full batch (seconds on
+    this CPU, against a click of tens of ms), so the order of completion shows it."""
+    url = url_of(sam2_tiny_server, protocol)
+    first = 2000 if protocol == "grpc" else 2010
+    seeds = [first + i for i in range(4)]  # never embedded on this server
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def embed(seed: int) -> None:
+        with SAM2TritonClient(url, protocol=protocol) as client:
+            client.set_image(other_image(seed))
+        with lock:
+            finished.append("encode")
+
+    with SAM2TritonClient(url, protocol=protocol) as clicker:
+        clicker.set_image(IMAGE)
+        expected = clicker.predict(CLICK, [1])
+        threads = [threading.Thread(target=embed, args=(seed,)) for seed in seeds]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # the embeds reach the server and the encoder starts
+        masks, scores = clicker.predict(CLICK, [1])
+        with lock:
+            finished.append("click")
+        for thread in threads:
+            thread.join(timeout=300)
+    assert finished == ["click"] + ["encode"] * 4
+    np.testing.assert_array_equal(masks, expected[0])
+    np.testing.assert_array_equal(scores, expected[1])
 
 
 # -- LRU bound and restart: a server of our own, capacity 2 ------------------------------------

@@ -17,6 +17,7 @@ from triton_sam.repository.config import (
     RepositoryOptions,
     build_config,
     check_accelerators,
+    check_onnxruntime_parameters,
     parse_config,
     render_config,
     to_cpu_twin,
@@ -269,3 +270,77 @@ def test_runner_imports_only_what_the_stub_has() -> None:
     stub = {"json", "os", "sys", "numpy", "onnxruntime", "triton_python_backend_utils"}
     # the shipped protocol package (triton_sam itself only in the source tree's fallback)
     assert imported <= stub | {"triton_sam_serving", "triton_sam"}
+
+
+def test_onnxruntime_parameters_rendered_are_keys_the_backend_reads() -> None:
+    options = RepositoryOptions(intra_op_threads=2)
+    for graph in ("encoder", "decoder"):
+        config = build_config(SAM2_FAMILY, graph, options)
+        assert set(config.parameters) <= set(cfg.ORT_MODEL_PARAMS)
+        assert config.parameters[cfg.ORT_INTRA_OP_PARAM].string_value == "2"
+        check_onnxruntime_parameters(config)  # no error
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        (
+            "intra_op_threads",
+            "1",
+            "the python runner's key; the backend's is 'intra_op_thread_count'",
+        ),
+        ("inter_op_threads", "1", "unknown parameter 'inter_op_threads'"),
+        ("intra_op_thread_count", "two", "'intra_op_thread_count' is 'two', expected an integer"),
+        ("intra_op_thread_count", "-1", "expected an integer >= 0"),
+        ("execution_mode", "2", r"'execution_mode' is '2', expected one of \[0, 1\]"),
+        ("enable_mem_arena", "yes", "'enable_mem_arena' is 'yes', expected a boolean"),
+    ],
+)
+def test_a_parameter_the_onnxruntime_backend_would_ignore_or_refuse_fails(
+    key: str, value: str, match: str
+) -> None:
+    config = build_config(SAM2_FAMILY, "decoder", RepositoryOptions())
+    config.parameters[key].string_value = value
+    with pytest.raises(RepositoryError, match=match):
+        check_onnxruntime_parameters(config)
+    with pytest.raises(RepositoryError, match=match):  # nor derived into the embedded twin
+        to_cpu_twin(config)
+
+
+def test_backend_boolean_spellings_and_graph_levels_are_accepted() -> None:
+    config = build_config(SAM2_FAMILY, "decoder", RepositoryOptions())
+    config.parameters["enable_mem_pattern"].string_value = "OFF"
+    config.parameters["execution_mode"].string_value = "1"
+    config.optimization.graph.level = -1
+    check_onnxruntime_parameters(config)
+    config.optimization.graph.level = 3
+    with pytest.raises(RepositoryError, match="optimization.graph.level 3"):
+        check_onnxruntime_parameters(config)
+
+
+def test_only_openvino_is_a_cpu_accelerator_of_the_backend() -> None:
+    config = build_config(SAM2_FAMILY, "decoder", RepositoryOptions())
+    config.optimization.execution_accelerators.cpu_execution_accelerator.add(name="openvino")
+    check_onnxruntime_parameters(config)
+    config.optimization.execution_accelerators.cpu_execution_accelerator.add(name="dnnl")
+    with pytest.raises(RepositoryError, match="unknown CPU execution accelerator 'dnnl'"):
+        check_onnxruntime_parameters(config)
+
+
+@pytest.mark.parametrize(
+    ("cores", "instances", "threads"), [(1, 1, "1"), (2, 2, "1"), (8, 4, "2"), (16, 4, "4")]
+)
+def test_a_cpu_decoder_is_sized_by_cores(cores: int, instances: int, threads: str) -> None:
+    twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions()))
+    sized = cfg.size_cpu_decoder(twin, cores)
+    assert [g.count for g in sized.instance_group] == [instances]
+    assert sized.parameters[cfg.ORT_INTRA_OP_PARAM].string_value == threads
+    check_onnxruntime_parameters(sized)
+    assert twin.instance_group[0].count == 1  # a copy; the twin is untouched
+
+
+def test_a_decoder_with_its_own_thread_count_is_not_resized() -> None:
+    twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions(intra_op_threads=3)))
+    assert cfg.size_cpu_decoder(twin, 16) == twin
+    with pytest.raises(InputValidationError, match="cores"):
+        cfg.size_cpu_decoder(twin, 0)

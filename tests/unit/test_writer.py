@@ -434,3 +434,27 @@ def test_embedded_twin_of_configs_without_exports_says_to_run_setup(tmp_path: Pa
     (repo / "sam2_encoder" / "config.pbtxt").write_text(_config("onnxruntime"))
     with pytest.raises(RepositoryError, match="triton-sam setup"):
         embedded_repository(repo)
+
+
+def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path) -> None:
+    from triton_sam.repository.config import size_cpu_decoder
+    from triton_sam.repository.session_config import SessionOptions, write_session
+
+    repo = _gpu_pair(tmp_path)
+    write_session(repo, TINY, GPU_TRT, SessionOptions())
+    twin = embedded_repository(repo)
+    cores = len(os.sched_getaffinity(0))
+    production = {
+        n: parse_config(repo / n / "config.pbtxt") for n in ("tiny_encoder", "tiny_decoder")
+    }
+    served = {n: parse_config(twin / n / "config.pbtxt") for n in production}
+    assert served["tiny_encoder"] == to_cpu_twin(production["tiny_encoder"])  # mechanical only
+    assert served["tiny_decoder"] == size_cpu_decoder(
+        to_cpu_twin(production["tiny_decoder"]), cores
+    )
+    assert served["tiny_decoder"].parameters["intra_op_thread_count"].string_value
+    # The python runner fallback keeps its decoder as the production config has it.
+    runner = parse_config(
+        embedded_repository(repo, target="python") / "tiny_decoder" / "config.pbtxt"
+    )
+    assert runner.instance_group[0].count == 2

@@ -32,6 +32,12 @@ class ExportOptions:
         verify: run both graphs in onnxruntime against torch after export.
         external_data: force weights into a ``.onnx_data`` sidecar (automatic above 2 GiB).
         seed: seed for the synthetic verification inputs.
+        fuse_attention: fuse the encoder's attention into onnxruntime's
+            ``MultiHeadAttention`` (SAM2; faster on CPU, needs onnxruntime to run; see
+            ``export/optimize.py``). Same results within the fp32 tolerance.
+        quantize: ``"none"`` or ``"int8"``: int8 weights for the encoder's MatMuls
+            (onnxruntime dynamic quantization). Changes results: never the default; the
+            check then uses ``optimize.INT8_TOLERANCE`` for the encoder.
     """
 
     opset: int = 17
@@ -39,10 +45,20 @@ class ExportOptions:
     verify: bool = True
     external_data: bool = False
     seed: int = 0
+    fuse_attention: bool = False
+    quantize: str = "none"
 
     def __post_init__(self) -> None:
+        from triton_sam.export.optimize import QUANTIZE_CHOICES
+
         if self.opset < 17:
             raise InputValidationError("opset", f"got {self.opset}, expected >= 17")
+        if self.quantize not in QUANTIZE_CHOICES:
+            raise InputValidationError(
+                "quantize", f"got {self.quantize!r}, expected one of {list(QUANTIZE_CHOICES)}"
+            )
+        if self.quantize != "none" and self.fp16:
+            raise InputValidationError("quantize", "int8 weights and fp16 exclude each other")
 
 
 @dataclass
@@ -53,7 +69,10 @@ class ExportResult:
         encoder: path of the encoder ``.onnx``; decoder: of the decoder.
         seconds: wall time per stage (build, encoder, decoder, verify).
         max_abs_error: largest |ORT - torch| per output over the verification cases.
-        tolerance: the (atol, rtol) the check used.
+        tolerance: the (atol, rtol) the check used (the decoder's, and the encoder's unless
+            ``encoder_tolerance`` differs: int8 weights).
+        encoder_tolerance: the (atol, rtol) the encoder's check used.
+        fused_operators: operator counts from ``fuse_attention`` (empty without it).
     """
 
     encoder: Path
@@ -61,6 +80,8 @@ class ExportResult:
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
     tolerance: tuple[float, float] = (0.0, 0.0)
+    encoder_tolerance: tuple[float, float] = (0.0, 0.0)
+    fused_operators: dict[str, int] = field(default_factory=dict)
 
     def files(self) -> list[Path]:
         """Every file the export wrote (graphs and external-data sidecars)."""
@@ -108,7 +129,7 @@ def export_model(
     """
     import torch
 
-    from triton_sam.export import onnx_utils
+    from triton_sam.export import onnx_utils, optimize
 
     options = options or ExportOptions()
     exporter = exporter_for(spec)
@@ -155,6 +176,16 @@ def export_model(
     seconds["export_decoder"] = time.perf_counter() - t0
 
     tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
+    encoder_tolerance = tolerance
+    if options.fuse_attention:
+        t0 = time.perf_counter()
+        fused = optimize.fuse_attention(enc_path, fam.family)
+        seconds["fuse_attention"] = time.perf_counter() - t0
+    if options.quantize == "int8":
+        t0 = time.perf_counter()
+        optimize.quantize_int8(enc_path)
+        seconds["quantize"] = time.perf_counter() - t0
+        encoder_tolerance = optimize.INT8_TOLERANCE
     if options.fp16:
         onnx_utils.convert_to_fp16(enc_path)
         onnx_utils.convert_to_fp16(dec_path)
@@ -165,10 +196,14 @@ def export_model(
     for path in (enc_path, dec_path) if metadata else ():
         onnx_utils.set_metadata(path, metadata)
     result = ExportResult(enc_path, dec_path, seconds, tolerance=(tolerance.atol, tolerance.rtol))
+    result.encoder_tolerance = (encoder_tolerance.atol, encoder_tolerance.rtol)
+    result.fused_operators = fused if options.fuse_attention else {}
     if options.verify:
         t0 = time.perf_counter()
         enc_case = ("encoder batch=2", {fam.encoder_inputs[0].name: image}, embeddings)
-        result.max_abs_error.update(onnx_utils.verify_graph(enc_path, [enc_case], tolerance))
+        result.max_abs_error.update(
+            onnx_utils.verify_graph(enc_path, [enc_case], encoder_tolerance)
+        )
         dec_cases = [(label, feeds, _run_torch(decoder, fam, feeds)) for label, feeds in cases]
         result.max_abs_error.update(onnx_utils.verify_graph(dec_path, dec_cases, tolerance))
         seconds["verify"] = time.perf_counter() - t0

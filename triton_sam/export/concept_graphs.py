@@ -83,6 +83,11 @@ def export_graphs(
         from triton_sam.errors import InputValidationError
 
         raise InputValidationError("fp16", "not supported for the concept family yet (fp32 only)")
+    if options.fuse_attention or options.quantize != "none":
+        from triton_sam.errors import InputValidationError
+
+        field = "fuse_attention" if options.fuse_attention else "quantize"
+        raise InputValidationError(field, "not supported for the concept family (fp32 only)")
     fam: ConceptFamilySpec = spec.family
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()

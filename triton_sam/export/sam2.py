@@ -100,24 +100,69 @@ def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Pat
 
 
 class SAM2Encoder(nn.Module):
-    """image [B,3,1024,1024] -> image_embed [B,256,64,64], high_res_feats_0/1."""
+    """image [B,3,1024,1024] -> image_embed [B,256,64,64], high_res_feats_0/1.
+
+    Computes what ``SAM2ImagePredictor.set_image`` computes, arranged so the exported graph
+    holds only per-image work (measured on SAM2.1-tiny, ORT CPU: 15% of the encoder's time
+    went to constants recomputed on every run):
+
+    - Hiera's position embedding (``pos_embed`` bicubic-resized to the 256x256 token grid
+      plus the tiled window embedding) depends on the weights and the fixed input size
+      only. Traced, its size came from the input's shape, so the graph ran a bicubic
+      ``Resize`` per image (ORT's bicubic is ~8x slower than torch's). The wrapper computes
+      it once with the trunk's own ``_get_pos_embed`` and the graph adds that table, the
+      same values bit for bit.
+    - The neck's sine position encodings are not encoder outputs; the predictor only reads
+      their sizes. Taking the sizes from the features instead lets the exporter drop them.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        trunk = model.image_encoder.trunk
+        with torch.no_grad():
+            table = trunk._get_pos_embed(_token_grid(trunk, model.image_size))
+        # A buffer, so the exporter writes it as an initializer (external data moves it).
+        self.register_buffer("pos_embed", table.detach().clone())
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        backbone_out = self.model.forward_image(image)
-        _, vision_feats, _, feat_sizes = self.model._prepare_backbone_features(backbone_out)
+        with _fixed_pos_embed(self.model.image_encoder.trunk, self.pos_embed):
+            backbone_out = self.model.forward_image(image)
+        # backbone_fpn is NCHW already (conv_s0/conv_s1 applied by forward_image); the
+        # predictor's flatten/permute round trip (_prepare_backbone_features, then
+        # set_image's permute back) only moves values, so it is skipped.
+        feats = backbone_out["backbone_fpn"][-self.model.num_feature_levels :]
+        embed = feats[-1]
         if self.model.directly_add_no_mem_embed:
-            vision_feats[-1] = vision_feats[-1] + self.model.no_mem_embed
-        batch = image.shape[0]
-        # HWxBxC -> BxCxHxW, as SAM2ImagePredictor.set_image does
-        feats = [
-            feat.permute(1, 2, 0).reshape(batch, -1, h, w)
-            for feat, (h, w) in zip(vision_feats, feat_sizes, strict=True)
-        ]
-        return feats[2], feats[0], feats[1]
+            # no_mem_embed [1,1,C] is added per channel to HWxBxC tokens; the same in NCHW.
+            embed = embed + self.model.no_mem_embed.reshape(1, -1, 1, 1)
+        return embed, feats[0], feats[1]
+
+
+def _token_grid(trunk: nn.Module, image_size: int) -> tuple[int, int]:
+    """(H, W) of the token grid Hiera's patch embedding makes of a square ``image_size``."""
+    conv = trunk.patch_embed.proj
+    size = [
+        (image_size + 2 * pad - kernel) // stride + 1
+        for pad, kernel, stride in zip(conv.padding, conv.kernel_size, conv.stride, strict=True)
+    ]
+    return size[0], size[1]
+
+
+@contextmanager
+def _fixed_pos_embed(trunk: nn.Module, table: torch.Tensor):
+    """Have ``trunk`` add ``table`` as its position embedding for the grid it was made for
+    (any other grid falls back to the trunk's own computation); restored on exit."""
+    original = trunk._get_pos_embed
+
+    def pos_embed(hw: tuple[int, int]) -> torch.Tensor:
+        return table if tuple(int(v) for v in hw) == tuple(table.shape[1:3]) else original(hw)
+
+    trunk._get_pos_embed = pos_embed
+    try:
+        yield
+    finally:
+        del trunk._get_pos_embed  # the instance attribute; the class method shows again
 
 
 class SAM2Decoder(nn.Module):

@@ -87,6 +87,33 @@ TENSORRT_PARAMS = frozenset(
 )
 TENSORRT_PRECISION_MODES = ("FP32", "FP16", "INT8")
 
+# Model-level ``parameters`` the onnxruntime backend reads (same source, ModelState's
+# constructor, ModelInstanceState's run options and its CUDA provider setup), with the values
+# it parses them into. The backend ignores any other key silently, so a misspelled one (or the
+# python runner's ``intra_op_threads``) would leave ORT at its defaults without a word;
+# check_onnxruntime_parameters() refuses it instead. Values are strings in the config;
+# integers go through std::stoi, booleans through ParseBoolValue (true/false/on/off/1/0,
+# any case). ORT's intra-op spinning has no key here: r24.10 cannot turn it off.
+_INT, _BOOL, _TEXT = "integer", "boolean", "text"
+ORT_MODEL_PARAMS: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "execution_mode": (_INT, (0, 1)),  # 0 sequential, 1 parallel (inter-op pool)
+    ORT_INTRA_OP_PARAM: (_INT, None),  # threads per instance; 0 = ORT's default
+    "inter_op_thread_count": (_INT, None),
+    "enable_mem_arena": (_BOOL, None),
+    "enable_mem_pattern": (_BOOL, None),
+    "memory.enable_memory_arena_shrinkage": (_TEXT, None),  # e.g. "cpu:0;gpu:0", per run
+    # CUDA provider (deprecated spelling; the "cuda" accelerator's parameters replace it)
+    "cudnn_conv_algo_search": (_INT, (0, 1, 2)),
+    "gpu_mem_limit": (_TEXT, None),
+    "arena_extend_strategy": (_INT, (0, 1)),
+    "do_copy_in_default_stream": (_TEXT, None),
+}
+_BOOL_WORDS = ("true", "false", "on", "off", "1", "0")
+# optimization { graph { level } }: -1 basic, 1 extended, 2 none; 0 (unset) all. The backend
+# maps any other value to "all" without a word.
+ORT_GRAPH_LEVELS = (-1, 0, 1, 2)
+OPENVINO_ACCELERATOR = "openvino"  # the only cpu_execution_accelerator it knows
+
 _TRITON_TYPES = {
     "bool": "TYPE_BOOL",
     "uint8": "TYPE_UINT8",
@@ -272,6 +299,7 @@ def build_graph_config(
     if options.target == "onnxruntime":
         _set_onnxruntime(config, options)
         check_accelerators(config)
+        check_onnxruntime_parameters(config)
     else:
         _set_python(config, options)
     if options.warmup:
@@ -358,6 +386,8 @@ def to_cpu_twin(config: ModelConfig) -> ModelConfig:
             silently dropped here.
     """
     check_accelerators(config)
+    if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
+        check_onnxruntime_parameters(config)
     twin = ModelConfig()
     twin.CopyFrom(config)
     cpu = model_config_pb2.ModelInstanceGroup.KIND_CPU
@@ -371,6 +401,38 @@ def to_cpu_twin(config: ModelConfig) -> ModelConfig:
         twin.optimization.ClearField("execution_accelerators")
     if not twin.optimization.ListFields():
         twin.ClearField("optimization")
+    return twin
+
+
+# At most this many decoder instances on a CPU host: enough for c=4 without one instance per
+# core on large hosts, where a click would then run on a single thread.
+CPU_DECODER_MAX_INSTANCES = 4
+
+
+def size_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig:
+    """A decoder's CPU twin sized for ``cores`` usable cores: ``min(cores, 4)`` instances with
+    ``cores // instances`` intra-op threads each (2 cores: 2 x 1, 8 cores: 4 x 2).
+
+    Why: one GPU instance runs one decoder batch with the whole GPU; on a CPU one instance
+    with all cores batches concurrent clicks into one run and then runs it alone. Measured on
+    SAM2.1-tiny, 2 shared cores, 4 concurrent session clicks: 1 x 2 threads gave 0.51x the
+    throughput of the same decoder in-process (four threads on one ORT session), 2 x 1 gave
+    1.07-1.25x; a single click took +5-10% on one thread. Configs that set
+    ``intra_op_thread_count`` themselves are left as they are (a deliberate choice).
+
+    Raises:
+        InputValidationError: ``cores`` < 1.
+    """
+    check_int("cores", cores, minimum=1)
+    if ORT_INTRA_OP_PARAM in config.parameters:
+        return config
+    instances = min(cores, CPU_DECODER_MAX_INSTANCES)
+    twin = ModelConfig()
+    twin.CopyFrom(config)
+    for group in twin.instance_group:
+        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU:
+            group.count = instances
+    twin.parameters[ORT_INTRA_OP_PARAM].string_value = str(max(1, cores // instances))
     return twin
 
 
@@ -410,6 +472,59 @@ def model_kind(config: ModelConfig) -> str | None:
     if protocol.KIND_PARAM not in config.parameters:
         return None
     return config.parameters[protocol.KIND_PARAM].string_value
+
+
+def check_onnxruntime_parameters(config: ModelConfig) -> None:
+    """Refuse settings of an onnxruntime-backend model that backend (r24.10) would ignore or
+    refuse: unknown ``parameters`` keys, unparsable or out-of-range values, an unknown
+    ``optimization.graph.level`` and CPU accelerators other than ``openvino``.
+
+    Raises:
+        RepositoryError: naming the model and every offending key or value at once.
+    """
+    problems = []
+    for key, param in sorted(config.parameters.items()):
+        problems += _ort_parameter_problems(key, param.string_value)
+    if config.optimization.HasField("graph"):
+        level = config.optimization.graph.level
+        if level not in ORT_GRAPH_LEVELS:
+            problems.append(
+                f"optimization.graph.level {level}, expected one of {list(ORT_GRAPH_LEVELS)} "
+                "(-1 basic, 1 extended, 2 none, 0 all)"
+            )
+    for accelerator in config.optimization.execution_accelerators.cpu_execution_accelerator:
+        if accelerator.name != OPENVINO_ACCELERATOR:
+            problems.append(
+                f"unknown CPU execution accelerator {accelerator.name!r}, expected "
+                f"{OPENVINO_ACCELERATOR!r}"
+            )
+    if problems:
+        raise RepositoryError(
+            f"model {config.name!r}: Triton's onnxruntime backend would ignore or refuse: "
+            + "; ".join(problems)
+        )
+
+
+def _ort_parameter_problems(key: str, value: str) -> list[str]:
+    known = ORT_MODEL_PARAMS.get(key)
+    if known is None:
+        hint = (
+            f" (the python runner's key; the backend's is {ORT_INTRA_OP_PARAM!r})"
+            if (key == INTRA_OP_THREADS_PARAM)
+            else ""
+        )
+        return [f"unknown parameter {key!r}{hint}, expected one of {sorted(ORT_MODEL_PARAMS)}"]
+    kind, allowed = known
+    text = value.strip()
+    if kind == _BOOL and text.lower() not in _BOOL_WORDS:
+        return [f"parameter {key!r} is {value!r}, expected a boolean ({'/'.join(_BOOL_WORDS)})"]
+    if kind == _INT:
+        number = int(text) if text.lstrip("-").isdigit() else None
+        if number is None or (allowed is None and number < 0):
+            return [f"parameter {key!r} is {value!r}, expected an integer >= 0"]
+        if allowed is not None and number not in allowed:
+            return [f"parameter {key!r} is {value!r}, expected one of {list(allowed)}"]
+    return []
 
 
 def check_model_name(name: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,13 @@ from triton_sam.repository.config import (
     model_kind,
     parse_config,
     render_config,
+    size_cpu_decoder,
     to_cpu_twin,
     to_python_target,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
 from triton_sam.serving import protocol
+from triton_sam.serving.protocol import embedding_cache
 
 CONFIG_FILENAME = "config.pbtxt"
 VERSION = "1"
@@ -336,6 +338,10 @@ def embedded_repository(
       that backend checks it; with ``target="python"`` the python-backend runner twin
       (:func:`~triton_sam.repository.config.to_python_target`), the fallback for a server
       without that backend;
+    - one change that is a CPU choice, not a CPU limit: on the onnxruntime backend, the
+      decoder a session model calls gets instances and threads sized for this host's cores
+      (:func:`~triton_sam.repository.config.size_cpu_decoder`, measured there), unless its
+      config sets ``intra_op_thread_count`` itself;
     - session models (python BLS): one ``KIND_CPU`` instance;
     - other python models: as they are.
 
@@ -356,6 +362,10 @@ def embedded_repository(
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
     configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
     twins = {n: _embedded_config(c, target) for n, c in configs.items()}
+    if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
+        cores = len(os.sched_getaffinity(0))
+        for name in _session_decoders(configs.values()) & set(twins):
+            twins[name] = size_cpu_decoder(twins[name], cores)
     for name, twin in twins.items():
         if _is_onnxruntime(twin):
             check_onnx_config(twin, _model_files(repo_dir, name, twin)[0])
@@ -377,6 +387,16 @@ def embedded_repository(
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
+
+
+def _session_decoders(configs: Iterable[ModelConfig]) -> set[str]:
+    """Names of the decoders the session models of a repository call."""
+    kind, key = protocol.KIND_EMBEDDING_CACHE, embedding_cache.PARAM_DECODER_MODEL
+    return {
+        c.parameters[key].string_value
+        for c in configs
+        if model_kind(c) == kind and key in c.parameters
+    }
 
 
 def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:

@@ -41,12 +41,16 @@ and a request outside them answers INVALID_ARG naming the field; the server stay
 
 Concurrency and instances: the model has ONE instance (the renderer forces it), because the
 cache lives in that instance's stub process; a second instance would hold a second cache and
-clicks routed to it would miss. ``execute`` is a coroutine: the dynamic batcher hands it every
-queued request, and their BLS calls run concurrently (``async_exec``), so the decoder's own
-dynamic batcher can batch clicks of different images, and a click on a cached image does not
-wait for the encoder of an image embedded in the same batch. Scale the encoder and decoder
-instances, not this one: it only routes tensors. (A request arriving while an encoder runs
-still waits for the batch in flight: Triton calls ``execute`` of one instance serially.)
+clicks routed to it would miss. Triton calls ``execute`` of one instance serially, so an
+``execute`` that awaited its BLS calls would make a click wait for any encode in flight
+(seconds on a CPU). Instead ``execute`` only schedules each request on the instance's own
+event loop (a thread of the stub) and returns; each request answers through its response
+sender when its BLS calls are done (python backend >= 24.05 lets non-decoupled models do
+this: one response per request, sent with the FINAL flag). So a click on a cached image runs
+while another image is being encoded, and the decoder's dynamic batcher can batch clicks of
+different images. Every cache access happens on that loop: no locks. Two requests that embed
+the same image share one encoder run. Scale the encoder and decoder instances, not this one:
+it only routes tensors; their queue bounds also bound the work in flight here.
 
 Memory is bounded by an LRU over images: at most ``max_images`` images and ``max_bytes`` bytes
 (features + kept logits); the least recently used image goes first. On a GPU instance the
@@ -64,6 +68,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -253,18 +258,38 @@ class TritonPythonModel:
         self.on_gpu = args.get("model_instance_kind") == "GPU"
         self.device_id = int(args.get("model_instance_device_id") or 0)
         self.metrics = _Metrics(args)
+        self.embeds = {}  # image_id -> task of the encoder run in flight for it
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="triton_sam_session", daemon=True
+        )
+        self.thread.start()
 
-    async def execute(self, requests):
-        """Answer every request of the batch; their BLS calls run concurrently."""
-        embeds = {}  # image_id -> task: one encoder run per id in this batch
-        jobs = [self._answer(request, embeds) for request in requests]
-        responses = await asyncio.gather(*jobs)
-        self.metrics.publish(self.cache)
-        return list(responses)
+    def execute(self, requests):
+        """Schedule every request on the instance's loop and return at once (see module doc).
+
+        Returns None: each request is answered by its response sender.
+        """
+        for request in requests:
+            asyncio.run_coroutine_threadsafe(self._respond(request), self.loop)
+        return None
 
     def finalize(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
         self.cache = None
         self.metrics.close()
+
+    async def _respond(self, request):
+        sender = request.get_response_sender()
+        try:
+            response = await self._answer(request, self.embeds)
+        except Exception as e:  # _answer catches its own; this only guards the send below
+            response = envelope.error_response(
+                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
+            )
+        sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.metrics.publish(self.cache)
 
     # -- one request -----------------------------------------------------------------------
     async def _answer(self, request, embeds):
@@ -293,14 +318,15 @@ class TritonPythonModel:
                     task = embeds[image_id] = asyncio.ensure_future(
                         self._embed(image_id, kind, value)
                     )
-                encoded = await task
+                    task.add_done_callback(lambda _, i=image_id: embeds.pop(i, None))
+                encoded = await task  # a second embed of this image shares the run
             elif hint is None:
                 raise bounds.RequestError(
                     IMAGE_ID,
                     f"missing: send an image ({IMAGE_BYTES}, {IMAGE_RGB} or "
                     f"{', '.join(self.encoder_inputs)}) or the {IMAGE_ID} the server answered",
                 )
-            elif hint in embeds:  # embedded by another request of this batch
+            elif hint in embeds:  # being embedded by another request
                 image_id = hint
                 await embeds[image_id]
                 encoded = 0
