@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from triton_sam.errors import InputValidationError, RepositoryError
-from triton_sam.models.spec import FamilySpec
+from triton_sam.models.spec import FamilySpec, GraphSpec
 from triton_sam.repository.config import (
     ONNX_FILE_PARAM,
     ONNX_FILENAME,
@@ -35,11 +35,10 @@ from triton_sam.repository.config import (
     Target,
     check_model_name,
     config_to_text,
-    default_model_name,
+    graph_config,
     model_config_pb2,
     model_kind,
     parse_config,
-    render_config,
     to_cpu_twin,
     to_python_target,
 )
@@ -212,27 +211,70 @@ def pair_artifacts(
     encoder_name: str | None = None,
     decoder_name: str | None = None,
 ) -> list[ModelFiles]:
-    """A family's encoder and decoder (configs rendered from ``options``), encoder first.
-
-    External-data sidecars of each graph are found from the graph itself and go along.
+    """A family's encoder and decoder (configs rendered from ``options``), encoder first:
+    :func:`graph_artifacts` of ``family.graphs``.
 
     Raises:
-        RepositoryError / InputValidationError: as :func:`write_model`; for the
-            ``onnxruntime`` target also a config its graph contradicts in a way Triton's
-            onnxruntime backend refuses (see ``repository.onnx_check``), before anything
-            is written.
+        RepositoryError / InputValidationError: as :func:`graph_artifacts`.
     """
+    return graph_artifacts(
+        family.graphs,
+        {"encoder": encoder_onnx, "decoder": decoder_onnx},
+        options,
+        names={"encoder": encoder_name, "decoder": decoder_name},
+    )
+
+
+def graph_artifacts(
+    graphs: Sequence[GraphSpec],
+    onnx: Mapping[str, str | os.PathLike[str]],
+    options: RepositoryOptions,
+    *,
+    names: Mapping[str, str | None] | None = None,
+    configs: Mapping[str, ModelConfig] | None = None,
+) -> list[ModelFiles]:
+    """The models of a family's declared graphs, however many, in the order given.
+
+    Args:
+        graphs: the graphs (``family.graphs``).
+        onnx: role -> the exported ``.onnx``; its external-data sidecars go along.
+        options: target and serving options (bounds per ``GraphSpec.batching``).
+        names: role -> Triton model name (None or absent: ``GraphSpec.model``).
+        configs: role -> a config already built (by :func:`~.config.graph_config`) where
+            the caller adjusts it; the others are rendered from ``options``.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`write_model`; a role without a
+            graph; for the ``onnxruntime`` target also a config its graph contradicts in a
+            way Triton's onnxruntime backend refuses (see ``repository.onnx_check``), before
+            anything is written.
+    """
+    names, configs = names or {}, configs or {}
     artifacts = []
-    for graph, onnx_path, name in (
-        ("encoder", Path(encoder_onnx), encoder_name),
-        ("decoder", Path(decoder_onnx), decoder_name),
-    ):
-        name = default_model_name(family, graph) if name is None else name
-        text = render_config(family, graph, options, name)
-        if options.target == "onnxruntime":  # what the GPU container would refuse
-            check_onnx_config(parse_config(text), onnx_path)
-        artifacts.append(onnx_model_files(name, onnx_path, text, target=options.target))
+    for graph in graphs:
+        if graph.role not in onnx:
+            raise RepositoryError(f"no exported graph for {graph.role!r}: got {sorted(onnx)}")
+        if graph.role in configs:
+            config = configs[graph.role]
+        else:
+            config = graph_config(graph, options, name=names.get(graph.role))
+        artifacts.append(onnx_artifact(config, onnx[graph.role], target=options.target))
     return artifacts
+
+
+def onnx_artifact(
+    config: ModelConfig, onnx_path: str | os.PathLike[str], *, target: Target
+) -> ModelFiles:
+    """The model of one ONNX graph with its config; for the ``onnxruntime`` target the
+    config is first checked against the graph as the GPU container would check it.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`onnx_model_files`, or a config
+            the graph contradicts.
+    """
+    if target == "onnxruntime":
+        check_onnx_config(config, Path(onnx_path))
+    return onnx_model_files(config.name, onnx_path, config_to_text(config), target=target)
 
 
 def onnx_model_files(
