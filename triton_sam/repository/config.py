@@ -254,62 +254,29 @@ def graph_config(
     max_queue_size: int = 0,
     queue_timeout_us: int = 0,
 ) -> ModelConfig:
-    """The config of one declared graph of any family (see :func:`build_graph_config`).
+    """The config of one declared graph of any family: target, instance group, dynamic
+    batching, queue policy, TensorRT, warmup.
 
     Args:
-        graph: its contract; ``graph.batching`` picks its bounds in ``options``, else the
-            explicit ``max_batch_size`` (required then) and queue bounds given here apply.
+        graph: its contract (per item, without the batch dim); ``graph.batching`` picks its
+            batch size and queue bounds in ``options`` (a heavy per-image graph serves like
+            the encoder); without one, the explicit bounds given here apply.
         options: target and serving options.
         name: Triton model name; defaults to ``graph.model``.
+        max_batch_size / max_queue_size / queue_timeout_us: explicit bounds (0 = none;
+            ``max_batch_size`` is required when ``graph.batching`` is None).
 
     Raises:
         InputValidationError: a bad name, batch size or dtype.
     """
-    return build_graph_config(
-        graph.model if name is None else name,
-        graph.inputs,
-        graph.outputs,
-        options,
-        serves_like=graph.batching,
-        max_batch_size=max_batch_size,
-        max_queue_size=max_queue_size,
-        queue_timeout_us=queue_timeout_us,
-    )
-
-
-def build_graph_config(
-    name: str,
-    inputs: tuple[TensorSpec, ...],
-    outputs: tuple[TensorSpec, ...],
-    options: RepositoryOptions,
-    *,
-    serves_like: Batching | None = None,
-    max_batch_size: int | None = None,
-    max_queue_size: int = 0,
-    queue_timeout_us: int = 0,
-) -> ModelConfig:
-    """Build the config of any ONNX graph: target, instance group, dynamic batching, queue
-    policy, TensorRT, warmup (what :func:`graph_config` renders for a declared graph).
-
-    Args:
-        name: Triton model name.
-        inputs / outputs: the graph's tensor contract (per item, without the batch dim).
-        options: target and serving options.
-        serves_like: ``"encoder"`` or ``"decoder"``: take the batch size and queue bounds of
-            that set in ``options`` (a heavy per-image graph serves like the encoder);
-            otherwise ``max_batch_size`` (required) and the queue bounds given here apply.
-        max_batch_size / max_queue_size / queue_timeout_us: explicit bounds (0 = none).
-
-    Raises:
-        InputValidationError: a bad name, batch size or dtype.
-    """
+    name = graph.model if name is None else name
     check_model_name(name)
-    if serves_like is not None:
-        max_batch_size, max_queue_size, queue_timeout_us = options.bounds(serves_like)
+    if graph.batching is not None:
+        max_batch_size, max_queue_size, queue_timeout_us = options.bounds(graph.batching)
     check_int("max_batch_size", max_batch_size, minimum=1)
     config = ModelConfig(name=name, max_batch_size=max_batch_size)
-    config.input.extend(tensor_message(t, model_config_pb2.ModelInput) for t in inputs)
-    config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.input.extend(tensor_message(t, model_config_pb2.ModelInput) for t in graph.inputs)
+    config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in graph.outputs)
     config.instance_group.add(kind=_KINDS[options.kind], count=options.instance_count)
     # Triton drops a cancelled request still in the queue only for models with a dynamic
     # batcher; the default scheduler hands requests straight to the backend. Speculative
@@ -322,7 +289,7 @@ def build_graph_config(
     else:
         _set_python(config, options)
     if options.warmup:
-        _add_warmup(config, inputs)
+        _add_warmup(config, graph.inputs)
     return config
 
 
