@@ -291,9 +291,16 @@ def onnx_model_files(
     return ModelFiles(name, config_text, sources)
 
 
-def write_models(repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles]) -> list[Path]:
+def write_models(
+    repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles], *, link: bool = False
+) -> list[Path]:
     """Write any number of models atomically as a set: every model is staged (copied) beside
     the repository first, then all are swapped in; a failure leaves every old model in place.
+
+    Args:
+        link: symlink the files instead of copying them, python sources excepted (for
+            repositories that reuse another repository's files, see
+            :func:`embedded_repository`).
 
     Returns:
         The model directories, in the order given.
@@ -318,7 +325,7 @@ def write_models(repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles])
                 )
             sources = {k: Path(v) for k, v in model.files.items()}
             _check_sources(sources)
-            staging = _stage(repo_dir, model.name, model.config_text, sources, link=False)
+            staging = _stage(repo_dir, model.name, model.config_text, sources, link=link)
             staged.append((staging, repo_dir / model.name))
         _swap_all(staged)
     finally:
@@ -370,25 +377,18 @@ def embedded_repository(
 ) -> Path:
     """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
-    Each model's config is changed mechanically, only in what a CPU host cannot do:
-
-    - ``onnxruntime`` models: with ``target="onnxruntime"`` (the default) the same config on
-      Triton's onnxruntime backend, ``KIND_GPU`` -> ``KIND_CPU`` and GPU accelerators dropped
-      (:func:`~triton_sam.repository.config.to_cpu_twin`), first checked against its graph as
-      that backend checks it; with ``target="python"`` the python-backend runner twin
-      (:func:`~triton_sam.repository.config.to_python_target`), the fallback for a server
-      without that backend;
-    - session models (python BLS): one ``KIND_CPU`` instance;
-    - other python models: as they are.
-
-    When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
-    ``twin_dir`` (default: ``<repo>_embedded`` beside it) with symlinks to the original ONNX
-    files, so nothing large is copied.
+    Reads every model as an artifact (:func:`read_model`), maps each through
+    :func:`embedded_twin` (the one place that decides a model's twin, by its kind) and writes
+    the result. When nothing changes, ``repo_dir`` itself is returned; otherwise the twins
+    are written to ``twin_dir`` (default: ``<repo>_embedded`` beside it) as one atomic set,
+    with symlinks to the original ONNX files, so nothing large is copied; models no longer
+    in ``repo_dir`` are removed from it.
 
     Raises:
         InputValidationError: an unknown ``target``.
-        RepositoryError: no models, a model that is neither onnxruntime nor python, a
-            missing export, or an onnxruntime config its graph contradicts (all listed).
+        RepositoryError: no models, or as :func:`embedded_twin` (a model that is neither
+            onnxruntime nor python, a missing export, an onnxruntime config its graph
+            contradicts).
     """
     if target not in TARGETS:
         raise InputValidationError("target", f"got {target!r}, expected one of {list(TARGETS)}")
@@ -396,64 +396,87 @@ def embedded_repository(
     names = list_models(repo_dir)
     if not names:
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
-    configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
-    twins = {n: _embedded_config(c, target) for n, c in configs.items()}
-    for name, twin in twins.items():
-        if _is_onnxruntime(twin):
-            check_onnx_config(twin, _model_files(repo_dir, name, twin)[0])
-    if twins == configs:
+    models = [read_model(repo_dir, name) for name in names]
+    twins = [embedded_twin(model, target) for model in models]
+    if all(_same_model(m, t) for m, t in zip(models, twins, strict=True)):
         return repo_dir
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
-    for name, twin in twins.items():
-        text = config_to_text(twin)
-        if _is_bls_model(twin):  # a python model without ONNX: its files as they are
-            write_models(
-                twin_dir, [ModelFiles(name, text, _version_files(repo_dir / name / VERSION))]
-            )
-            continue
-        main, *sidecars = _model_files(repo_dir, name, configs[name])
-        model_target: Target = "onnxruntime" if _is_onnxruntime(twin) else "python"
-        write_model(
-            twin_dir, name, main, text, target=model_target, external_data_files=sidecars, link=True
-        )
+    write_models(twin_dir, twins, link=True)
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
 
 
-def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:
-    """The CPU host's config of one model (see :func:`embedded_repository`)."""
-    if _is_bls_model(config):  # python BLS models: one KIND_CPU instance
-        return single_cpu_instance(config)
-    if config.backend == "python":
-        return config
+def read_model(repo_dir: str | os.PathLike[str], name: str) -> ModelFiles:
+    """The artifact of a model already in a repository: its config text and every file of
+    its version directory (by path relative to it)."""
+    model_dir = Path(repo_dir) / name
+    return ModelFiles(
+        name, (model_dir / CONFIG_FILENAME).read_text(), _version_files(model_dir / VERSION)
+    )
+
+
+def embedded_twin(model: ModelFiles, target: Target) -> ModelFiles:
+    """The model a CPU host serves in place of ``model``: a pure function of the artifact
+    (config and file references in, twin config and file references out), by its kind.
+
+    - python BLS models (kinds ``protocol.KINDS``): one ``KIND_CPU`` instance, same files;
+    - ONNX graphs on the python runner: as they are;
+    - ``onnxruntime`` graphs: with ``target="onnxruntime"`` the same config on Triton's
+      onnxruntime backend built for CPU (:func:`~.config.to_cpu_twin`), checked against its
+      graph as that backend checks it; with ``target="python"`` the runner twin
+      (:func:`~.config.to_python_target`) with the runner's files added, the fallback for a
+      server without that backend.
+
+    Raises:
+        RepositoryError: a model that is neither onnxruntime nor python, a python model
+            without a kind, a graph missing from the files (configs written, never
+            exported), or an onnxruntime config its graph contradicts.
+    """
+    config = parse_config(model.config_text)
+    if _is_bls_model(config):  # its state lives in its one instance
+        return ModelFiles(model.name, config_to_text(single_cpu_instance(config)), model.files)
+    if config.backend == "python":  # the runner of a graph: a CPU host runs it as it is
+        _graph_file(model, config.parameters[ONNX_FILE_PARAM].string_value)
+        return model
     if not _is_onnxruntime(config):
         raise RepositoryError(
             f"model {config.name!r}: platform={config.platform!r} backend={config.backend!r}; "
             "expected an onnxruntime or python model"
         )
-    return to_cpu_twin(config) if target == "onnxruntime" else to_python_target(config)
+    graph = _graph_file(model, config.default_model_filename or ONNX_FILENAME)
+    if target == "onnxruntime":
+        twin = to_cpu_twin(config)
+        check_onnx_config(twin, model.files[graph])
+        return ModelFiles(model.name, config_to_text(twin), model.files)
+    twin = to_python_target(config, onnx_file=graph)
+    files = dict(model.files) | {RUNNER_NAME: RUNNER_SOURCE} | shipped_modules(RUNNER_MODULES)
+    return ModelFiles(model.name, config_to_text(twin), files)
+
+
+def _graph_file(model: ModelFiles, graph: str) -> str:
+    """``graph``, checked to be among the model's files.
+
+    Raises:
+        RepositoryError: it is not (configs written, models never exported).
+    """
+    if graph not in model.files:
+        raise RepositoryError(
+            f"{model.name}: no exported model ({VERSION}/{graph} is missing); run "
+            "`triton-sam setup <model>` first (add --random-init when offline)"
+        )
+    return graph
+
+
+def _same_model(a: ModelFiles, b: ModelFiles) -> bool:
+    """Same files and the same config (as Triton reads it, not as its text is laid out)."""
+    return dict(a.files) == dict(b.files) and parse_config(a.config_text) == parse_config(
+        b.config_text
+    )
 
 
 def _is_onnxruntime(config: ModelConfig) -> bool:
     return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
-
-
-def _model_files(repo_dir: Path, name: str, config: ModelConfig) -> list[Path]:
-    """``[graph, *sidecars]`` of a model's version directory (the runner's model.py left out).
-
-    Raises:
-        RepositoryError: the graph is missing (configs written, models never exported).
-    """
-    version_dir = repo_dir / name / VERSION
-    main = version_dir / (config.default_model_filename or ONNX_FILENAME)
-    if not main.is_file():
-        raise RepositoryError(
-            f"{repo_dir / name}: no exported model ({main} is missing); run "
-            "`triton-sam setup <model>` first (add --random-init when offline)"
-        )
-    files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
-    return [main, *(p for p in files if p != main)]
 
 
 def _is_bls_model(config: ModelConfig) -> bool:
@@ -520,7 +543,9 @@ def _fill(staging: Path, config_text: str, sources: dict[str, Path], *, link: bo
     version_dir.mkdir()
     for target_name, source in sources.items():
         (version_dir / target_name).parent.mkdir(parents=True, exist_ok=True)  # pkg/mod.py
-        if link and source != RUNNER_SOURCE:
+        # Python sources are copied even when linking: small, and a python model's
+        # directory then holds the code it runs, whatever later happens to the source.
+        if link and source.suffix != ".py":
             (version_dir / target_name).symlink_to(source.resolve())
         else:
             _copy(source, version_dir / target_name)
