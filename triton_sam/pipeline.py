@@ -9,19 +9,21 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from triton_sam.errors import InputValidationError
 from triton_sam.export import ExportOptions, ExportResult, export_model, save_random_checkpoint
 from triton_sam.models.checkpoints import download_checkpoint, provenance, resolve_checkpoint
 from triton_sam.models.registry import is_concept_family
-from triton_sam.models.spec import ModelSpec
+from triton_sam.models.spec import GraphSpec, ModelSpec
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
-from triton_sam.repository.writer import pair_artifacts, write_models
+from triton_sam.repository.writer import graph_artifacts, write_models
 
 log = logging.getLogger(__name__)
 
@@ -171,24 +173,19 @@ def build_repository(
                 metadata,
             )
         result = export_model(spec, checkpoint, scratch / "onnx", export_options, metadata=metadata)
-        artifacts = pair_artifacts(
-            spec.family, encoder_onnx=result.encoder, decoder_onnx=result.decoder, options=options
-        )
+        graphs = spec.family.graphs
+        artifacts = graph_artifacts(graphs, result.graphs, options)
         if session is not None:
             artifacts.append(session_artifact(spec.family, options, session))
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
         written = [p.name for p in write_models(repository, artifacts)]
-        names = (written[0], written[1])
-        session_model = written[2] if session is not None else None
-        sizes = {
-            name: sum(p.stat().st_size for p in _graph_files(result, graph))
-            for name, graph in zip(names, ("encoder", "decoder"), strict=True)
-        }
+        names = tuple(written[: len(graphs)])
+        session_model = written[len(graphs)] if session is not None else None
         return RepositoryBuild(
             export=result,
             models=names,
-            onnx_bytes=sizes,
+            onnx_bytes=_onnx_bytes(result, graphs, names),
             checkpoint=used,
             session_model=session_model,
             metadata=metadata,
@@ -225,23 +222,26 @@ def _build_concept(
         options=options,
         concept=concept,
     )
-    sizes = {
-        graph.model: sum(p.stat().st_size for p in result.files() if p.stem == graph.role)
-        for graph in spec.family.graphs
-    }
     return RepositoryBuild(
         export=result,  # type: ignore[arg-type]  # same reporting fields as ExportResult
         models=tuple(names),
-        onnx_bytes=sizes,
+        onnx_bytes=_onnx_bytes(result, spec.family.graphs, names),
         checkpoint=used,
         session_model=names[-1],
         metadata=metadata,
     )
 
 
-def _graph_files(result: ExportResult, graph: str) -> list[Path]:
-    path = result.encoder if graph == "encoder" else result.decoder
-    return [p for p in result.files() if p.name.startswith(path.stem)]
+def _onnx_bytes(result: Any, graphs: Sequence[GraphSpec], names: Sequence[str]) -> dict[str, int]:
+    """Bytes of each graph's files (graph and sidecars), by the model name it was written as.
+
+    ``result`` is an export result with ``graphs`` (role -> path) and ``files()``.
+    """
+    files = result.files()
+    return {
+        name: sum(p.stat().st_size for p in files if p.name.startswith(result.graphs[g.role].stem))
+        for g, name in zip(graphs, names, strict=False)
+    }
 
 
 @dataclass

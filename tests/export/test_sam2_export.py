@@ -34,15 +34,13 @@ def exported(checkpoint, tmp_path_factory):
 
 
 def test_every_registered_variant_has_an_exporter_with_the_family_interface():
-    from triton_sam.models.registry import is_concept_family
-
-    pair = ("build_model", "save_random_checkpoint", "wrap_encoder", "wrap_decoder")
-    # Concept families (text prompts) export three graphs.
-    concept = ("build_model", "save_random_checkpoint", "wrap_vision", "wrap_text", "wrap_decoder")
+    # One wrap_<role> per graph the family declares (pairs: encoder, decoder; concept
+    # families: vision, text, decoder).
     for name in model_names():
         family = get_model(name).family
         module = importlib.import_module(family.exporter)
-        for fn in concept if is_concept_family(family) else pair:
+        wrappers = [f"wrap_{graph.role}" for graph in family.graphs]
+        for fn in ("build_model", "save_random_checkpoint", *wrappers):
             assert callable(getattr(module, fn)), f"{name}: {module.__name__}.{fn}"
 
 

@@ -84,8 +84,8 @@ def test_names_default_to_the_family_and_can_be_overridden() -> None:
 def test_every_model_has_a_dynamic_batcher() -> None:
     # Cancellation of queued requests depends on it (see config.py).
     for target in cfg.TARGETS:
-        for graph in cfg.GRAPHS:
-            config = build_config(SAM2_FAMILY, graph, RepositoryOptions(target=target))
+        for graph in SAM2_FAMILY.graphs:
+            config = build_config(SAM2_FAMILY, graph.role, RepositoryOptions(target=target))
             assert config.HasField("dynamic_batching")
             assert config.max_batch_size > 0
 

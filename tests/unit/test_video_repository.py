@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from triton_sam.errors import RepositoryError
 from triton_sam.repository.config import RepositoryOptions, parse_config
 from triton_sam.repository.video_config import (
     PACKAGE_DIR,
@@ -24,11 +26,28 @@ from triton_sam.serving.tracking.config import TrackerConfig
 
 
 def fake_graphs(folder: Path) -> dict[str, Path]:
+    """Graphs that only declare the protocol's contracts (batch dim variable, no nodes): what
+    the writer reads of a graph (its declarations, for the onnx check and its sidecars)."""
+    import onnx
+    from onnx import helper
+
     folder.mkdir(parents=True, exist_ok=True)
     graphs = {}
-    for key in protocol.GRAPHS:
+    for key, (inputs, outputs) in protocol.GRAPHS.items():
+
+        def declare(contracts):
+            return [
+                helper.make_tensor_value_info(
+                    name,
+                    helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                    ["batch", *(d if d > 0 else f"{name}_{i}" for i, d in enumerate(shape))],
+                )
+                for name, dtype, shape in contracts
+            ]
+
+        graph = helper.make_graph([], key, declare(inputs), declare(outputs))
         graphs[key] = folder / f"{key}.onnx"
-        graphs[key].write_bytes(b"not parsed by the writer")
+        onnx.save_model(helper.make_model(graph), str(graphs[key]))
     return graphs
 
 
@@ -102,3 +121,19 @@ def test_the_shipped_package_imports_without_triton_sam(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "TrackingService"
+
+
+def test_python_target_graphs_ship_what_the_runner_imports(tmp_path):
+    # The video graphs go through the writer's one graph path: the runner and its protocol.
+    artifacts = video_artifacts(
+        fake_graphs(tmp_path / "g"), TrackerConfig(), RepositoryOptions(target="python")
+    )
+    for artifact in artifacts[:-1]:
+        assert f"{PACKAGE_DIR}/protocol/runner.py" in artifact.files
+
+
+def test_a_missing_graph_is_named(tmp_path):
+    graphs = fake_graphs(tmp_path / "g")
+    del graphs["memory_attention"]
+    with pytest.raises(RepositoryError, match="memory_attention"):
+        video_artifacts(graphs, TrackerConfig(), RepositoryOptions())

@@ -398,6 +398,24 @@ def test_embedded_twin_on_the_python_runner(tmp_path: Path) -> None:
         embedded_repository(repo, target="tensorrt")  # type: ignore[arg-type]
 
 
+def test_embedded_twin_is_a_function_of_the_artifact(tmp_path: Path) -> None:
+    """Config and file references in, twin config and references out; nothing is written."""
+    repo = _gpu_pair(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    model = writer.read_model(repo, "tiny_encoder")
+    cpu = writer.embedded_twin(model, "onnxruntime")
+    assert cpu.files == model.files
+    assert parse_config(cpu.config_text) == to_cpu_twin(parse_config(model.config_text))
+    runner = writer.embedded_twin(model, "python")
+    assert set(runner.files) - set(model.files) >= {"model.py", "triton_sam_serving/__init__.py"}
+    assert parse_config(runner.config_text).backend == "python"
+    assert writer.embedded_twin(runner, "python") is runner  # already a CPU model
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    missing = dataclasses.replace(model, files={})
+    with pytest.raises(RepositoryError, match="triton-sam setup"):
+        writer.embedded_twin(missing, "onnxruntime")
+
+
 def test_embedded_twin_refuses_a_graph_the_onnxruntime_backend_would_refuse(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     graph = _tiny_onnx(tmp_path / "encoder.onnx")  # not the SAM2 encoder's contract

@@ -1,8 +1,12 @@
-"""Export: checkpoint -> verified ONNX encoder/decoder pair, for any registered family.
+"""Export: checkpoint -> verified ONNX graphs, one per graph the family declares.
 
-Each family has one exporter module (``spec.family.exporter``) exposing ``build_model``,
-``save_random_checkpoint``, ``wrap_encoder`` and ``wrap_decoder``; everything else (example
-inputs from the spec's tensor contract, export, the ORT-vs-torch check, fp16) is shared here.
+A family declares its graphs (``FamilySpec.graphs``: role, tensor contract, batching). Its
+exporter module (``spec.family.exporter``) exposes ``build_model``,
+``save_random_checkpoint`` and one ``wrap_<role>`` per graph (``wrap_encoder``,
+``wrap_decoder``); everything else (export and output dims from the contract, fp16, metadata,
+the ORT-vs-torch check) is one loop over the graphs here. What is family-specific is where
+the example inputs come from: the prompt cases of a point-prompted decoder (below), the
+concept family's (``concept_graphs``), the video graphs' (``sam2_video_checks``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam.errors import InputValidationError
-from triton_sam.models.spec import ModelSpec, TensorSpec
+from triton_sam.models.spec import GraphSpec, ModelSpec, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,9 @@ class ExportResult:
     """Paths and figures of one export.
 
     Attributes:
-        encoder: path of the encoder ``.onnx``; decoder: of the decoder.
-        seconds: wall time per stage (build, encoder, decoder, verify).
+        graphs: role (``"encoder"``, ``"decoder"``) -> path of its ``.onnx``, in the
+            family's order.
+        seconds: wall time per stage (build, export_<role>, verify).
         max_abs_error: largest |ORT - torch| per output over the verification cases.
         tolerance: the (atol, rtol) the check used (the decoder's, and the encoder's unless
             ``encoder_tolerance`` differs: int8 weights).
@@ -75,19 +80,28 @@ class ExportResult:
         fused_operators: operator counts from ``fuse_attention`` (empty without it).
     """
 
-    encoder: Path
-    decoder: Path
+    graphs: dict[str, Path]
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
     tolerance: tuple[float, float] = (0.0, 0.0)
     encoder_tolerance: tuple[float, float] = (0.0, 0.0)
     fused_operators: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def encoder(self) -> Path:
+        """Path of the encoder ``.onnx``."""
+        return self.graphs["encoder"]
+
+    @property
+    def decoder(self) -> Path:
+        """Path of the decoder ``.onnx``."""
+        return self.graphs["decoder"]
+
     def files(self) -> list[Path]:
         """Every file the export wrote (graphs and external-data sidecars)."""
         from triton_sam.export.onnx_utils import external_data_files
 
-        paths = [self.encoder, self.decoder]
+        paths = list(self.graphs.values())
         return paths + [p for g in paths for p in external_data_files(g)]
 
 
@@ -138,74 +152,64 @@ def export_model(
 
     t0 = time.perf_counter()
     model = exporter.build_model(spec, checkpoint)
-    encoder, decoder = exporter.wrap_encoder(model), exporter.wrap_decoder(model)
+    wrappers = {g.role: getattr(exporter, f"wrap_{g.role}")(model) for g in fam.graphs}
     seconds["build"] = time.perf_counter() - t0
 
-    rng = np.random.default_rng(options.seed)
-    # Batch 2 so the check also proves the batch dimension is symbolic, not traced as 1.
-    image = _random_tensor(fam.encoder_inputs[0], 2, rng)
-    with torch.no_grad():
-        embeddings = encoder(torch.from_numpy(image))
-    embeddings = {t.name: e.numpy() for t, e in zip(fam.encoder_outputs, embeddings, strict=True)}
-
-    t0 = time.perf_counter()
-    enc_path = onnx_utils.export_graph(
-        encoder,
-        (torch.from_numpy(image),),
-        out_dir / "encoder.onnx",
-        input_names=[t.name for t in fam.encoder_inputs],
-        output_names=list(fam.embedding_names),
-        dynamic_axes=_batch_axes([*fam.encoder_inputs, *fam.encoder_outputs]),
-        opset=options.opset,
-        external_data=options.external_data,
-    )
-    seconds["export_encoder"] = time.perf_counter() - t0
-
-    cases = _decoder_cases(spec, embeddings, rng)
-    t0 = time.perf_counter()
-    dec_path = onnx_utils.export_graph(
-        decoder,
-        tuple(torch.from_numpy(cases[-1][1][t.name]) for t in fam.decoder_inputs),
-        out_dir / "decoder.onnx",
-        input_names=[t.name for t in fam.decoder_inputs],
-        output_names=[t.name for t in fam.decoder_outputs],
-        dynamic_axes=_batch_axes([*fam.decoder_inputs, *fam.decoder_outputs]),
-        opset=options.opset,
-        external_data=options.external_data,
-    )
-    seconds["export_decoder"] = time.perf_counter() - t0
+    # Verification cases per graph; the last of each is the one traced (no dim traced as 1).
+    cases = _prompt_cases(spec, wrappers, np.random.default_rng(options.seed))
+    # Torch references before the export, which may leave a module's mode changed.
+    checked: dict[str, list] = {g.role: [] for g in fam.graphs}
+    for graph in fam.graphs if options.verify else ():
+        for label, feeds in cases[graph.role]:
+            expected = _run_torch(wrappers[graph.role], graph, feeds)
+            checked[graph.role].append((label, feeds, expected))
+    graphs: dict[str, Path] = {}
+    for graph in fam.graphs:
+        t0 = time.perf_counter()
+        graphs[graph.role] = onnx_utils.export_graph(
+            wrappers[graph.role],
+            tuple(torch.from_numpy(cases[graph.role][-1][1][t.name]) for t in graph.inputs),
+            out_dir / f"{graph.role}.onnx",
+            input_names=[t.name for t in graph.inputs],
+            output_names=[t.name for t in graph.outputs],
+            dynamic_axes=_batch_axes([*graph.inputs, *graph.outputs]),
+            opset=options.opset,
+            external_data=options.external_data,
+        )
+        seconds[f"export_{graph.role}"] = time.perf_counter() - t0
 
     tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
-    encoder_tolerance = tolerance
+    # CPU options on the encoder (off by default): fused attention, int8 weights (a looser
+    # check, stated in optimize.INT8_TOLERANCE).
+    tolerances = {g.role: tolerance for g in fam.graphs}
+    fused: dict[str, int] = {}
     if options.fuse_attention:
         t0 = time.perf_counter()
-        fused = optimize.fuse_attention(enc_path, fam.family)
+        fused = optimize.fuse_attention(graphs["encoder"], fam.family)
         seconds["fuse_attention"] = time.perf_counter() - t0
     if options.quantize == "int8":
         t0 = time.perf_counter()
-        optimize.quantize_int8(enc_path)
+        optimize.quantize_int8(graphs["encoder"])
         seconds["quantize"] = time.perf_counter() - t0
-        encoder_tolerance = optimize.INT8_TOLERANCE
-    if options.fp16:
-        onnx_utils.convert_to_fp16(enc_path)
-        onnx_utils.convert_to_fp16(dec_path)
-    # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the fixed
-    # output sizes declared in the graph (see set_output_dims).
-    onnx_utils.set_output_dims(enc_path, fam.encoder_outputs)
-    onnx_utils.set_output_dims(dec_path, fam.decoder_outputs)
-    for path in (enc_path, dec_path) if metadata else ():
-        onnx_utils.set_metadata(path, metadata)
-    result = ExportResult(enc_path, dec_path, seconds, tolerance=(tolerance.atol, tolerance.rtol))
+        tolerances["encoder"] = optimize.INT8_TOLERANCE
+    for graph in fam.graphs:
+        path = graphs[graph.role]
+        if options.fp16:
+            onnx_utils.convert_to_fp16(path)
+        # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the
+        # fixed output sizes declared in the graph (see set_output_dims).
+        onnx_utils.set_output_dims(path, graph.outputs)
+        if metadata:
+            onnx_utils.set_metadata(path, metadata)
+    result = ExportResult(graphs, seconds, tolerance=(tolerance.atol, tolerance.rtol))
+    encoder_tolerance = tolerances.get("encoder", tolerance)
     result.encoder_tolerance = (encoder_tolerance.atol, encoder_tolerance.rtol)
-    result.fused_operators = fused if options.fuse_attention else {}
+    result.fused_operators = fused
     if options.verify:
         t0 = time.perf_counter()
-        enc_case = ("encoder batch=2", {fam.encoder_inputs[0].name: image}, embeddings)
-        result.max_abs_error.update(
-            onnx_utils.verify_graph(enc_path, [enc_case], encoder_tolerance)
-        )
-        dec_cases = [(label, feeds, _run_torch(decoder, fam, feeds)) for label, feeds in cases]
-        result.max_abs_error.update(onnx_utils.verify_graph(dec_path, dec_cases, tolerance))
+        for role, path in graphs.items():
+            checks = onnx_utils.verify_graph(path, checked[role], tolerances[role])
+            result.max_abs_error.update(checks)
         seconds["verify"] = time.perf_counter() - t0
     return result
 
@@ -225,18 +229,26 @@ def _batch_axes(tensors: list[TensorSpec]) -> dict[str, dict[int, str]]:
     return axes
 
 
-def _decoder_cases(
-    spec: ModelSpec, embeddings: dict[str, np.ndarray], rng: np.random.Generator
-) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """Prompt cases covering a click, box + clicks + mask input, and a batch of two.
+def _prompt_cases(
+    spec: ModelSpec, wrappers: dict[str, Any], rng: np.random.Generator
+) -> dict[str, list[tuple[str, dict[str, np.ndarray]]]]:
+    """Example inputs of a point-prompted pair, by role: a batch of two random images for
+    the encoder (so the check also proves its batch dim symbolic), and for the decoder the
+    encoder's embeddings of them with a click, box + clicks + mask input, and a batch of two.
 
     Points are laid out as the family's predictor lays them out (``box_before_points``,
     ``pad_with_box``). The last case is the one traced, so it has N > 1 and B > 1 (no dim
     traced as 1).
     """
+    import torch
+
     fam = spec.family
     size = fam.preprocessing.image_size
     mask = fam.preprocessing.mask_size
+    image = _random_tensor(fam.encoder_inputs[0], 2, rng)
+    with torch.no_grad():
+        outputs = wrappers["encoder"](torch.from_numpy(image))
+    embeddings = {t.name: e.numpy() for t, e in zip(fam.encoder_outputs, outputs, strict=True)}
 
     def layout(clicks: list[float], box: bool) -> list[float]:
         parts = [clicks]
@@ -259,16 +271,24 @@ def _decoder_cases(
         )
         return feeds
 
-    return [
-        ("click", case(1, layout([1], box=False), [0])),
-        ("box+clicks+mask", case(1, layout([1, 0], box=True), [1])),
-        ("batch=2", case(2, layout([1, 0, 1], box=True), [0, 1])),
-    ]
+    return {
+        "encoder": [("encoder batch=2", {fam.encoder_inputs[0].name: image})],
+        "decoder": [
+            ("click", case(1, layout([1], box=False), [0])),
+            ("box+clicks+mask", case(1, layout([1, 0], box=True), [1])),
+            ("batch=2", case(2, layout([1, 0, 1], box=True), [0, 1])),
+        ],
+    }
 
 
-def _run_torch(module: Any, fam: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run_torch(
+    module: Any, graph: GraphSpec, feeds: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """``module``'s outputs on ``feeds``, by ``graph``'s output names."""
     import torch
 
     with torch.no_grad():
-        outs = module(*(torch.from_numpy(feeds[t.name]) for t in fam.decoder_inputs))
-    return {t.name: o.numpy() for t, o in zip(fam.decoder_outputs, outs, strict=True)}
+        outs = module(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
+    if isinstance(outs, torch.Tensor):
+        outs = (outs,)
+    return {t.name: o.numpy() for t, o in zip(graph.outputs, outs, strict=True)}

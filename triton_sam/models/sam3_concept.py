@@ -137,14 +137,19 @@ def concept_family(
     return ConceptFamilySpec(
         family=family,
         preprocessing=PREPROCESSING,
-        vision=GraphSpec("vision", f"{family}_vision", (PIXEL_VALUES,), features),
+        # The vision and decoder graphs run once per image: served with the encoder's
+        # bounds; the text graph once per phrase: the decoder's.
+        vision=GraphSpec("vision", f"{family}_vision", (PIXEL_VALUES,), features, "encoder"),
         text=GraphSpec(
             "text",
             f"{family}_text",
             tokens,
             (TensorSpec(TEXT_FEATURES, "float32", (CONTEXT_LENGTH, width)),),
+            "decoder",
         ),
-        decoder=GraphSpec("decoder", f"{family}_decoder", decoder_inputs, decoder_outputs),
+        decoder=GraphSpec(
+            "decoder", f"{family}_decoder", decoder_inputs, decoder_outputs, "encoder"
+        ),
         serving_model=family,
         exporter="triton_sam.export.sam3_concept",
         width=width,

@@ -22,6 +22,10 @@ CoordRule = Literal["divide_then_scale", "ratio"]
 #   [B,1,N] int64, input_boxes [B,nb,4]) -> pred_masks/iou_scores, 3 masks always
 #   (the onnx-community pre-exported graphs).
 PromptLayout = Literal["point_list", "hf_points_boxes"]
+# Which of the repository options' bounds a graph is served with (batch size, queue size and
+# timeout): "encoder" for per-image graphs, "decoder" for per-prompt ones. None: the builder
+# of the models that call the graph gives its bounds (the video graphs, the tracker's).
+Batching = Literal["encoder", "decoder"]
 
 
 @dataclass(frozen=True)
@@ -41,19 +45,23 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """One ONNX graph of a family that serves more than an encoder/decoder pair.
+    """One ONNX graph of a family (a family is a declared list of them, see
+    ``FamilySpec.graphs``); the repository renders and the exporter exports each the same way.
 
     Attributes:
-        role: what the graph does in the family (``"vision"``, ``"text"``, ``"decoder"``).
+        role: what the graph does in the family (``"encoder"``, ``"decoder"``, ``"vision"``,
+            ``"text"``...); the exporter's ``wrap_<role>`` builds its torch module.
         model: default Triton model name.
         inputs / outputs: the tensor contract; the first dim of every tensor is Triton's
             batch dim and is not listed.
+        batching: whose bounds in the repository options it is served with (see ``Batching``).
     """
 
     role: str
     model: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    batching: Batching | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,18 @@ class FamilySpec:
     pad_with_box: bool = True
     prompt_layout: PromptLayout = "point_list"
     alternates: tuple[str, ...] = ()
+
+    @property
+    def graphs(self) -> tuple[GraphSpec, GraphSpec]:
+        """The family's graphs in data order: encoder (per image), decoder (per prompt)."""
+        return (
+            GraphSpec(
+                "encoder", self.encoder_model, self.encoder_inputs, self.encoder_outputs, "encoder"
+            ),
+            GraphSpec(
+                "decoder", self.decoder_model, self.decoder_inputs, self.decoder_outputs, "decoder"
+            ),
+        )
 
     @property
     def embedding_names(self) -> tuple[str, ...]:

@@ -10,7 +10,7 @@
 """
 
 from triton_sam.repository.config import (
-    GRAPHS,
+    BATCHINGS,
     TARGETS,
     RepositoryOptions,
     build_config,
@@ -23,7 +23,7 @@ from triton_sam.repository.config import (
 from triton_sam.repository.writer import embedded_repository, list_models, write_model, write_pair
 
 __all__ = [
-    "GRAPHS",
+    "BATCHINGS",
     "TARGETS",
     "RepositoryOptions",
     "build_config",

@@ -27,7 +27,7 @@ from triton_sam.repository import config as cfg
 from triton_sam.repository.writer import (
     SERVING_DIR,
     ModelFiles,
-    onnx_model_files,
+    graph_artifacts,
     shipped_modules,
     write_models,
 )
@@ -78,21 +78,8 @@ class ConceptOptions:
 def graph_configs(
     family: ConceptFamilySpec, options: cfg.RepositoryOptions, concept: ConceptOptions
 ) -> dict[str, cfg.ModelConfig]:
-    """Configs of the three graphs, by role."""
-    configs = {
-        "vision": cfg.build_graph_config(
-            family.vision.model, family.vision.inputs, family.vision.outputs, options,
-            serves_like="encoder",
-        ),
-        "text": cfg.build_graph_config(
-            family.text.model, family.text.inputs, family.text.outputs, options,
-            serves_like="decoder",
-        ),
-        "decoder": cfg.build_graph_config(
-            family.decoder.model, family.decoder.inputs, family.decoder.outputs, options,
-            serves_like="encoder",
-        ),
-    }  # fmt: skip
+    """Configs of the three graphs, by role (bounds per ``GraphSpec.batching``)."""
+    configs = {g.role: cfg.graph_config(g, options) for g in family.graphs}
     # Every phrase of a request fits in one text batch.
     text = configs["text"]
     text.max_batch_size = max(text.max_batch_size, concept.max_phrases)
@@ -201,17 +188,11 @@ def concept_artifacts(
         concept: bounds of the serving model.
 
     Raises:
-        RepositoryError / InputValidationError: as ``writer.onnx_model_files``.
+        RepositoryError / InputValidationError: as ``writer.graph_artifacts``.
     """
     concept = concept or ConceptOptions()
     configs = graph_configs(family, options, concept)
-    models = [
-        onnx_model_files(
-            configs[g.role].name, graphs[g.role], cfg.config_to_text(configs[g.role]),
-            target=options.target,
-        )
-        for g in family.graphs
-    ]  # fmt: skip
+    models = graph_artifacts(family.graphs, graphs, options, configs=configs)
     serving = build_serving_config(family, options, concept, pad_token_id=pad_token_id)
     models.append(ModelFiles(serving.name, cfg.config_to_text(serving), serving_files(tokenizer)))
     return models

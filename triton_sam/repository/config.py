@@ -1,4 +1,8 @@
-"""Render Triton ``config.pbtxt`` files from a family spec, for one of two targets.
+"""Render Triton ``config.pbtxt`` files from a family's graphs, for one of two targets.
+
+A family is a declared list of graphs (``FamilySpec.graphs``, ``ConceptFamilySpec.graphs``,
+the tracker's video graphs): each a ``GraphSpec`` (role, model name, tensor contract,
+batching), and every one is rendered by :func:`graph_config`, however many a family has.
 
 - ``onnxruntime``: the production target (the NGC GPU container; ``docker compose``):
   ``platform: "onnxruntime_onnx"`` on ``KIND_GPU`` instances, optionally through ONNX
@@ -22,15 +26,15 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError, RepositoryError
-from triton_sam.models.spec import FamilySpec, TensorSpec
+from triton_sam.models.spec import Batching, FamilySpec, GraphSpec, TensorSpec
 from triton_sam.serving import protocol
 from triton_sam.serving.protocol import runner as runner_protocol
 
 Target = Literal["onnxruntime", "python"]
-Graph = Literal["encoder", "decoder"]
 InstanceKind = Literal["cpu", "gpu"]
 TARGETS: tuple[str, ...] = get_args(Target)
-GRAPHS: tuple[str, ...] = get_args(Graph)
+# The sets of serving bounds RepositoryOptions holds (encoder_*, decoder_*); a graph names one.
+BATCHINGS: tuple[str, ...] = get_args(Batching)
 
 ModelConfig = model_config_pb2.ModelConfig
 
@@ -136,12 +140,14 @@ _KINDS = {
 
 @dataclass(frozen=True)
 class RepositoryOptions:
-    """How the encoder/decoder pair is configured in the repository.
+    """How a family's graphs are configured in the repository.
 
     Attributes:
         target: ``"onnxruntime"`` (NGC GPU container) or ``"python"`` (embedded server).
-        encoder_max_batch_size: Triton ``max_batch_size`` of the encoder (images per run).
-        decoder_max_batch_size: same for the decoder (prompts per run).
+        encoder_max_batch_size: Triton ``max_batch_size`` of the encoder and of every graph
+            served like it (``GraphSpec.batching == "encoder"``: images per run).
+        decoder_max_batch_size: same for the decoder and graphs served like it (prompts per
+            run).
         instance_count: model instances per device.
         instance_kind: ``"gpu"`` or ``"cpu"``; None picks the target's default
             (GPU for onnxruntime, CPU for python; python on ``"gpu"`` uses ORT's CUDA provider).
@@ -183,13 +189,10 @@ class RepositoryOptions:
             check_int(field, getattr(self, field), minimum=1)
         check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
         check_int("intra_op_threads", self.intra_op_threads, minimum=0)
-        for graph in GRAPHS:
-            check_int(
-                f"{graph}_max_queue_size", getattr(self, f"{graph}_max_queue_size"), minimum=0
-            )
-            check_int(
-                f"{graph}_queue_timeout_us", getattr(self, f"{graph}_queue_timeout_us"), minimum=0
-            )
+        for batching in BATCHINGS:
+            for bound in ("max_queue_size", "queue_timeout_us"):
+                field = f"{batching}_{bound}"
+                check_int(field, getattr(self, field), minimum=0)
         if self.tensorrt_fp16 and self.target != "onnxruntime":
             raise InputValidationError(
                 "tensorrt_fp16",
@@ -205,10 +208,18 @@ class RepositoryOptions:
             return self.instance_kind
         return "gpu" if self.target == "onnxruntime" else "cpu"
 
-    def max_batch_size(self, graph: Graph) -> int:
-        """``max_batch_size`` of ``graph`` (``"encoder"`` or ``"decoder"``)."""
-        _check_choice("graph", graph, GRAPHS)
-        return self.encoder_max_batch_size if graph == "encoder" else self.decoder_max_batch_size
+    def max_batch_size(self, batching: Batching) -> int:
+        """``max_batch_size`` of the graphs served with ``batching``'s bounds."""
+        _check_choice("batching", batching, BATCHINGS)
+        return getattr(self, f"{batching}_max_batch_size")
+
+    def bounds(self, batching: Batching) -> tuple[int, int, int]:
+        """``(max_batch_size, max_queue_size, queue_timeout_us)`` of ``batching``."""
+        return (
+            self.max_batch_size(batching),
+            getattr(self, f"{batching}_max_queue_size"),
+            getattr(self, f"{batching}_queue_timeout_us"),
+        )
 
 
 def triton_dtype(dtype: str) -> str:
@@ -225,22 +236,32 @@ def triton_dtype(dtype: str) -> str:
         ) from None
 
 
-def default_model_name(family: FamilySpec, graph: Graph) -> str:
-    """The Triton model name of ``graph`` in ``family`` (``family.encoder_model``...)."""
-    _check_choice("graph", graph, GRAPHS)
-    return family.encoder_model if graph == "encoder" else family.decoder_model
+def family_graph(family: FamilySpec, role: str) -> GraphSpec:
+    """The graph of ``family`` with ``role`` (``"encoder"``, ``"decoder"``...).
+
+    Raises:
+        InputValidationError: ``family`` has no such graph.
+    """
+    graphs = {g.role: g for g in family.graphs}
+    _check_choice("graph", role, tuple(graphs))
+    return graphs[role]
+
+
+def default_model_name(family: FamilySpec, graph: str) -> str:
+    """The Triton model name of ``family``'s graph ``graph`` (``family.encoder_model``...)."""
+    return family_graph(family, graph).model
 
 
 def build_config(
-    family: FamilySpec, graph: Graph, options: RepositoryOptions, name: str | None = None
+    family: FamilySpec, graph: str, options: RepositoryOptions, name: str | None = None
 ) -> ModelConfig:
     """Build the Triton model config of one graph of ``family`` as a protobuf message.
 
     Args:
         family: the family spec (tensor names, dtypes and per-item shapes).
-        graph: ``"encoder"`` or ``"decoder"``.
+        graph: the graph's role in ``family.graphs`` (``"encoder"`` or ``"decoder"``).
         options: target and serving options.
-        name: Triton model name; defaults to ``family.encoder_model``/``decoder_model``.
+        name: Triton model name; defaults to the graph's (``family.encoder_model``...).
 
     Returns:
         A ``model_config_pb2.ModelConfig``; dims exclude the batch dim (``max_batch_size`` > 0).
@@ -248,48 +269,41 @@ def build_config(
     Raises:
         InputValidationError: unknown graph, bad name or an unsupported dtype in the spec.
     """
-    name = default_model_name(family, graph) if name is None else name
-    inputs, outputs = _graph_tensors(family, graph)
-    return build_graph_config(name, inputs, outputs, options, serves_like=graph)
+    return graph_config(family_graph(family, graph), options, name=name)
 
 
-def build_graph_config(
-    name: str,
-    inputs: tuple[TensorSpec, ...],
-    outputs: tuple[TensorSpec, ...],
+def graph_config(
+    graph: GraphSpec,
     options: RepositoryOptions,
     *,
-    serves_like: Graph | None = None,
+    name: str | None = None,
     max_batch_size: int | None = None,
     max_queue_size: int = 0,
     queue_timeout_us: int = 0,
 ) -> ModelConfig:
-    """Build the config of any ONNX graph (families with more graphs than a pair use this).
-
-    Same rendering as :func:`build_config` (target, instance group, dynamic batching, queue
-    policy, TensorRT, warmup), for tensors given directly instead of a family's graph.
+    """The config of one declared graph of any family: target, instance group, dynamic
+    batching, queue policy, TensorRT, warmup.
 
     Args:
-        name: Triton model name.
-        inputs / outputs: the graph's tensor contract (per item, without the batch dim).
+        graph: its contract (per item, without the batch dim); ``graph.batching`` picks its
+            batch size and queue bounds in ``options`` (a heavy per-image graph serves like
+            the encoder); without one, the explicit bounds given here apply.
         options: target and serving options.
-        serves_like: ``"encoder"`` or ``"decoder"``: take the batch size and queue bounds of
-            that graph in ``options`` (a heavy per-image graph serves like the encoder);
-            otherwise ``max_batch_size`` (required) and the queue bounds given here apply.
-        max_batch_size / max_queue_size / queue_timeout_us: explicit bounds (0 = none).
+        name: Triton model name; defaults to ``graph.model``.
+        max_batch_size / max_queue_size / queue_timeout_us: explicit bounds (0 = none;
+            ``max_batch_size`` is required when ``graph.batching`` is None).
 
     Raises:
         InputValidationError: a bad name, batch size or dtype.
     """
+    name = graph.model if name is None else name
     check_model_name(name)
-    if serves_like is not None:
-        max_batch_size = options.max_batch_size(serves_like)
-        max_queue_size = getattr(options, f"{serves_like}_max_queue_size")
-        queue_timeout_us = getattr(options, f"{serves_like}_queue_timeout_us")
+    if graph.batching is not None:
+        max_batch_size, max_queue_size, queue_timeout_us = options.bounds(graph.batching)
     check_int("max_batch_size", max_batch_size, minimum=1)
     config = ModelConfig(name=name, max_batch_size=max_batch_size)
-    config.input.extend(tensor_message(t, model_config_pb2.ModelInput) for t in inputs)
-    config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in outputs)
+    config.input.extend(tensor_message(t, model_config_pb2.ModelInput) for t in graph.inputs)
+    config.output.extend(tensor_message(t, model_config_pb2.ModelOutput) for t in graph.outputs)
     config.instance_group.add(kind=_KINDS[options.kind], count=options.instance_count)
     # Triton drops a cancelled request still in the queue only for models with a dynamic
     # batcher; the default scheduler hands requests straight to the backend. Speculative
@@ -303,12 +317,12 @@ def build_graph_config(
     else:
         _set_python(config, options)
     if options.warmup:
-        _add_warmup(config, inputs)
+        _add_warmup(config, graph.inputs)
     return config
 
 
 def render_config(
-    family: FamilySpec, graph: Graph, options: RepositoryOptions, name: str | None = None
+    family: FamilySpec, graph: str, options: RepositoryOptions, name: str | None = None
 ) -> str:
     """Render the ``config.pbtxt`` text of one graph of ``family``; see :func:`build_config`."""
     return config_to_text(build_config(family, graph, options, name))
@@ -537,15 +551,6 @@ def check_model_name(name: str) -> None:
         raise InputValidationError(
             "name", f"got {name!r}, expected a plain directory name (no '/', not hidden)"
         )
-
-
-def _graph_tensors(
-    family: FamilySpec, graph: Graph
-) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    _check_choice("graph", graph, GRAPHS)
-    if graph == "encoder":
-        return family.encoder_inputs, family.encoder_outputs
-    return family.decoder_inputs, family.decoder_outputs
 
 
 def tensor_message(spec: TensorSpec, message: type) -> object:

@@ -1,11 +1,12 @@
 """The video models of a repository: five graph configs and the ``sam2_tracker`` model.
 
-Graphs are configured like the image pair (:func:`config.build_graph_config`: target,
-dynamic batching, queue policy); the tracker is a python-backend BLS model whose directory
-holds ``model.py`` (``serving/tracker_model.py``) and the dependency-free
-``triton_sam/serving`` modules it needs (protocol, tracking) as ``triton_sam_serving/``.
-Everything is written as one set (:func:`writer.write_models`): the graphs and the tracker
-that calls them change together.
+The five graphs are declared ``GraphSpec``s (:func:`video_graphs`) and go through the same
+rendering and writing as every family's graphs (:func:`config.graph_config`,
+:func:`writer.graph_artifacts`), with the tracker's bounds. The tracker is a python-backend
+BLS model whose directory holds ``model.py`` (``serving/tracker_model.py``) and the
+dependency-free ``triton_sam/serving`` modules it needs (protocol, tracking) as
+``triton_sam_serving/``. Everything is written as one set (:func:`writer.write_models`): the
+graphs and the tracker that calls them change together.
 """
 
 from __future__ import annotations
@@ -16,24 +17,23 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
-from triton_sam.models.spec import TensorSpec
+from triton_sam.models.spec import GraphSpec, TensorSpec
 from triton_sam.repository.config import (
-    ONNX_FILENAME,
     ModelConfig,
     RepositoryOptions,
-    build_graph_config,
     check_int,
     check_model_name,
     config_to_text,
+    graph_config,
     model_kind,
     triton_dtype,
 )
 from triton_sam.repository.writer import (
     RUNNER_NAME,
-    RUNNER_SOURCE,
     SERVING_DIR,
     SHIPPED_PACKAGE,
     ModelFiles,
+    graph_artifacts,
     shipped_modules,
     write_models,
 )
@@ -76,10 +76,18 @@ class TrackerOptions:
         check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
 
 
-def graph_specs(key: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """A video graph's inputs and outputs as TensorSpecs (from the protocol's contracts)."""
-    inputs, outputs = protocol.GRAPHS[key]
-    return tuple(TensorSpec(*t) for t in inputs), tuple(TensorSpec(*t) for t in outputs)
+def video_graphs() -> tuple[GraphSpec, ...]:
+    """The five video graphs, declared from the protocol's contracts (role = graph key,
+    ``protocol.GRAPHS``); their bounds are the tracker's (``TrackerOptions``)."""
+    return tuple(
+        GraphSpec(
+            key,
+            name,
+            tuple(TensorSpec(*t) for t in protocol.GRAPHS[key][0]),
+            tuple(TensorSpec(*t) for t in protocol.GRAPHS[key][1]),
+        )
+        for key, name in protocol.DEFAULT_MODEL_NAMES.items()
+    )
 
 
 def build_tracker_config(
@@ -128,23 +136,23 @@ def video_artifacts(
     options: RepositoryOptions,
     tracker: TrackerOptions | None = None,
 ) -> list[ModelFiles]:
-    """The five graph models and the tracker, ready for :func:`writer.write_models`."""
+    """The five graph models and the tracker, ready for :func:`writer.write_models`.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`writer.graph_artifacts`.
+    """
     tracker = tracker or TrackerOptions()
-    artifacts = []
-    for key, name in protocol.DEFAULT_MODEL_NAMES.items():
-        inputs, outputs = graph_specs(key)
-        model = build_graph_config(
-            name,
-            inputs,
-            outputs,
+    declared = video_graphs()
+    configs = {
+        g.role: graph_config(
+            g,
             options,
             max_batch_size=tracker.graph_max_batch_size,
             max_queue_size=tracker.graph_max_queue_size,
         )
-        files = {ONNX_FILENAME: Path(graphs[key])}
-        if options.target == "python":
-            files[RUNNER_NAME] = RUNNER_SOURCE
-        artifacts.append(ModelFiles(name, config_to_text(model), files))
+        for g in declared
+    }
+    artifacts = graph_artifacts(declared, graphs, options, configs=configs)
     model = build_tracker_config(options, config, tracker)
     artifacts.append(ModelFiles(model.name, config_to_text(model), tracker_files()))
     return artifacts

@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from triton_sam.errors import InputValidationError, RepositoryError
-from triton_sam.models.spec import FamilySpec
+from triton_sam.models.spec import FamilySpec, GraphSpec
 from triton_sam.repository.config import (
     ONNX_FILE_PARAM,
     ONNX_FILENAME,
@@ -35,11 +35,10 @@ from triton_sam.repository.config import (
     Target,
     check_model_name,
     config_to_text,
-    default_model_name,
+    graph_config,
     model_config_pb2,
     model_kind,
     parse_config,
-    render_config,
     size_cpu_decoder,
     to_cpu_twin,
     to_python_target,
@@ -214,27 +213,70 @@ def pair_artifacts(
     encoder_name: str | None = None,
     decoder_name: str | None = None,
 ) -> list[ModelFiles]:
-    """A family's encoder and decoder (configs rendered from ``options``), encoder first.
-
-    External-data sidecars of each graph are found from the graph itself and go along.
+    """A family's encoder and decoder (configs rendered from ``options``), encoder first:
+    :func:`graph_artifacts` of ``family.graphs``.
 
     Raises:
-        RepositoryError / InputValidationError: as :func:`write_model`; for the
-            ``onnxruntime`` target also a config its graph contradicts in a way Triton's
-            onnxruntime backend refuses (see ``repository.onnx_check``), before anything
-            is written.
+        RepositoryError / InputValidationError: as :func:`graph_artifacts`.
     """
+    return graph_artifacts(
+        family.graphs,
+        {"encoder": encoder_onnx, "decoder": decoder_onnx},
+        options,
+        names={"encoder": encoder_name, "decoder": decoder_name},
+    )
+
+
+def graph_artifacts(
+    graphs: Sequence[GraphSpec],
+    onnx: Mapping[str, str | os.PathLike[str]],
+    options: RepositoryOptions,
+    *,
+    names: Mapping[str, str | None] | None = None,
+    configs: Mapping[str, ModelConfig] | None = None,
+) -> list[ModelFiles]:
+    """The models of a family's declared graphs, however many, in the order given.
+
+    Args:
+        graphs: the graphs (``family.graphs``).
+        onnx: role -> the exported ``.onnx``; its external-data sidecars go along.
+        options: target and serving options (bounds per ``GraphSpec.batching``).
+        names: role -> Triton model name (None or absent: ``GraphSpec.model``).
+        configs: role -> a config already built (by :func:`~.config.graph_config`) where
+            the caller adjusts it; the others are rendered from ``options``.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`write_model`; a role without a
+            graph; for the ``onnxruntime`` target also a config its graph contradicts in a
+            way Triton's onnxruntime backend refuses (see ``repository.onnx_check``), before
+            anything is written.
+    """
+    names, configs = names or {}, configs or {}
     artifacts = []
-    for graph, onnx_path, name in (
-        ("encoder", Path(encoder_onnx), encoder_name),
-        ("decoder", Path(decoder_onnx), decoder_name),
-    ):
-        name = default_model_name(family, graph) if name is None else name
-        text = render_config(family, graph, options, name)
-        if options.target == "onnxruntime":  # what the GPU container would refuse
-            check_onnx_config(parse_config(text), onnx_path)
-        artifacts.append(onnx_model_files(name, onnx_path, text, target=options.target))
+    for graph in graphs:
+        if graph.role not in onnx:
+            raise RepositoryError(f"no exported graph for {graph.role!r}: got {sorted(onnx)}")
+        if graph.role in configs:
+            config = configs[graph.role]
+        else:
+            config = graph_config(graph, options, name=names.get(graph.role))
+        artifacts.append(onnx_artifact(config, onnx[graph.role], target=options.target))
     return artifacts
+
+
+def onnx_artifact(
+    config: ModelConfig, onnx_path: str | os.PathLike[str], *, target: Target
+) -> ModelFiles:
+    """The model of one ONNX graph with its config; for the ``onnxruntime`` target the
+    config is first checked against the graph as the GPU container would check it.
+
+    Raises:
+        RepositoryError / InputValidationError: as :func:`onnx_model_files`, or a config
+            the graph contradicts.
+    """
+    if target == "onnxruntime":
+        check_onnx_config(config, Path(onnx_path))
+    return onnx_model_files(config.name, onnx_path, config_to_text(config), target=target)
 
 
 def onnx_model_files(
@@ -251,9 +293,16 @@ def onnx_model_files(
     return ModelFiles(name, config_text, sources)
 
 
-def write_models(repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles]) -> list[Path]:
+def write_models(
+    repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles], *, link: bool = False
+) -> list[Path]:
     """Write any number of models atomically as a set: every model is staged (copied) beside
     the repository first, then all are swapped in; a failure leaves every old model in place.
+
+    Args:
+        link: symlink the files instead of copying them, python sources excepted (for
+            repositories that reuse another repository's files, see
+            :func:`embedded_repository`).
 
     Returns:
         The model directories, in the order given.
@@ -278,7 +327,7 @@ def write_models(repo_dir: str | os.PathLike[str], models: Sequence[ModelFiles])
                 )
             sources = {k: Path(v) for k, v in model.files.items()}
             _check_sources(sources)
-            staging = _stage(repo_dir, model.name, model.config_text, sources, link=False)
+            staging = _stage(repo_dir, model.name, model.config_text, sources, link=link)
             staged.append((staging, repo_dir / model.name))
         _swap_all(staged)
     finally:
@@ -330,29 +379,22 @@ def embedded_repository(
 ) -> Path:
     """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
-    Each model's config is changed mechanically, only in what a CPU host cannot do:
-
-    - ``onnxruntime`` models: with ``target="onnxruntime"`` (the default) the same config on
-      Triton's onnxruntime backend, ``KIND_GPU`` -> ``KIND_CPU`` and GPU accelerators dropped
-      (:func:`~triton_sam.repository.config.to_cpu_twin`), first checked against its graph as
-      that backend checks it; with ``target="python"`` the python-backend runner twin
-      (:func:`~triton_sam.repository.config.to_python_target`), the fallback for a server
-      without that backend;
-    - one change that is a CPU choice, not a CPU limit: on the onnxruntime backend, the
-      decoder a session model calls gets instances and threads sized for this host's cores
-      (:func:`~triton_sam.repository.config.size_cpu_decoder`, measured there), unless its
-      config sets ``intra_op_thread_count`` itself;
-    - session models (python BLS): one ``KIND_CPU`` instance;
-    - other python models: as they are.
-
-    When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
-    ``twin_dir`` (default: ``<repo>_embedded`` beside it) with symlinks to the original ONNX
-    files, so nothing large is copied.
+    Reads every model as an artifact (:func:`read_model`), maps each through
+    :func:`embedded_twin` (the one place that decides a model's twin, by its kind) and writes
+    the result. One change on top is a CPU choice, not a CPU limit: on the onnxruntime
+    backend, the decoder a session model calls gets instances and threads sized for this
+    host's cores (:func:`~triton_sam.repository.config.size_cpu_decoder`, measured there),
+    unless its config sets ``intra_op_thread_count`` itself. When nothing changes,
+    ``repo_dir`` itself is returned; otherwise the twins are written to ``twin_dir``
+    (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to the original
+    ONNX files, so nothing large is copied; models no longer in ``repo_dir`` are removed from
+    it.
 
     Raises:
         InputValidationError: an unknown ``target``.
-        RepositoryError: no models, a model that is neither onnxruntime nor python, a
-            missing export, or an onnxruntime config its graph contradicts (all listed).
+        RepositoryError: no models, or as :func:`embedded_twin` (a model that is neither
+            onnxruntime nor python, a missing export, an onnxruntime config its graph
+            contradicts).
     """
     if target not in TARGETS:
         raise InputValidationError("target", f"got {target!r}, expected one of {list(TARGETS)}")
@@ -360,78 +402,106 @@ def embedded_repository(
     names = list_models(repo_dir)
     if not names:
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
-    configs = {n: parse_config(repo_dir / n / CONFIG_FILENAME) for n in names}
-    twins = {n: _embedded_config(c, target) for n, c in configs.items()}
+    models = [read_model(repo_dir, name) for name in names]
+    twins = [embedded_twin(model, target) for model in models]
     if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
-        cores = len(os.sched_getaffinity(0))
-        for name in _session_decoders(configs.values()) & set(twins):
-            twins[name] = size_cpu_decoder(twins[name], cores)
-    for name, twin in twins.items():
-        if _is_onnxruntime(twin):
-            check_onnx_config(twin, _model_files(repo_dir, name, twin)[0])
-    if twins == configs:
+        twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
+    if all(_same_model(m, t) for m, t in zip(models, twins, strict=True)):
         return repo_dir
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
-    for name, twin in twins.items():
-        text = config_to_text(twin)
-        if _is_bls_model(twin):  # a python model without ONNX: its files as they are
-            write_models(
-                twin_dir, [ModelFiles(name, text, _version_files(repo_dir / name / VERSION))]
-            )
-            continue
-        main, *sidecars = _model_files(repo_dir, name, configs[name])
-        model_target: Target = "onnxruntime" if _is_onnxruntime(twin) else "python"
-        write_model(
-            twin_dir, name, main, text, target=model_target, external_data_files=sidecars, link=True
-        )
+    write_models(twin_dir, twins, link=True)
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
 
 
-def _session_decoders(configs: Iterable[ModelConfig]) -> set[str]:
-    """Names of the decoders the session models of a repository call."""
+def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
+    """``twins`` with the decoders their session models call sized for ``cores``."""
+    configs = [parse_config(t.config_text) for t in twins]
     kind, key = protocol.KIND_EMBEDDING_CACHE, embedding_cache.PARAM_DECODER_MODEL
-    return {
+    decoders = {
         c.parameters[key].string_value
         for c in configs
         if model_kind(c) == kind and key in c.parameters
     }
+    return [
+        ModelFiles(t.name, config_to_text(size_cpu_decoder(c, cores)), t.files)
+        if t.name in decoders
+        else t
+        for t, c in zip(twins, configs, strict=True)
+    ]
 
 
-def _embedded_config(config: ModelConfig, target: Target) -> ModelConfig:
-    """The CPU host's config of one model (see :func:`embedded_repository`)."""
-    if _is_bls_model(config):  # python BLS models: one KIND_CPU instance
-        return single_cpu_instance(config)
-    if config.backend == "python":
-        return config
+def read_model(repo_dir: str | os.PathLike[str], name: str) -> ModelFiles:
+    """The artifact of a model already in a repository: its config text and every file of
+    its version directory (by path relative to it)."""
+    model_dir = Path(repo_dir) / name
+    return ModelFiles(
+        name, (model_dir / CONFIG_FILENAME).read_text(), _version_files(model_dir / VERSION)
+    )
+
+
+def embedded_twin(model: ModelFiles, target: Target) -> ModelFiles:
+    """The model a CPU host serves in place of ``model``: a pure function of the artifact
+    (config and file references in, twin config and file references out), by its kind.
+
+    - python BLS models (kinds ``protocol.KINDS``): one ``KIND_CPU`` instance, same files;
+    - ONNX graphs on the python runner: as they are;
+    - ``onnxruntime`` graphs: with ``target="onnxruntime"`` the same config on Triton's
+      onnxruntime backend built for CPU (:func:`~.config.to_cpu_twin`), checked against its
+      graph as that backend checks it; with ``target="python"`` the runner twin
+      (:func:`~.config.to_python_target`) with the runner's files added, the fallback for a
+      server without that backend.
+
+    Raises:
+        RepositoryError: a model that is neither onnxruntime nor python, a python model
+            without a kind, a graph missing from the files (configs written, never
+            exported), or an onnxruntime config its graph contradicts.
+    """
+    config = parse_config(model.config_text)
+    if _is_bls_model(config):  # its state lives in its one instance
+        return ModelFiles(model.name, config_to_text(single_cpu_instance(config)), model.files)
+    if config.backend == "python":  # the runner of a graph: a CPU host runs it as it is
+        _graph_file(model, config.parameters[ONNX_FILE_PARAM].string_value)
+        return model
     if not _is_onnxruntime(config):
         raise RepositoryError(
             f"model {config.name!r}: platform={config.platform!r} backend={config.backend!r}; "
             "expected an onnxruntime or python model"
         )
-    return to_cpu_twin(config) if target == "onnxruntime" else to_python_target(config)
+    graph = _graph_file(model, config.default_model_filename or ONNX_FILENAME)
+    if target == "onnxruntime":
+        twin = to_cpu_twin(config)
+        check_onnx_config(twin, model.files[graph])
+        return ModelFiles(model.name, config_to_text(twin), model.files)
+    twin = to_python_target(config, onnx_file=graph)
+    files = dict(model.files) | {RUNNER_NAME: RUNNER_SOURCE} | shipped_modules(RUNNER_MODULES)
+    return ModelFiles(model.name, config_to_text(twin), files)
+
+
+def _graph_file(model: ModelFiles, graph: str) -> str:
+    """``graph``, checked to be among the model's files.
+
+    Raises:
+        RepositoryError: it is not (configs written, models never exported).
+    """
+    if graph not in model.files:
+        raise RepositoryError(
+            f"{model.name}: no exported model ({VERSION}/{graph} is missing); run "
+            "`triton-sam setup <model>` first (add --random-init when offline)"
+        )
+    return graph
+
+
+def _same_model(a: ModelFiles, b: ModelFiles) -> bool:
+    """Same files and the same config (as Triton reads it, not as its text is laid out)."""
+    return dict(a.files) == dict(b.files) and parse_config(a.config_text) == parse_config(
+        b.config_text
+    )
 
 
 def _is_onnxruntime(config: ModelConfig) -> bool:
     return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
-
-
-def _model_files(repo_dir: Path, name: str, config: ModelConfig) -> list[Path]:
-    """``[graph, *sidecars]`` of a model's version directory (the runner's model.py left out).
-
-    Raises:
-        RepositoryError: the graph is missing (configs written, models never exported).
-    """
-    version_dir = repo_dir / name / VERSION
-    main = version_dir / (config.default_model_filename or ONNX_FILENAME)
-    if not main.is_file():
-        raise RepositoryError(
-            f"{repo_dir / name}: no exported model ({main} is missing); run "
-            "`triton-sam setup <model>` first (add --random-init when offline)"
-        )
-    files = sorted(p for p in version_dir.glob("*") if p.is_file() and p.name != RUNNER_NAME)
-    return [main, *(p for p in files if p != main)]
 
 
 def _is_bls_model(config: ModelConfig) -> bool:
@@ -498,7 +568,9 @@ def _fill(staging: Path, config_text: str, sources: dict[str, Path], *, link: bo
     version_dir.mkdir()
     for target_name, source in sources.items():
         (version_dir / target_name).parent.mkdir(parents=True, exist_ok=True)  # pkg/mod.py
-        if link and source != RUNNER_SOURCE:
+        # Python sources are copied even when linking: small, and a python model's
+        # directory then holds the code it runs, whatever later happens to the source.
+        if link and source.suffix != ".py":
             (version_dir / target_name).symlink_to(source.resolve())
         else:
             _copy(source, version_dir / target_name)
