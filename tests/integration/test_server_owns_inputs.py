@@ -157,6 +157,34 @@ def test_out_of_bounds_clicks_are_refused_and_the_server_stays_ready(sam2_tiny_s
     assert out["masks"].shape == (1, 1, 256, 256) and np.isfinite(out["masks"]).all()
 
 
+def test_a_20000_point_click_sent_straight_to_the_decoder_is_refused_by_its_graph(raw):
+    """Past the session model: Triton cannot bound a variable dim, the decoder graph does
+    (``export.onnx_utils.bound_points``), before any attention is computed."""
+    from triton_sam.serving.bounds import GRAPH_MAX_POINTS
+
+    embeddings = {t.name: np.zeros((1, *t.shape), np.float32) for t in FAMILY.encoder_outputs}
+    base = {
+        **embeddings,
+        "mask_input": np.zeros((1, 1, 256, 256), np.float32),
+        "has_mask_input": np.zeros((1, 1), np.float32),
+    }
+
+    def decode(n: int) -> dict[str, np.ndarray]:
+        tensors = []
+        for name, value in {**base, **click(n)}.items():
+            tensor = httpclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value, binary_data=True)
+            tensors.append(tensor)
+        result = raw.infer("sam2_decoder", tensors)
+        return {"masks": result.as_numpy("masks")}
+
+    with pytest.raises(InferenceServerException, match=f"point_coords: at most {GRAPH_MAX_POINTS}"):
+        decode(20_000)
+    assert raw.is_server_ready() and raw.is_model_ready("sam2_decoder")
+    assert decode(GRAPH_MAX_POINTS)["masks"].shape[0] == 1  # the ceiling itself is served
+    assert np.isfinite(decode(2)["masks"]).all()
+
+
 @pytest.mark.parametrize(
     ("name", "data", "expected"),
     [

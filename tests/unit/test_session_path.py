@@ -179,6 +179,8 @@ def test_committed_sam2_session_config_matches_the_renderer():
 def test_session_options_are_validated():
     with pytest.raises(InputValidationError, match="max_images"):
         SessionOptions(max_images=0)
+    with pytest.raises(InputValidationError, match="max_points: got 1025"):
+        SessionOptions(max_points=1025)  # above what the decoder graphs themselves accept
     assert session_config.embedding_bytes(SAM2) == 16 * 2**20
     assert session_config.embedding_bytes(get_family("sam1")) == 4 * 2**20
 

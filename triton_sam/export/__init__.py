@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -196,6 +196,7 @@ def export_model(
         path = graphs[graph.role]
         if options.fp16:
             onnx_utils.convert_to_fp16(path)
+        bound_prompt_points(path, graph.inputs)
         # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the
         # fixed output sizes declared in the graph (see set_output_dims).
         onnx_utils.set_output_dims(path, graph.outputs)
@@ -212,6 +213,17 @@ def export_model(
             result.max_abs_error.update(checks)
         seconds["verify"] = time.perf_counter() - t0
     return result
+
+
+def bound_prompt_points(path: Path, inputs: Sequence[TensorSpec]) -> None:
+    """The graph refuses more prompt points than ``serving.bounds.GRAPH_MAX_POINTS`` in each
+    of its point inputs (see ``onnx_utils.bound_points``); graphs without points unchanged."""
+    from triton_sam.export import onnx_utils
+    from triton_sam.serving.bounds import GRAPH_MAX_POINTS, POINT_TENSORS
+
+    for t in inputs:
+        if t.name in POINT_TENSORS:
+            onnx_utils.bound_points(path, t.name, GRAPH_MAX_POINTS)
 
 
 def _random_tensor(t: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:

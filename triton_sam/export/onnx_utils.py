@@ -227,6 +227,60 @@ def set_output_dims(path: Path, outputs: Sequence[TensorSpec]) -> None:
     _save_graph_only(model, path)
 
 
+def bound_points(path: Path, name: str, maximum: int) -> None:
+    """Make the graph refuse more than ``maximum`` prompt points in input ``name``, in place.
+
+    ``name`` is [B, ..., N, 2]: the points are every dim between the batch and the last (N, or
+    objects x N). Triton cannot bound a variable dim, so a request sent straight to the
+    decoder with 20,000 points would grow its attention maps until the process is killed
+    (inside tritonserver on the onnxruntime backend: the whole server). The guard is the
+    input's first consumer: ``Reshape(x, shape(x))`` when the count is within bounds (a no-op),
+    else a Reshape to dims of -2, which onnxruntime refuses before any other node reads the
+    points, with the node's name in the error: ``<name>: at most <maximum> points``.
+    Idempotent.
+
+    Raises:
+        ExportError: the graph has no input ``name``, or it is not at least [B, N, 2].
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    guard = f"{name}: at most {maximum} points"
+    if any(node.name == guard for node in graph.node):
+        return
+    value = next((i for i in graph.input if i.name == name), None)
+    rank = len(value.type.tensor_type.shape.dim) if value is not None else 0
+    if rank < 3:
+        raise ExportError(f"{path.name}: no input {name!r} of rank >= 3 to bound")
+    p = f"{name}__bound_"
+    bounded = p + "checked"
+    for node in graph.node:
+        for k, used in enumerate(node.input):
+            if used == name:
+                node.input[k] = bounded
+    nodes = [
+        helper.make_node("Shape", [name], [p + "shape"], start=1, end=-1),
+        helper.make_node("ReduceProd", [p + "shape"], [p + "count"], keepdims=1),
+        helper.make_node("Greater", [p + "count", p + "max"], [p + "over"]),
+        helper.make_node("Shape", [name], [p + "full"]),
+        helper.make_node("Where", [p + "over", p + "refused", p + "full"], [p + "target"]),
+        helper.make_node("Reshape", [name, p + "target"], [bounded], name=guard),
+    ]
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([maximum], np.int64), p + "max"),
+            numpy_helper.from_array(np.full(rank, -2, np.int64), p + "refused"),
+        ]
+    )
+    existing = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes + existing)
+    _save_graph_only(model, path)
+
+
 def _declare_dims(shape: Any, spec: TensorSpec) -> list[str]:
     """Set ``shape`` (an ONNX TensorShapeProto) to [symbolic batch, *spec.shape]."""
     dims = list(shape.dim)

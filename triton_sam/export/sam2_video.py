@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from triton_sam.errors import CheckpointError, ExportError, ExportValidationError
-from triton_sam.export import ExportOptions, onnx_utils
+from triton_sam.export import ExportOptions, bound_prompt_points, onnx_utils
 from triton_sam.models.spec import ModelSpec, TensorSpec
 from triton_sam.serving.protocol import tracker as protocol
 from triton_sam.serving.tracking.config import TrackerConfig
@@ -380,6 +380,7 @@ def export_video(
         seconds[f"export_{key}"] = time.perf_counter() - t0
         if options.fp16:
             onnx_utils.convert_to_fp16(path)
+        bound_prompt_points(path, [TensorSpec(*t) for t in inputs])  # callable past the tracker
         result.graphs[key] = path
         if options.verify:
             t0 = time.perf_counter()

@@ -348,6 +348,9 @@ def export_onnx_community_pair(
         opset=opset,
         external_data=True,
     )
+    from triton_sam.export import bound_prompt_points
+
+    bound_prompt_points(dec_path, fam.decoder_inputs)
     # The fixed output sizes Triton's onnxruntime backend compares exactly.
     onnx_utils.set_output_dims(enc_path, fam.encoder_outputs)
     onnx_utils.set_output_dims(dec_path, fam.decoder_outputs)

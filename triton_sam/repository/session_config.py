@@ -112,6 +112,12 @@ class SessionOptions:
         check_int("max_bytes", self.max_bytes, minimum=0)
         check_int("logits_per_image", self.logits_per_image, minimum=0)
         check_int("max_points", self.max_points, minimum=1)
+        if self.max_points > bounds.GRAPH_MAX_POINTS:  # the decoder graph refuses more
+            raise InputValidationError(
+                "max_points",
+                f"got {self.max_points}, expected at most {bounds.GRAPH_MAX_POINTS} (the "
+                "exported decoders' own bound, serving.bounds.GRAPH_MAX_POINTS)",
+            )
         check_int("max_boxes", self.max_boxes, minimum=0)
         check_int("max_image_pixels", self.max_image_pixels, minimum=1)
         check_int("max_image_bytes", self.max_image_bytes, minimum=1)

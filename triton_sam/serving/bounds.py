@@ -19,6 +19,12 @@ Why these numbers:
 - ``COORD_LIMIT``: coordinates (in the model's input frame, 1024 or 1008 px) beyond +-10,000
   px are garbage, not a click outside the image; NaN and infinity are refused everywhere.
 - ``MAX_KEY_CHARS``: ids and logits keys are short strings, not payloads.
+- ``GRAPH_MAX_POINTS`` = 1024: the hard ceiling the exported decoder graphs enforce
+  themselves (``export.onnx_utils.bound_points``), for requests sent straight to
+  ``<family>_decoder``, past the session model: Triton 2.51 checks dtype, rank, fixed dims and
+  the batch size, but cannot bound a variable dim, and on the onnxruntime backend an
+  out-of-memory in the decoder ends the whole server. 1024 points cost ~135 MB per attention
+  map; a session model's ``max_points`` may not exceed it.
 
 Errors are :class:`RequestError`, a ``ValueError`` whose message starts with the field name:
 ``<field>: got <what>, expected <what>``.
@@ -34,6 +40,7 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_IMAGE_BYTES = 64 * 2**20
 COORD_LIMIT = 10_000.0
 MAX_KEY_CHARS = 128
+GRAPH_MAX_POINTS = 1024
 # Point labels of the decoders: -1 padding, 0 background, 1 foreground, 2/3 box corners.
 POINT_LABELS = (-1, 0, 1, 2, 3)
 
