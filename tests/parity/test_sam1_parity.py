@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from prompt_matrix import assert_same as assert_same_as_upstream
 from prompt_matrix import predictor_predict, prompt_matrix
+from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.export.onnx_utils import EXTERNAL_DATA_SUFFIX
@@ -56,10 +57,15 @@ def upstream(sam1_vit_b_spec, sam1_vit_b_checkpoint):
     return predictor
 
 
+@pytest.fixture(scope="module")
+def parity_server(sam1_vit_b_build):
+    yield from module_server(sam1_vit_b_build[0])  # see tests/servers.py
+
+
 @pytest.fixture(scope="module", params=PATHS, ids=["-".join(p) for p in PATHS])
-def client(request, sam1_vit_b_server):
+def client(request, parity_server):
     protocol, path = request.param
-    server = sam1_vit_b_server
+    server = parity_server
     url = server.http_url if protocol == "http" else server.grpc_url
     session = path == "session"
     with SAM2TritonClient(

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from prompt_matrix import assert_same as assert_same_as_upstream
 from prompt_matrix import predictor_predict, prompt_matrix
+from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.export.sam2 import build_model
@@ -50,10 +51,15 @@ def upstream(sam2_tiny_spec, sam2_tiny_checkpoint):
     return predictor
 
 
+@pytest.fixture(scope="module")
+def parity_server(sam2_tiny_repository):
+    yield from module_server(sam2_tiny_repository)  # see tests/servers.py
+
+
 @pytest.fixture(scope="module", params=PATHS, ids=["-".join(p) for p in PATHS])
-def client(request, sam2_tiny_server):
+def client(request, parity_server):
     protocol, path = request.param
-    server = sam2_tiny_server
+    server = parity_server
     url = server.http_url if protocol == "http" else server.grpc_url
     session = path == "session"
     with SAM2TritonClient(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
 
@@ -137,9 +138,14 @@ def reference(concept_checkpoint):
     return threshold, phrases, cases
 
 
+@pytest.fixture(scope="module")
+def parity_server(concept_build):
+    yield from module_server(concept_build[0])  # see tests/servers.py
+
+
 @pytest.fixture(params=["http", "grpc"])
-def client(request, concept_server):
-    url = concept_server.http_url if request.param == "http" else concept_server.grpc_url
+def client(request, parity_server):
+    url = parity_server.http_url if request.param == "http" else parity_server.grpc_url
     with SAM2TritonClient(url, model_type="sam3_concept", protocol=request.param) as c:
         yield c
 

@@ -27,6 +27,7 @@ import pytest
 import torch
 from prompt_matrix import assert_same as assert_same_as_upstream
 from prompt_matrix import prompt_matrix
+from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.sample import sample_image
@@ -96,10 +97,15 @@ def upstream(sam3_small_checkpoint):
     return Upstream(sam3_small_checkpoint)
 
 
+@pytest.fixture(scope="module")
+def parity_server(sam3_build):
+    yield from module_server(sam3_build[0])  # see tests/servers.py
+
+
 @pytest.fixture(scope="module", params=PATHS, ids=["-".join(p) for p in PATHS])
-def client(request, sam3_server):
+def client(request, parity_server):
     protocol, path = request.param
-    url = sam3_server.http_url if protocol == "http" else sam3_server.grpc_url
+    url = parity_server.http_url if protocol == "http" else parity_server.grpc_url
     session = path == "session"
     with SAM2TritonClient(
         url, model_type="sam3", protocol=protocol, use_server_embeddings=session
@@ -110,8 +116,8 @@ def client(request, sam3_server):
 
 
 @pytest.fixture(scope="module", params=["http", "grpc"])
-def imported_client(request, sam3_server):
-    url = sam3_server.http_url if request.param == "http" else sam3_server.grpc_url
+def imported_client(request, parity_server):
+    url = parity_server.http_url if request.param == "http" else parity_server.grpc_url
     with SAM2TritonClient(
         url,
         model_type="sam3",
@@ -234,7 +240,7 @@ def test_transforms_match_sam3_tracker_processor_exactly(hw):
 
 
 @pytest.mark.parametrize("layout", ["ours", "onnx_community"])
-def test_speculative_client_talks_to_either_layout(sam3_server, upstream, layout):
+def test_speculative_client_talks_to_either_layout(parity_server, upstream, layout):
     """The async client resolves the layout like the sync one, on both paths it takes."""
     import asyncio
 
@@ -246,7 +252,7 @@ def test_speculative_client_talks_to_either_layout(sam3_server, upstream, layout
     kwargs = dict(PROMPTS["box_and_click"], multimask_output=True)
 
     async def main():
-        async with SpeculativeSAM2Client(sam3_server.grpc_url, model_type="sam3", **models) as c:
+        async with SpeculativeSAM2Client(parity_server.grpc_url, model_type="sam3", **models) as c:
             await c.set_image_async(IMAGE)
             _, task = await c.predict_async(session_id="s", **kwargs)
             return c.family.prompt_layout, await task, c.predict_full_sync(**kwargs)

@@ -316,7 +316,9 @@ async def run_soak(
                 k = i % n_images
                 if embeddings[k] is None:
                     continue
-                if clients[i].uses_server_embeddings:  # the server has it: a probe, no upload
+                # (asked of the settings: a client that has not connected yet does not know
+                # whether the server offers the session model)
+                if settings.server_embeddings:  # the server has it: a probe, no upload
                     await _encode(clients[i], pictures[k], report, gate)
                 else:
                     clients[i].set_image_embedding(embeddings[k], pictures[k].shape[:2])
