@@ -37,9 +37,11 @@ def _shared_server(name: str, repository: Path):
 def pytest_collection_finish(session: pytest.Session) -> None:
     last: dict[str, str] = {}
     for item in session.items:  # after deselection: the tests that will really run
-        for name in getattr(item, "fixturenames", ()):
-            if name.endswith("_server"):
-                last[name] = item.nodeid
+        names = [n for n in getattr(item, "fixturenames", ()) if n.endswith("_server")]
+        for marker in item.iter_markers("uses_servers"):  # fetched with getfixturevalue
+            names += marker.args
+        for name in names:
+            last[name] = item.nodeid
     _LAST_USERS.clear()
     for name, nodeid in last.items():
         _LAST_USERS.setdefault(nodeid, []).append(name)

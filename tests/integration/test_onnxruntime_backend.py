@@ -35,7 +35,12 @@ from triton_sam.repository.config import parse_config, size_cpu_decoder, to_cpu_
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.sample import sample_image
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.triton,
+    pytest.mark.timeout(900),
+    pytest.mark.uses_servers("sam1_vit_b_server", "sam2_tiny_server", "sam3_server"),
+]
 
 COMMITTED = Path(__file__).resolve().parents[2] / "model_repository"
 # (server fixture, family, encoder model, decoder model)

@@ -30,7 +30,12 @@ from triton_sam.client import SAM2TritonClient, session_path
 from triton_sam.models import get_family
 from triton_sam.sample import sample_image
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.triton,
+    pytest.mark.timeout(900),
+    pytest.mark.uses_servers("sam1_vit_b_server", "sam3_server"),
+]
 
 SESSION = "sam2_session"
 FAMILY = get_family("sam2")

@@ -40,7 +40,12 @@ from triton_sam.repository.session_config import SessionOptions, embedding_bytes
 from triton_sam.sample import sample_image
 from triton_sam.server import EmbeddedTriton
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.triton,
+    pytest.mark.timeout(600),
+    pytest.mark.uses_servers("sam2_tiny_server", "sam1_vit_b_server", "sam3_server"),
+]
 
 MAX_CLICK_BYTES = 4096
 BATCHED_ATOL = 1e-5  # batched vs single ORT runs of the same graph (measured <= 1e-7)
