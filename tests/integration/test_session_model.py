@@ -315,7 +315,7 @@ def stub_rss_bytes(server: EmbeddedTriton, model: str) -> int:
 def test_lru_bound_holds_and_evicted_images_are_reencoded(embedded_triton, small_repository):
     server = embedded_triton(small_repository)
     per_image = embedding_bytes(get_family("sam2"))  # 16 MiB
-    images = [other_image(100 + i) for i in range(6)]
+    images = [other_image(100 + i) for i in range(10)]
     seen = []
     with (
         SAM2TritonClient(server.http_url) as first,
@@ -330,15 +330,17 @@ def test_lru_bound_holds_and_evicted_images_are_reencoded(embedded_triton, small
             rss = stub_rss_bytes(server, "sam2_session")
             seen.append((m["cached_images"], m["cached_bytes"], rss))
         print("(images, bytes, stub RSS) after each embed:", seen)
-        assert [s[0] for s in seen] == [2] * 5
+        assert [s[0] for s in seen] == [2] * 9
         assert all(s[1] <= 2 * (per_image + 4 * 256 * 256 * 4) for s in seen)
         rss = [s[2] for s in seen]
-        # Memory stops growing: flat over the last three embeds (the python backend's shared
-        # memory pool may grow one step of 16 MiB early on, then reuses it). Allocator jitter
-        # seen: up to 4.7 MB; a leak of one image per embed would add 32 MiB here.
-        assert max(rss[-3:]) - min(rss[-3:]) < per_image // 2, rss
-        assert rss[-1] - rss[0] < 2 * per_image, rss
-        assert metrics(server)["evictions"] == 4
+        # Memory stops growing. The stub's RSS is noisy, not monotone: the python backend's
+        # shared-memory pool may grow one 16 MiB step early on, and the allocator flips
+        # between two resident sizes ~10 MB apart (seen on CI: 161/172 MB). So compare the
+        # later embeds against the earlier ones with a margin of 2 images: a leak of one
+        # image per embed would add 8 x 16 MiB over these embeds; jitter stays < 1 image.
+        half = len(rss) // 2
+        assert max(rss[half:]) - min(rss[:half]) < 2 * per_image, rss
+        assert metrics(server)["evictions"] == len(images) - 2
         # images[0] was evicted: the click misses, and predict re-encodes and answers
         misses = metrics(server).get("misses", 0)
         after, _ = first.predict([[20, 20]], [1])
