@@ -334,12 +334,14 @@ def test_lru_bound_holds_and_evicted_images_are_reencoded(embedded_triton, small
         assert all(s[1] <= 2 * (per_image + 4 * 256 * 256 * 4) for s in seen)
         rss = [s[2] for s in seen]
         # Memory stops growing. The stub's RSS is noisy, not monotone: the python backend's
-        # shared-memory pool may grow one 16 MiB step early on, and the allocator flips
-        # between two resident sizes ~10 MB apart (seen on CI: 161/172 MB). So compare the
-        # later embeds against the earlier ones with a margin of 2 images: a leak of one
-        # image per embed would add 8 x 16 MiB over these embeds; jitter stays < 1 image.
+        # shared-memory pool grows one ~16 MiB step at the first eviction (seen: 138 -> 155 MB),
+        # and the allocator flips between two resident sizes ~10 MB apart (seen on CI:
+        # 161/172 MB). So skip that first step and compare the later embeds against the
+        # earlier ones with a margin of 2 images: a leak of one image per embed would add
+        # 7 x 16 MiB over these embeds; jitter stays under one image.
+        rss = rss[1:]
         half = len(rss) // 2
-        assert max(rss[half:]) - min(rss[:half]) < 2 * per_image, rss
+        assert max(rss[half:]) - min(rss[:half]) < 2 * per_image, seen
         assert metrics(server)["evictions"] == len(images) - 2
         # images[0] was evicted: the click misses, and predict re-encodes and answers
         misses = metrics(server).get("misses", 0)
