@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from triton_sam.client import SAM2TritonClient, session_path
+from triton_sam.client import SAM2TritonClient, embedding_path
 from triton_sam.models import get_family
 from triton_sam.sample import sample_image
 
@@ -99,12 +99,12 @@ def predict_masks(url: str, image, *, server_side: bool) -> tuple[np.ndarray, np
 
 # -- ids the server computes ---------------------------------------------------------------
 def test_an_image_cannot_be_embedded_under_another_images_id(sam2_tiny_server, raw):
-    id_a = session_path.image_id(IMAGE_A, FAMILY, "sam2_encoder", SESSION)
+    id_a = embedding_path.image_id(IMAGE_A, FAMILY, "sam2_encoder", SESSION)
     # Client B sends B's pixels claiming A's id: the claim binds nothing; the server keeps B
     # under the id it computed from B's pixels and says so.
     out = infer(raw, {"image_rgb": IMAGE_B[None], "image_id": text(id_a)}, ("encoded", "image_id"))
     id_b = answered_id(out)
-    assert id_b == session_path.image_id(IMAGE_B, FAMILY, "sam2_encoder", SESSION) != id_a
+    assert id_b == embedding_path.image_id(IMAGE_B, FAMILY, "sam2_encoder", SESSION) != id_a
     # The same without the claim: the same id, already held.
     out = infer(raw, {"image_rgb": IMAGE_B[None]}, ("encoded", "image_id"))
     assert answered_id(out) == id_b and int(out["encoded"].reshape(-1)[0]) == 0

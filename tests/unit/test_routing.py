@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from triton_sam.client.embedding_path import bytes_tensor, probe_inputs
 from triton_sam.client.routing import ROUTING_HEADER, routing_headers, routing_key
-from triton_sam.client.session_path import bytes_tensor, probe_inputs
 from triton_sam.errors import InputValidationError
 from triton_sam.scaleout.nginx import (
     HASH_VARIABLE,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_sam.client import async_decode, flow, prompts, session_path
+from triton_sam.client import async_decode, embedding_path, flow, prompts
 from triton_sam.client import sync as sync_client
 from triton_sam.client.speculative import SpeculativeSAM2Client
 from triton_sam.client.sync import SAM2TritonClient
@@ -48,11 +48,11 @@ class FakeServer:
         if embedding_cache.IMAGE_RGB in inputs:  # an embed: the server computes the id
             rgb = inputs[embedding_cache.IMAGE_RGB][0]
             self.calls.append({"kind": "embed", "outputs": tuple(outputs), **options})
-            image = session_path.image_id(rgb, self.family, self.family.encoder_model)
+            image = embedding_path.image_id(rgb, self.family, self.family.encoder_model)
             self.held.add(image)
             return {
                 embedding_cache.ENCODED: np.ones((1, 1), np.int32),
-                embedding_cache.IMAGE_ID: session_path.bytes_tensor(image),
+                embedding_cache.IMAGE_ID: embedding_path.bytes_tensor(image),
             }
         image = bytes(inputs[embedding_cache.IMAGE_ID].reshape(-1)[0]).decode()
         kind = "probe" if len(inputs) == 1 else "click"

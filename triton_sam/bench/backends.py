@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from triton_sam import transforms
+from triton_sam.client.embedding_path import bytes_tensor, embed_inputs
+from triton_sam.client.embedding_path import image_id as session_image_id
 from triton_sam.client.prompts import build_decoder_prompts
-from triton_sam.client.session_path import bytes_tensor, embed_inputs
-from triton_sam.client.session_path import image_id as session_image_id
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.errors import ServerError
 from triton_sam.models.spec import FamilySpec

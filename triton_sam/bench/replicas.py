@@ -305,7 +305,7 @@ class _Killer:
 def _one_channel(url, protocol, images, replicas, proxy, model_type) -> int:
     """Replicas reached by one client (one connection) setting every image in turn."""
     from triton_sam import SAM2TritonClient
-    from triton_sam.client.session_path import image_id
+    from triton_sam.client.embedding_path import image_id
     from triton_sam.scaleout.proxy import read_access_log
 
     start = len(read_access_log(proxy.access_log))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import flow, prompts, session_path
+from triton_sam.client import embedding_path, flow, prompts
 from triton_sam.client.async_transport import AsyncTransport
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
@@ -38,7 +38,7 @@ class EncodedImage:
     features: dict[str, np.ndarray]
     orig_hw: tuple[int, int]
     prepared: dict[int, list[Any]] = field(default_factory=dict)  # id(transport) -> inputs
-    session: session_path.SessionImage | None = None  # features kept by the server instead
+    session: embedding_path.CachedImage | None = None  # features kept by the server instead
 
 
 @dataclass(frozen=True)
@@ -208,12 +208,12 @@ class AsyncDecoder:
         rgb = transforms.load_image(image)
         transport = self._blocking()
         if self.uses_server_embeddings:
-            session = session_path.SessionImage.of(
+            session = embedding_path.CachedImage.of(
                 rgb,
                 self.family,
                 self.encoder_model,
                 self.session_model,
-                session_path.encoded_bytes(image),
+                embedding_path.encoded_bytes(image),
             )
             flow.run(flow.embed(session, self.family, self.session_model), flow.sender(transport))
             self._image = EncodedImage({}, session.orig_hw, session=session)
@@ -231,9 +231,9 @@ class AsyncDecoder:
         rgb = await asyncio.to_thread(transforms.load_image, image)
         transport = await self._aconnected()
         if self.uses_server_embeddings:
-            encoded = await asyncio.to_thread(session_path.encoded_bytes, image)
+            encoded = await asyncio.to_thread(embedding_path.encoded_bytes, image)
             session = await asyncio.to_thread(
-                session_path.SessionImage.of,
+                embedding_path.CachedImage.of,
                 rgb,
                 self.family,
                 self.encoder_model,

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam.client import prompts, session_path
+from triton_sam.client import embedding_path, prompts
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.transport import Endpoint
 from triton_sam.errors import EmbeddingNotFoundError, ServerUnavailableError
@@ -246,25 +246,25 @@ def connect(
     return ServedModels(family, session_model, bool(ready))
 
 
-def embed(image: session_path.SessionImage, family: FamilySpec, model: str) -> Flow[None]:
+def embed(image: embedding_path.CachedImage, family: FamilySpec, model: str) -> Flow[None]:
     """Make sure the server holds ``image``: a probe of a few bytes, the image on a miss.
 
     The probe names the id the client expects; an embed sends the image (file bytes or uint8
     pixels) and adopts the id the server computed from what it received."""
     try:
-        yield infer(model, session_path.probe_inputs(image.image_id), _ENCODED, "probe")
+        yield infer(model, embedding_path.probe_inputs(image.image_id), _ENCODED, "probe")
     except EmbeddingNotFoundError:
         yield from _embed(image, family, model)
 
 
-def _embed(image: session_path.SessionImage, family: FamilySpec, model: str) -> Flow[None]:
+def _embed(image: embedding_path.CachedImage, family: FamilySpec, model: str) -> Flow[None]:
     out = yield infer(model, lambda: image.embed_inputs(family), _EMBED_OUTPUTS, "encode")
     image.adopt(out)
 
 
 @dataclass(frozen=True)
 class Click:
-    """One validated click for the session model (:meth:`SessionImage.click_inputs`).
+    """One validated click for the session model (:meth:`CachedImage.click_inputs`).
 
     Attributes:
         logits_key: where the server keeps this click's low-res logits.
@@ -282,7 +282,7 @@ class Click:
 
 
 def click(
-    image: session_path.SessionImage, family: FamilySpec, model: str, request: Click
+    image: embedding_path.CachedImage, family: FamilySpec, model: str, request: Click
 ) -> Flow[Prediction]:
     """One click: the session model; on a miss, embed again and resend the fallback once."""
     try:
@@ -298,7 +298,7 @@ def click(
 
 
 def click_request(
-    image: session_path.SessionImage,
+    image: embedding_path.CachedImage,
     family: FamilySpec,
     decoder_prompts: dict[str, np.ndarray],
     mask_input: Any,
@@ -311,4 +311,4 @@ def click_request(
 
 
 _ENCODED = (embedding_cache.ENCODED,)
-_EMBED_OUTPUTS = session_path.EMBED_OUTPUTS  # encoded, and the id the server computed
+_EMBED_OUTPUTS = embedding_path.EMBED_OUTPUTS  # encoded, and the id the server computed

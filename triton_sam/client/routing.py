@@ -6,7 +6,7 @@ An L7 proxy in front of the replicas (``triton_sam.scaleout``, ``deploy/``) hash
 header with a consistent hash; HTTP requests carry it as a header, gRPC calls as metadata
 (HTTP/2 headers, which the proxy sees the same way). The routing key is the image id the
 session calls already carry in their ``image_id`` input: a content hash the client computes
-(``session_path.image_id``) and the server can reproduce, so equal images land on one replica
+(``embedding_path.image_id``) and the server can reproduce, so equal images land on one replica
 whichever client sent them. Video/volume tracking keeps its state per tracking session, so
 tracker calls are keyed by their ``session_id`` (the client's random token). Requests
 without either (encoder, stateless decoder, metadata) carry no header and are spread by the
@@ -22,7 +22,7 @@ import numpy as np
 # Lower case: gRPC metadata keys must be; nginx reads it as $http_x_sam_image_id.
 ROUTING_HEADER = "x-sam-image-id"
 # Inputs naming server-side state, first match wins: the image of the session models
-# (session_path.IMAGE_ID; the concept model too), the tracking session of the tracker
+# (embedding_path.IMAGE_ID; the concept model too), the tracking session of the tracker
 # (tracking.protocol.SESSION_ID).
 _KEY_INPUTS = ("image_id", "session_id")
 # The tracker accepts session ids up to 256 characters; longer is not echoed into a header.

@@ -31,7 +31,7 @@ import numpy as np
 from triton_sam.client import prompts
 from triton_sam.client.async_decode import AsyncDecoder, DecodeRequest
 from triton_sam.client.prediction import Prediction, make_prediction
-from triton_sam.client.sessions import LatestWins, RequestRecord, SessionBook, TrackedEvent
+from triton_sam.client.request_book import LatestWins, RequestBook, RequestRecord, TrackedEvent
 from triton_sam.errors import (
     InferenceTimeoutError,
     InputValidationError,
@@ -85,7 +85,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The request book and the latest-wins slots; the decoder (connections, image) is
         # AsyncDecoder's, whose constructor does no I/O, so nothing here can be half-made.
-        self._book = SessionBook()
+        self._book = RequestBook()
         self._tracks: dict[str, LatestWins] = {}
         self._changed: dict[str, asyncio.Event] = {}
         super().__init__(*args, **kwargs)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam import transforms
-from triton_sam.client import concepts, flow, prompts, session_path
+from triton_sam.client import concepts, embedding_path, flow, prompts
 from triton_sam.client.connect import connect, connect_concepts
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
@@ -81,7 +81,7 @@ class SAM2TritonClient:
         default_session = self.family.serving_model if self._concepts else self.family.session_model
         self.session_model = session_model or default_session
         self.uses_server_embeddings = self._concepts
-        self._session: session_path.SessionImage | None = None
+        self._session: embedding_path.CachedImage | None = None
         self._concept_image: concepts.ConceptImage | None = None
         self.model_type = model_type
         self.encoder_model = encoder_model or getattr(self.family, "encoder_model", "")
@@ -139,7 +139,7 @@ class SAM2TritonClient:
             self._set_concept_image(rgb)
             return
         if self.uses_server_embeddings:
-            self._set_image_on_server(rgb, session_path.encoded_bytes(image))
+            self._set_image_on_server(rgb, embedding_path.encoded_bytes(image))
             return
         t0 = time.perf_counter()
         tensor = transforms.preprocess(rgb, self.family.preprocessing)
@@ -351,7 +351,7 @@ class SAM2TritonClient:
     def _set_image_on_server(self, rgb: np.ndarray, encoded: bytes | None) -> None:
         """Embed ``rgb`` (sent as the file bytes ``encoded`` when given) on the server, unless
         it already holds the content id; the id is the one the server answers."""
-        image = session_path.SessionImage.of(
+        image = embedding_path.CachedImage.of(
             rgb, self.family, self.encoder_model, self.session_model, encoded
         )
         timings: dict[str, float] = {}
@@ -379,7 +379,7 @@ class SAM2TritonClient:
         """The flows' ``send``, counting each session request's bytes (last_request_bytes)."""
 
         def observe(model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]) -> None:
-            self.last_request_bytes = session_path.request_bytes(
+            self.last_request_bytes = embedding_path.request_bytes(
                 self._transport.endpoint.protocol, model, inputs, outputs
             )
 
@@ -390,7 +390,7 @@ class SAM2TritonClient:
     ) -> dict[str, np.ndarray]:
         # Idempotent: embed and probe are, and a click only (re)writes its own logits key.
         out = self._transport.infer(self.session_model, inputs, outputs, idempotent=True)
-        self.last_request_bytes = session_path.request_bytes(
+        self.last_request_bytes = embedding_path.request_bytes(
             self._transport.endpoint.protocol, self.session_model, inputs, outputs
         )
         return out

@@ -1,6 +1,9 @@
 """Request bookkeeping of the speculative client, without I/O (unit-testable without a server).
 
-- :class:`SessionBook`: every request sent, by session, with its status. Safe from any thread.
+A "session" here is the reference API's: one user's stream of prompts (``session_id=``), not
+the server's embedding cache (``client/embedding_path.py``).
+
+- :class:`RequestBook`: every request sent, by session, with its status. Safe from any thread.
   A status changes once, from ``pending`` to ``completed``, ``cancelled`` or ``failed``; the
   first change wins, so a request cancelled while its answer was arriving stays cancelled
   (the reference client let "completed" overwrite "cancelled").
@@ -44,7 +47,7 @@ class RequestRecord:
     error: BaseException | None = None
 
 
-class SessionBook:
+class RequestBook:
     """Requests by session with their statuses; every method is atomic (one lock)."""
 
     def __init__(self) -> None:

@@ -7,15 +7,15 @@ import threading
 
 import pytest
 
-from triton_sam.client.sessions import STATUSES, LatestWins, SessionBook
+from triton_sam.client.request_book import STATUSES, LatestWins, RequestBook
 from triton_sam.errors import InputValidationError
 
 CANCELLED = RuntimeError("cancelled")
 
 
-# -- SessionBook ---------------------------------------------------------------------------
+# -- RequestBook ---------------------------------------------------------------------------
 def test_a_status_changes_once_and_the_first_change_wins():
-    book = SessionBook()
+    book = RequestBook()
     record = book.add("s")
     assert record.status == "pending" and len(record.request_id) == 36  # a uuid4
     assert book.finish(record, "cancelled")
@@ -24,7 +24,7 @@ def test_a_status_changes_once_and_the_first_change_wins():
 
 
 def test_counts_have_every_status_and_sessions_are_separate():
-    book = SessionBook()
+    book = RequestBook()
     a, b, _ = book.add("s", "a"), book.add("s", "b"), book.add("other", "a")
     book.finish(a, "completed")
     book.finish(b, "failed", ValueError("x"))
@@ -35,7 +35,7 @@ def test_counts_have_every_status_and_sessions_are_separate():
 
 
 def test_duplicate_request_id_in_a_session_is_refused():
-    book = SessionBook()
+    book = RequestBook()
     book.add("s", "r1")
     with pytest.raises(InputValidationError) as info:
         book.add("s", "r1")
@@ -44,7 +44,7 @@ def test_duplicate_request_id_in_a_session_is_refused():
 
 
 def test_cancel_marks_only_pending_and_spares_keep():
-    book = SessionBook()
+    book = RequestBook()
     done, old, newest = book.add("s"), book.add("s"), book.add("s")
     book.finish(done, "completed")
     assert book.newest("s") is newest
@@ -56,13 +56,13 @@ def test_cancel_marks_only_pending_and_spares_keep():
 
 
 def test_finish_refuses_an_unknown_status():
-    book = SessionBook()
+    book = RequestBook()
     with pytest.raises(InputValidationError):
         book.finish(book.add("s"), "pending")
 
 
 def test_book_is_consistent_under_threads():
-    book = SessionBook()
+    book = RequestBook()
     n_threads, per_thread = 8, 300
     barrier = threading.Barrier(n_threads)
 
@@ -88,7 +88,7 @@ def test_book_is_consistent_under_threads():
 
 
 def test_forget_drops_a_session():
-    book = SessionBook()
+    book = RequestBook()
     book.add("s")
     assert len(book.forget("s")) == 1
     assert book.session_ids() == [] and book.newest("s") is None

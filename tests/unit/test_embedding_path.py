@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from triton_sam.client import session_path
+from triton_sam.client import embedding_path
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import translate_error
 from triton_sam.errors import EmbeddingNotFoundError, InputValidationError
@@ -205,13 +205,13 @@ def test_write_session_and_its_embedded_twin(tmp_path):
 # -- client-side builders ----------------------------------------------------------------------
 def test_image_id_is_a_content_hash():
     image = np.zeros((4, 5, 3), np.uint8)
-    same = session_path.image_id(image.copy(), SAM2, "sam2_encoder")
-    assert same == session_path.image_id(image, SAM2, "sam2_encoder") and len(same) == 32
+    same = embedding_path.image_id(image.copy(), SAM2, "sam2_encoder")
+    assert same == embedding_path.image_id(image, SAM2, "sam2_encoder") and len(same) == 32
     changed = image.copy()
     changed[0, 0, 0] = 1
-    assert session_path.image_id(changed, SAM2, "sam2_encoder") != same
-    assert session_path.image_id(image, SAM2, "other_encoder") != same
-    assert session_path.image_id(image.reshape(5, 4, 3), SAM2, "sam2_encoder") != same
+    assert embedding_path.image_id(changed, SAM2, "sam2_encoder") != same
+    assert embedding_path.image_id(image, SAM2, "other_encoder") != same
+    assert embedding_path.image_id(image.reshape(5, 4, 3), SAM2, "sam2_encoder") != same
 
 
 def _prompts(mask_input=None):
@@ -226,17 +226,17 @@ def _prompts(mask_input=None):
 
 
 def test_a_click_carries_only_the_id_and_its_prompts():
-    image = session_path.SessionImage("abc", (100, 100))
+    image = embedding_path.CachedImage("abc", (100, 100))
     key, inputs, fallback = image.click_inputs(_prompts(), None)
     assert set(inputs) == {"image_id", "point_coords", "point_labels", "logits_key"}
     assert inputs is fallback and inputs["logits_key"][0, 0] == key.encode()
     assert sum(a.nbytes for a in inputs.values() if a.dtype != object) < 64
-    assert session_path.request_bytes("grpc", "sam2_session", inputs, ("masks", "iou")) < 400
-    assert session_path.request_bytes("http", "sam2_session", inputs, ("masks", "iou")) < 800
+    assert embedding_path.request_bytes("grpc", "sam2_session", inputs, ("masks", "iou")) < 400
+    assert embedding_path.request_bytes("http", "sam2_session", inputs, ("masks", "iou")) < 800
 
 
 def test_a_recent_mask_is_sent_by_reference_and_in_full_after_a_miss():
-    image = session_path.SessionImage("abc", (100, 100))
+    image = embedding_path.CachedImage("abc", (100, 100))
     logits = np.random.default_rng(0).normal(size=(1, 3, 256, 256)).astype(np.float32)
     first_key, _, _ = image.click_inputs(_prompts(), None)
     image.remember(first_key, logits)
@@ -252,7 +252,7 @@ def test_a_recent_mask_is_sent_by_reference_and_in_full_after_a_miss():
 
 def test_an_image_without_pixels_cannot_be_reembedded():
     with pytest.raises(EmbeddingNotFoundError, match="set_image"):
-        session_path.SessionImage("abc", (100, 100)).embed_inputs(SAM2)
+        embedding_path.CachedImage("abc", (100, 100)).embed_inputs(SAM2)
 
 
 def test_the_miss_error_is_typed():

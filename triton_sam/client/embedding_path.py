@@ -4,11 +4,11 @@ With the ``<family>_session`` model on the server (``serving/embedding_cache_mod
 is sent once (``embed``: the file's bytes unchanged, or uint8 pixels for an array; the server
 decodes and preprocesses them) and its features stay on the server;
 a click then carries the image id and the prompt tensors only (a few hundred bytes instead of
-4-21 MiB of features). This module builds those requests; :class:`SessionImage` is the
+4-21 MiB of features). This module builds those requests; :class:`CachedImage` is the
 client-side state of one embedded image. The sync and async clients only add the I/O and the
 one retry: on :class:`~triton_sam.errors.EmbeddingNotFoundError` (evicted, server restarted)
-they embed again (:meth:`SessionImage.embed_inputs`) and resend
-:meth:`SessionImage.fallback_inputs`.
+they embed again (:meth:`CachedImage.embed_inputs`) and resend
+:meth:`CachedImage.fallback_inputs`.
 
 The image id is computed by the SERVER from what it received (``serving/intake.py``: blake2b-128
 over the session and encoder model names, the family's preprocessing and the decoded RGB
@@ -139,7 +139,7 @@ def matching_mask(mask_input: Any, low_res_logits: np.ndarray) -> int | None:
 
 
 @dataclass
-class SessionImage:
+class CachedImage:
     """One image embedded on the server, from a client's side.
 
     Attributes:
@@ -170,7 +170,7 @@ class SessionImage:
         encoder_model: str,
         session_model: str | None = None,
         encoded: bytes | None = None,
-    ) -> SessionImage:
+    ) -> CachedImage:
         """The session image of ``rgb`` (HxWx3 uint8, decoded from ``encoded`` if given)."""
         hw = (int(rgb.shape[0]), int(rgb.shape[1]))
         return cls(image_id(rgb, family, encoder_model, session_model), hw, rgb, encoded)
