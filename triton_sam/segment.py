@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from triton_sam import transforms
+from triton_sam.client import image_io
 from triton_sam.client.concepts import ConceptPrediction
 
 # One colour per phrase (RGB), cycled.
@@ -66,7 +66,7 @@ def segment_image(
     """
     from triton_sam.client import SAM2TritonClient
 
-    rgb = transforms.load_image(image)
+    rgb = image_io.load_image(image)
     with SAM2TritonClient(url, model_type="sam3_concept", protocol=protocol) as client:
         client.set_image(rgb)
         timings = dict(client.last_timings_ms)

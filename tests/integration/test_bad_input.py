@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from triton_sam import transforms
-from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client
+from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client, model_frame
 from triton_sam.client.retry import NO_RETRY
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.errors import (
@@ -240,7 +239,7 @@ def _make_ctx(server: Any, tmp: Path) -> Ctx:
     http = Transport(resolve_endpoint(server.http_url, "http"), retry=NO_RETRY)
     grpc = Transport(resolve_endpoint(server.grpc_url, "grpc"), retry=NO_RETRY)
     family = client.family
-    tensor = transforms.preprocess(image, family.preprocessing)
+    tensor = model_frame.preprocess(image, family.preprocessing)
     features = http.infer(family.encoder_model, {"image": tensor}, family.embedding_names)
     return Ctx(server, client, prompter, spec, http, grpc, dict(features), tmp)
 

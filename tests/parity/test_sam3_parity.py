@@ -217,7 +217,7 @@ def test_transforms_match_sam3_tracker_processor_exactly(hw):
     from transformers import Sam3TrackerProcessor
     from transformers.models.sam3.image_processing_sam3 import Sam3ImageProcessor
 
-    from triton_sam import transforms
+    from triton_sam.client import model_frame
     from triton_sam.models.sam3 import PREPROCESSING
 
     h, w = hw
@@ -231,11 +231,11 @@ def test_transforms_match_sam3_tracker_processor_exactly(hw):
         input_boxes=[[box]],
         return_tensors="pt",
     )
-    pixels = transforms.preprocess(image, PREPROCESSING)
+    pixels = model_frame.preprocess(image, PREPROCESSING)
     np.testing.assert_array_equal(pixels, ref["pixel_values"].numpy())
-    coords = transforms.transform_coords(np.array(points), (h, w), PREPROCESSING)
+    coords = model_frame.transform_coords(np.array(points), (h, w), PREPROCESSING)
     np.testing.assert_array_equal(coords, ref["input_points"][0, 0].numpy())
-    corners = transforms.transform_boxes(np.array([box]), (h, w), PREPROCESSING)
+    corners = model_frame.transform_boxes(np.array([box]), (h, w), PREPROCESSING)
     np.testing.assert_array_equal(corners.reshape(1, 4), ref["input_boxes"][0].numpy())
 
 

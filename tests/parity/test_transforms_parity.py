@@ -1,4 +1,5 @@
-"""triton_sam.transforms (numpy + PIL) against the upstream torch code paths it reproduces.
+"""The client's image_io, model_frame and postprocess (numpy + PIL) against the upstream torch
+code paths they reproduce.
 
 SAM2 ("square"): ``sam2.utils.transforms.SAM2Transforms`` (ToTensor, torchvision Resize with
 antialias, Normalize; transform_coords/boxes; postprocess_masks = F.interpolate).
@@ -35,7 +36,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from triton_sam import transforms
+from triton_sam.client import image_io, model_frame, postprocess
 from triton_sam.models import get_family
 from triton_sam.models.spec import Preprocessing
 from triton_sam.sample import sample_image
@@ -126,7 +127,7 @@ def sam2_tf():
 def test_square_preprocess_matches_sam2_transforms(name, sam2_tf):
     image = IMAGES[name]
     ref = sam2_tf(image)[None].numpy()
-    ours = transforms.preprocess(image, SAM2_PRE)
+    ours = model_frame.preprocess(image, SAM2_PRE)
     assert ours.dtype == np.float32 and ours.flags.c_contiguous
     assert _max_diff(ours, ref) <= PREPROCESS_ATOL
 
@@ -136,7 +137,7 @@ def test_square_preprocess_of_a_pil_image_matches_sam2_transforms(sam2_tf):
 
     pil = Image.fromarray(IMAGES["natural_640x427_up"])
     ref = sam2_tf(pil)[None].numpy()
-    ours = transforms.preprocess(transforms.load_image(pil), SAM2_PRE)
+    ours = model_frame.preprocess(image_io.load_image(pil), SAM2_PRE)
     assert _max_diff(ours, ref) <= PREPROCESS_ATOL
 
 
@@ -147,7 +148,7 @@ def test_square_preprocess_follows_the_spec_size_and_stats(name):
     pipeline = torch.nn.Sequential(Resize((1008, 1008)), Normalize([0.5] * 3, [0.5] * 3))
     image = IMAGES[name]
     ref = pipeline(ToTensor()(image))[None].numpy()
-    assert _max_diff(transforms.preprocess(image, pre), ref) <= PREPROCESS_ATOL
+    assert _max_diff(model_frame.preprocess(image, pre), ref) <= PREPROCESS_ATOL
 
 
 # A 3000x1 line has no longest-side resize (its short side rounds to 0 px): unit-tested.
@@ -157,7 +158,7 @@ def test_longest_side_preprocess_matches_segment_anything(name):
     resized = ResizeLongestSide(1024).apply_image(image)
     x = torch.as_tensor(resized).permute(2, 0, 1).contiguous()[None]
     ref = Sam.preprocess(SAM1_STUB, x).numpy()
-    ours = transforms.preprocess(image, SAM1_PRE)
+    ours = model_frame.preprocess(image, SAM1_PRE)
     assert ours.dtype == np.float32
     assert _max_diff(ours, ref) <= PREPROCESS_ATOL
 
@@ -178,8 +179,8 @@ def test_square_coords_and_boxes_match_sam2_transforms(hw, sam2_tf):
     ref_box = sam2_tf.transform_boxes(
         torch.as_tensor(boxes, dtype=torch.float), normalize=True, orig_hw=hw
     ).numpy()
-    ours_pts = transforms.transform_coords(points, hw, SAM2_PRE)
-    ours_box = transforms.transform_boxes(boxes, hw, SAM2_PRE)
+    ours_pts = model_frame.transform_coords(points, hw, SAM2_PRE)
+    ours_box = model_frame.transform_boxes(boxes, hw, SAM2_PRE)
     assert ours_pts.dtype == np.float32 and ours_box.shape == (4, 2, 2)
     assert _max_diff(ours_pts, ref_pts) <= COORD_ATOL
     assert _max_diff(ours_box, ref_box) <= COORD_ATOL
@@ -195,14 +196,14 @@ def test_longest_side_coords_and_boxes_match_resize_longest_side(hw):
     # SamPredictor feeds these to the model as float32.
     ref_pts = tf.apply_coords(points, hw).astype(np.float32)
     ref_box = tf.apply_boxes(boxes, hw).astype(np.float32).reshape(-1, 2, 2)
-    assert _max_diff(transforms.transform_coords(points, hw, SAM1_PRE), ref_pts) <= COORD_ATOL
-    assert _max_diff(transforms.transform_boxes(boxes, hw, SAM1_PRE), ref_box) <= COORD_ATOL
+    assert _max_diff(model_frame.transform_coords(points, hw, SAM1_PRE), ref_pts) <= COORD_ATOL
+    assert _max_diff(model_frame.transform_boxes(boxes, hw, SAM1_PRE), ref_box) <= COORD_ATOL
 
 
 @pytest.mark.parametrize("hw", HW_CASES, ids=_hw_id)
 def test_longest_side_resized_hw_matches_get_preprocess_shape(hw):
     expected = ResizeLongestSide.get_preprocess_shape(hw[0], hw[1], 1024)
-    assert transforms.resized_hw(hw, SAM1_PRE) == expected
+    assert model_frame.resized_hw(hw, SAM1_PRE) == expected
 
 
 # -- postprocessing -----------------------------------------------------------------------------
@@ -220,7 +221,7 @@ def test_square_postprocess_matches_sam2_transforms(hw, sam2_tf):
     batch, masks = (1, 1) if hw == (3000, 4000) else (2, 3)
     low = _logits(batch, masks)
     ref = sam2_tf.postprocess_masks(torch.from_numpy(low), hw).numpy()
-    ours = transforms.postprocess_masks(low, hw, SAM2_PRE)
+    ours = postprocess.postprocess_masks(low, hw, SAM2_PRE)
     assert ours.dtype == np.float32 and ours.shape == (batch, masks, *hw)
     assert _logit_mismatch(ours, ref) == []
 
@@ -231,7 +232,7 @@ def test_longest_side_postprocess_matches_sam(hw):
     low = _logits(batch, masks, seed=8)
     input_size = ResizeLongestSide.get_preprocess_shape(hw[0], hw[1], 1024)
     ref = Sam.postprocess_masks(SAM1_STUB, torch.from_numpy(low), input_size, hw).numpy()
-    ours = transforms.postprocess_masks(low, hw, SAM1_PRE)
+    ours = postprocess.postprocess_masks(low, hw, SAM1_PRE)
     assert ours.shape == (batch, masks, *hw)
     assert _logit_mismatch(ours, ref) == []
 
@@ -241,7 +242,7 @@ def test_square_postprocess_matches_plain_interpolate_for_other_mask_sizes():
     low = (10 * np.random.default_rng(9).standard_normal((1, 3, 252, 252))).astype(np.float32)
     ref = F.interpolate(torch.from_numpy(low), (427, 640), mode="bilinear", align_corners=False)
     pre = Preprocessing(1008, "square", (0.5,) * 3, (0.5,) * 3, 1.0 / 255.0, 252)
-    assert _logit_mismatch(transforms.postprocess_masks(low, (427, 640), pre), ref.numpy()) == []
+    assert _logit_mismatch(postprocess.postprocess_masks(low, (427, 640), pre), ref.numpy()) == []
 
 
 def _shifted_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +260,7 @@ def test_a_shifted_grid_fails_both_checks(hw, sam2_tf, monkeypatch):
     low = _logits(1, 3)
     ref = sam2_tf.postprocess_masks(torch.from_numpy(low), hw).numpy()
     monkeypatch.setattr(resample, "_bilinear_taps", _shifted_taps)
-    problems = _logit_mismatch(transforms.postprocess_masks(low, hw, SAM2_PRE), ref)
+    problems = _logit_mismatch(postprocess.postprocess_masks(low, hw, SAM2_PRE), ref)
     assert len(problems) == 2, problems
 
 
@@ -270,12 +271,12 @@ def test_a_crop_off_by_one_pixel_fails_both_checks(monkeypatch):
     input_size = ResizeLongestSide.get_preprocess_shape(hw[0], hw[1], 1024)
     ref = Sam.postprocess_masks(SAM1_STUB, torch.from_numpy(low), input_size, hw).numpy()
     wrong = (input_size[0] + 1, 1024)
-    monkeypatch.setattr(transforms.SamPredictorRule, "resized_hw", lambda self, hw, size: wrong)
-    problems = _logit_mismatch(transforms.postprocess_masks(low, hw, SAM1_PRE), ref)
+    monkeypatch.setattr(model_frame.SamPredictorRule, "resized_hw", lambda self, hw, size: wrong)
+    problems = _logit_mismatch(postprocess.postprocess_masks(low, hw, SAM1_PRE), ref)
     assert len(problems) == 2, problems
 
 
 def test_clamp_low_res_matches_sam2_image_predictor():
     low = 20 * _logits(1, 3)
     ref = torch.clamp(torch.from_numpy(low), -32.0, 32.0).numpy()
-    np.testing.assert_array_equal(transforms.clamp_low_res(low), ref)
+    np.testing.assert_array_equal(postprocess.clamp_low_res(low), ref)

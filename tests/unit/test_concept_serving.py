@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from triton_sam import transforms
-from triton_sam.client import concepts
+from triton_sam.client import concepts, model_frame, postprocess
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.sam3 import PREPROCESSING
 from triton_sam.models.sam3_concept import SAM3_CONCEPT_FAMILY, concept_family
@@ -94,14 +93,14 @@ def test_binary_masks_are_sigmoid_then_bilinear_then_threshold():
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((11, 12, 12)).astype(np.float32) * 4  # more than one chunk
     out = list(masks.binary_masks(logits, (30, 17), 0.5))
-    expected = transforms.postprocess_masks(masks.sigmoid(logits)[None], (30, 17), PREPROCESSING)
+    expected = postprocess.postprocess_masks(masks.sigmoid(logits)[None], (30, 17), PREPROCESSING)
     np.testing.assert_array_equal(np.stack(out), expected[0] > 0.5)
 
 
 def test_server_preprocessing_is_the_clients_bit_for_bit():
     rgb = np.random.default_rng(2).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     np.testing.assert_array_equal(
-        images.preprocess_sam3(rgb), transforms.preprocess(rgb, PREPROCESSING)
+        images.preprocess_sam3(rgb), model_frame.preprocess(rgb, PREPROCESSING)
     )
 
 

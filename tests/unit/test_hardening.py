@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from triton_sam import transforms
+from triton_sam.client import image_io
 from triton_sam.client.transport import TlsOptions, translate_error
 from triton_sam.errors import (
     InputValidationError,
@@ -81,48 +81,48 @@ def _png_header(width: int, height: int) -> bytes:
 def test_huge_array_is_refused_without_being_copied():
     huge = np.broadcast_to(np.uint8(0), (20000, 20000, 3))  # no memory behind it
     with pytest.raises(InputValidationError, match="400.0 megapixels") as info:
-        transforms.load_image(huge)
+        image_io.load_image(huge)
     assert info.value.field == "image"
     assert "TRITON_SAM_MAX_IMAGE_PIXELS" in str(info.value) and "downscale" in str(info.value)
 
 
 def test_huge_file_is_refused_from_its_header():
     with pytest.raises(InputValidationError, match="10000x10000"):
-        transforms.load_image(_png_header(10000, 10000))
+        image_io.load_image(_png_header(10000, 10000))
 
 
 def test_decompression_bomb_is_refused_with_advice():
     with pytest.raises(InputValidationError, match="decompression-bomb"):
-        transforms.load_image(_png_header(60000, 60000))
+        image_io.load_image(_png_header(60000, 60000))
 
 
 def test_the_limit_can_be_raised_or_lowered(monkeypatch):
     image = np.zeros((100, 100, 3), np.uint8)
     with pytest.raises(InputValidationError):
-        transforms.load_image(image, max_pixels=9_999)
-    assert transforms.load_image(image, max_pixels=10_000).shape == (100, 100, 3)
-    monkeypatch.setenv(transforms.MAX_PIXELS_ENV, "5000")
+        image_io.load_image(image, max_pixels=9_999)
+    assert image_io.load_image(image, max_pixels=10_000).shape == (100, 100, 3)
+    monkeypatch.setenv(image_io.MAX_PIXELS_ENV, "5000")
     with pytest.raises(InputValidationError):
-        transforms.load_image(image)
-    monkeypatch.setenv(transforms.MAX_PIXELS_ENV, "0")
-    assert transforms.load_image(np.broadcast_to(np.uint8(0), (9000, 9000, 3))).shape[0] == 9000
-    monkeypatch.setenv(transforms.MAX_PIXELS_ENV, "lots")
+        image_io.load_image(image)
+    monkeypatch.setenv(image_io.MAX_PIXELS_ENV, "0")
+    assert image_io.load_image(np.broadcast_to(np.uint8(0), (9000, 9000, 3))).shape[0] == 9000
+    monkeypatch.setenv(image_io.MAX_PIXELS_ENV, "lots")
     with pytest.raises(InputValidationError) as info:
-        transforms.load_image(image)
-    assert info.value.field == transforms.MAX_PIXELS_ENV
+        image_io.load_image(image)
+    assert info.value.field == image_io.MAX_PIXELS_ENV
 
 
 def test_encoded_bytes_are_decoded():
     buffer = io.BytesIO()
     Image.new("RGB", (5, 4), (10, 20, 30)).save(buffer, format="PNG")
-    rgb = transforms.load_image(buffer.getvalue())
+    rgb = image_io.load_image(buffer.getvalue())
     assert rgb.shape == (4, 5, 3) and tuple(rgb[0, 0]) == (10, 20, 30)
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00" * 10, b"\x89PNG\r\n\x1a\ntruncated"])
 def test_corrupt_bytes_are_refused(data):
     with pytest.raises(InputValidationError, match="the given bytes") as info:
-        transforms.load_image(data)
+        image_io.load_image(data)
     assert info.value.field == "image"
 
 

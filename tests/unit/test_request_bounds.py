@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from triton_sam import transforms
+from triton_sam.client import image_io, model_frame
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.errors import InputValidationError
 from triton_sam.models import get_family
@@ -143,7 +143,7 @@ FILES = {
 def test_the_server_decodes_files_as_the_client_does(kind):
     data = FILES[kind]()
     server = intake.decode_image(data, max_pixels=bounds.MAX_IMAGE_PIXELS)
-    client = transforms.load_image(data)
+    client = image_io.load_image(data)
     assert server.dtype == np.uint8 and server.shape == (30, 40, 3)
     np.testing.assert_array_equal(server, client)
     if kind in ("png_rgb", "tiff", "bmp", "webp"):  # lossless
@@ -185,7 +185,7 @@ def test_the_server_preprocesses_from_its_config_as_the_client_does(family):
     pre = get_family(family).preprocessing
     server_pre = intake.preprocessing_from_json(intake.preprocessing_json(pre))
     np.testing.assert_array_equal(
-        intake.preprocess(RGB, server_pre), transforms.preprocess(RGB, pre)
+        intake.preprocess(RGB, server_pre), model_frame.preprocess(RGB, pre)
     )
 
 

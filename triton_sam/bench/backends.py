@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from triton_sam import transforms
+from triton_sam.client import model_frame
 from triton_sam.client.embedding_path import bytes_tensor, embed_inputs
 from triton_sam.client.embedding_path import image_id as session_image_id
 from triton_sam.client.prompts import build_decoder_prompts
@@ -82,7 +82,7 @@ def compare_backends(
         warmup: untimed requests of each kind per server first.
     """
     hw = (int(image.shape[0]), int(image.shape[1]))
-    tensor = transforms.preprocess(image, family.preprocessing)
+    tensor = model_frame.preprocess(image, family.preprocessing)
     encode_feeds = {family.encoder_inputs[0].name: tensor}
     # the id the session model computes (and answers) for these pixels
     image_id = session_image_id(image, family, family.encoder_model, family.session_model)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from triton_sam import transforms
+from triton_sam.client import model_frame
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.models.spec import FamilySpec
@@ -155,7 +155,7 @@ def run_latency_benchmark(
         "image_hw": list(image.shape[:2]),
     }
     hw = (int(image.shape[0]), int(image.shape[1]))
-    tensor = transforms.preprocess(image, family.preprocessing)
+    tensor = model_frame.preprocess(image, family.preprocessing)
     models = {"encoder": family.encoder_model, "decoder": family.decoder_model}
     sessions = {
         g: ort.InferenceSession(str(_onnx_file(repository, m)), providers=["CPUExecutionProvider"])

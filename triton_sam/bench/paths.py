@@ -25,8 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from triton_sam import transforms
-from triton_sam.client import prompts
+from triton_sam.client import model_frame, prompts
 from triton_sam.client.prediction import make_prediction
 from triton_sam.models.spec import FamilySpec, ModelSpec
 
@@ -113,7 +112,7 @@ class OrtPath:
         self._mask: np.ndarray | None = None
 
     def encode(self, rgb: np.ndarray) -> None:
-        tensor = transforms.preprocess(rgb, self.family.preprocessing)
+        tensor = model_frame.preprocess(rgb, self.family.preprocessing)
         names = list(self.family.embedding_names)
         values = self.encoder.run(names, {self.family.encoder_inputs[0].name: tensor})
         self._features = dict(zip(names, values, strict=True))

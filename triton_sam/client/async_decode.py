@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam import transforms
-from triton_sam.client import embedding_path, flow, prompts
+from triton_sam.client import embedding_path, flow, image_io, model_frame, prompts
 from triton_sam.client.async_transport import AsyncTransport
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
@@ -205,7 +204,7 @@ class AsyncDecoder:
             InputValidationError: the image cannot be read or has the wrong shape/dtype.
             ServerError: the encoder failed.
         """
-        rgb = transforms.load_image(image)
+        rgb = image_io.load_image(image)
         transport = self._blocking()
         if self.uses_server_embeddings:
             session = embedding_path.CachedImage.of(
@@ -218,7 +217,7 @@ class AsyncDecoder:
             flow.run(flow.embed(session, self.family, self.session_model), flow.sender(transport))
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
-        tensor = transforms.preprocess(rgb, self.family.preprocessing)
+        tensor = model_frame.preprocess(rgb, self.family.preprocessing)
         name = self.family.encoder_inputs[0].name
         features = transport.infer(
             self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
@@ -228,7 +227,7 @@ class AsyncDecoder:
 
     async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
-        rgb = await asyncio.to_thread(transforms.load_image, image)
+        rgb = await asyncio.to_thread(image_io.load_image, image)
         transport = await self._aconnected()
         if self.uses_server_embeddings:
             encoded = await asyncio.to_thread(embedding_path.encoded_bytes, image)
@@ -244,7 +243,7 @@ class AsyncDecoder:
             await flow.arun(steps, flow.async_sender(transport))
             self._image = EncodedImage({}, session.orig_hw, session=session)
             return {}
-        tensor = await asyncio.to_thread(transforms.preprocess, rgb, self.family.preprocessing)
+        tensor = await asyncio.to_thread(model_frame.preprocess, rgb, self.family.preprocessing)
         name = self.family.encoder_inputs[0].name
         features = await transport.infer(
             self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True

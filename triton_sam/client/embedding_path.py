@@ -66,7 +66,7 @@ def image_id(
     """The id the session model computes for ``rgb``: 32 hex chars of blake2b-128.
 
     Args:
-        rgb: HxWx3 uint8 RGB image (``transforms.load_image``'s output).
+        rgb: HxWx3 uint8 RGB image (``image_io.load_image``'s output).
         family: the family (its preprocessing is part of the id).
         encoder_model: the Triton encoder the features come from.
         session_model: the session model (default the family's).

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from triton_sam import transforms
+from triton_sam.client import postprocess
 from triton_sam.models.spec import Preprocessing
 
 
@@ -35,7 +35,7 @@ def make_prediction(
     """Upsample decoder logits [1,M,s,s] to the original size, the way upstream does."""
     low_res = np.asarray(low_res, dtype=np.float32)
     return Prediction(
-        masks=transforms.postprocess_masks(low_res, orig_hw, pre),
+        masks=postprocess.postprocess_masks(low_res, orig_hw, pre),
         iou_predictions=np.asarray(scores, dtype=np.float32),
-        low_res_logits=transforms.clamp_low_res(low_res, pre.low_res_logit_limit),
+        low_res_logits=postprocess.clamp_low_res(low_res, pre.low_res_logit_limit),
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam import transforms
+from triton_sam.client import model_frame
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec
 from triton_sam.serving import bounds, prompt_frame
@@ -200,10 +200,10 @@ def _hf_points_boxes_prompts(
     pre = family.preprocessing
     coords, labels = np.zeros((0, 2)), np.zeros((0,))
     if points is not None:
-        coords, labels = transforms.transform_coords(points[0], orig_hw, pre), points[1]
+        coords, labels = model_frame.transform_coords(points[0], orig_hw, pre), points[1]
     boxes = np.zeros((0, 4))
     if box_xyxy is not None:
-        boxes = transforms.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(1, 4)
+        boxes = model_frame.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(1, 4)
     return {
         "input_points": coords.astype(np.float32).reshape(1, 1, -1, 2),
         "input_labels": labels.astype(np.int64).reshape(1, 1, -1),

@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam import transforms
-from triton_sam.client import concepts, embedding_path, flow, prompts
+from triton_sam.client import concepts, embedding_path, flow, image_io, model_frame, prompts
 from triton_sam.client.connect import connect, connect_concepts
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.retry import RetryPolicy
@@ -134,7 +133,7 @@ class SAM2TritonClient:
             ServerError: the encoder failed.
         """
         self.reset_image()
-        rgb = transforms.load_image(image)
+        rgb = image_io.load_image(image)
         if self._concepts:
             self._set_concept_image(rgb)
             return
@@ -142,7 +141,7 @@ class SAM2TritonClient:
             self._set_image_on_server(rgb, embedding_path.encoded_bytes(image))
             return
         t0 = time.perf_counter()
-        tensor = transforms.preprocess(rgb, self.family.preprocessing)
+        tensor = model_frame.preprocess(rgb, self.family.preprocessing)
         t1 = time.perf_counter()
         name = self.family.encoder_inputs[0].name
         self._features = self._transport.infer(
@@ -181,7 +180,7 @@ class SAM2TritonClient:
         self._require_image()
         if self._features is None and self._session is not None:
             assert self._session.rgb is not None
-            tensor = transforms.preprocess(self._session.rgb, self.family.preprocessing)
+            tensor = model_frame.preprocess(self._session.rgb, self.family.preprocessing)
             name = self.family.encoder_inputs[0].name
             self._features = self._transport.infer(
                 self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True

@@ -60,7 +60,7 @@ def preprocess_sam3(rgb: np.ndarray) -> np.ndarray:
     """Sam3ImageProcessor in numpy: HxWx3 uint8 -> float32 [1, 3, 1008, 1008].
 
     torchvision's antialiased bilinear resize on the uint8 image (rounded back to uint8),
-    then ``(x - 127.5) / 127.5`` in float32, as ``triton_sam.transforms.preprocess`` does for
+    then ``(x - 127.5) / 127.5`` in float32, as ``client.model_frame.preprocess`` does for
     the SAM3 families (bit-identical; a unit test keeps them equal).
     """
     chw = np.ascontiguousarray(rgb.transpose(2, 0, 1))

@@ -8,7 +8,7 @@ compute the same image id and the same encoder input from the same pixels:
   refused, not decoded), EXIF orientation applied, 16-bit scaled to 8-bit, grayscale,
   palette, RGBA (alpha dropped) and CMYK converted as the clients always did;
 - :func:`preprocess`: HxWx3 uint8 -> float32 [1, 3, S, S], the official predictors' resize and
-  normalisation (``triton_sam.transforms.preprocess`` is this function);
+  normalisation (``triton_sam.client.model_frame.preprocess`` is this function);
 - :func:`session_namespace` + ``images.image_id``: the content id. The server keys features by
   the id of what it received and decoded, never by a client's word.
 

@@ -1,6 +1,6 @@
 """Prompts from original pixels to the model's input frame, and masks back (numpy only).
 
-Shared by the clients (``triton_sam.transforms`` / ``client.prompts`` call these) and the
+Shared by the clients (``client.model_frame`` / ``client.prompts`` call these) and the
 ``<family>_session`` model, which accepts prompts in original pixel coordinates and returns
 finished masks for clients that are not ours. ``pre`` is anything with the attributes of
 ``triton_sam.models.spec.Preprocessing``. Coordinates are (X, Y) pixels; sizes (H, W).

@@ -1,9 +1,9 @@
 """Resampling that reproduces torch's CPU kernels in numpy (no torch, no PIL, no triton_sam).
 
 The project's one resampling module, dependency-free on purpose: the clients use it
-(``triton_sam.transforms``, the video client) and so do the models that run inside Triton's
-python stub (the tracker's mask prompts and outputs), where the repository writer ships this package
-next to their ``model.py`` (see :mod:`triton_sam.serving`).
+(``client.model_frame``, ``client.postprocess``, the video client) and so do the models that
+run inside Triton's python stub (the tracker's mask prompts and outputs), where the repository
+writer ships this package next to their ``model.py`` (see :mod:`triton_sam.serving`).
 
 - :func:`bilinear`: ``F.interpolate(x, size, mode="bilinear", align_corners=False)``.
 - :func:`antialias_resize`: the same with ``antialias=True`` (float32, any output size);

@@ -3,7 +3,7 @@
 The one implementation of "image -> encoder input", "original pixels -> input frame" and
 "low-res logits -> original size": the ``<family>_session`` model runs it on the server (this
 file is shipped beside its ``model.py``) and the clients run it through
-``triton_sam.transforms``, so both sides give the same tensors for the same pixels.
+``triton_sam.client.model_frame``, so both sides give the same tensors for the same pixels.
 
 - :class:`SamPredictorRule`: ``segment_anything``'s ``SamPredictor`` (``resize =
   "longest_side"``);
