@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_sam.client import async_decode, embedding_path, flow, prompts
+from triton_sam.client import connection, embedding_path, flow, prompts
 from triton_sam.client import sync as sync_client
 from triton_sam.client.speculative import SpeculativeSAM2Client
 from triton_sam.client.sync import SAM2TritonClient
@@ -89,7 +89,7 @@ class FakeTransport:
 def server(monkeypatch, request):
     FakeTransport.server = FakeServer(request.param)
     monkeypatch.setattr(sync_client, "Transport", FakeTransport)
-    monkeypatch.setattr(async_decode, "Transport", FakeTransport)
+    monkeypatch.setattr(connection, "Transport", FakeTransport)
     return FakeTransport.server
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_sam.client import async_decode
+from triton_sam.client import connection
 from triton_sam.client.async_transport import PreparedInputs
 from triton_sam.client.speculative import (
     SpeculativeSAM2Client,
@@ -146,8 +146,8 @@ def value_of(masks: np.ndarray) -> int:
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch):
     FakeSync.ready, FakeSync.instances, FakeAsync.instances = True, [], []
-    monkeypatch.setattr(async_decode, "Transport", FakeSync)
-    monkeypatch.setattr(async_decode, "AsyncTransport", FakeAsync)
+    monkeypatch.setattr(connection, "Transport", FakeSync)
+    monkeypatch.setattr(connection, "AsyncTransport", FakeAsync)
 
 
 def run(coro_fn):

@@ -12,10 +12,13 @@ Flows here:
 - :func:`connect`: server ready, models ready, decoder layout, session model offered;
 - :func:`embed`: probe → embed on a miss (server-side embeddings);
 - :func:`click`: one click on the session model → re-embed on a miss → resend the fallback
-  (the mask itself instead of a reference to kept logits).
+  (the mask itself instead of a reference to kept logits);
+- :func:`encode`: the stateless encoder; :func:`set_image`: either path for a new image;
+- :func:`predict`: one prompt, on the session model (:func:`click`) or the stateless decoder.
 
-Every session-model call is idempotent (an embed and a probe are, and a click only (re)writes
-its own logits key), so both runners retry all of them on transport errors.
+Every call is idempotent (an embed and a probe are, a click only (re)writes its own logits
+key, and the stateless models keep no state), so both runners retry all of them on transport
+errors.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam.client import embedding_path, prompts
+from triton_sam.client import embedding_path, model_frame, prompts
+from triton_sam.client.decode_request import Click, DecodeRequest, EncodedImage
 from triton_sam.client.prediction import Prediction, make_prediction
 from triton_sam.client.transport import Endpoint
 from triton_sam.errors import EmbeddingNotFoundError, ServerUnavailableError
@@ -51,12 +55,15 @@ class Step:
         build: for ``infer``: makes the inputs when they are costly (an image to
             preprocess); the async runner calls it off the event loop. ``args[1]`` is None.
         label: what the call is, for timings (``"probe"``, ``"encode"``, ``"decode"``).
+        image: for ``infer`` on the stateless decoder: the image whose features go with the
+            inputs (the async runner sends them as prepared once per transport).
     """
 
     method: str
     args: tuple[Any, ...]
     build: Callable[[], Inputs] | None = field(default=None, compare=False)
     label: str = ""
+    image: EncodedImage | None = field(default=None, compare=False)
 
 
 Flow = Generator[Step, Any, T]
@@ -67,11 +74,13 @@ def infer(
     inputs: Inputs | Callable[[], Inputs],
     outputs: tuple[str, ...],
     label: str,
+    image: EncodedImage | None = None,
 ) -> Step:
-    """An ``infer`` step; ``inputs`` may be a function making them (see :attr:`Step.build`)."""
+    """An ``infer`` step; ``inputs`` may be a function making them (see :attr:`Step.build`),
+    ``image`` the features sent with them (see :attr:`Step.image`)."""
     if callable(inputs):
-        return Step("infer", (model, None, outputs), build=inputs, label=label)
-    return Step("infer", (model, inputs, outputs), label=label)
+        return Step("infer", (model, None, outputs), build=inputs, label=label, image=image)
+    return Step("infer", (model, inputs, outputs), label=label, image=image)
 
 
 # -- runners ---------------------------------------------------------------------------------
@@ -140,6 +149,8 @@ def sender(
         try:
             if step.method != "infer":
                 return getattr(transport, step.method)(*args)
+            if step.image is not None:
+                args = (args[0], {**step.image.features, **args[1]}, args[2])
             if observe is not None:
                 observe(*args)
             return transport.infer(*args, idempotent=True)
@@ -156,9 +167,12 @@ def async_sender(transport: Any, request_id: str = "") -> Callable[[Step], Await
         args = step.args
         if step.build is not None:
             args = (args[0], await asyncio.to_thread(step.build), args[2])
-        if step.method == "infer":
-            return await transport.infer(*args, request_id=request_id, idempotent=True)
-        return await getattr(transport, step.method)(*args)
+        if step.method != "infer":
+            return await getattr(transport, step.method)(*args)
+        options: dict[str, Any] = {"request_id": request_id, "idempotent": True}
+        if step.image is not None:
+            options["prepared"] = step.image.prepared_for(transport)
+        return await transport.infer(*args, **options)
 
     return send
 
@@ -262,25 +276,6 @@ def _embed(image: embedding_path.CachedImage, family: FamilySpec, model: str) ->
     image.adopt(out)
 
 
-@dataclass(frozen=True)
-class Click:
-    """One validated click for the session model (:meth:`CachedImage.click_inputs`).
-
-    Attributes:
-        logits_key: where the server keeps this click's low-res logits.
-        inputs: the request (may refer to kept logits instead of carrying the mask).
-        fallback: the request to resend after a miss (carries the mask itself).
-        outputs: the (masks, scores) outputs of the family's layout.
-        multimask: three candidate masks instead of one.
-    """
-
-    logits_key: str
-    inputs: dict[str, np.ndarray]
-    fallback: dict[str, np.ndarray]
-    outputs: tuple[str, str]
-    multimask: bool
-
-
 def click(
     image: embedding_path.CachedImage, family: FamilySpec, model: str, request: Click
 ) -> Flow[Prediction]:
@@ -297,17 +292,43 @@ def click(
     return prediction
 
 
-def click_request(
-    image: embedding_path.CachedImage,
+def encode(rgb: np.ndarray, family: FamilySpec, model: str) -> Flow[EncodedImage]:
+    """The stateless encoder on ``rgb`` (HxWx3 uint8): the image with its features here."""
+    name = family.encoder_inputs[0].name
+
+    def inputs() -> Inputs:
+        return {name: model_frame.preprocess(rgb, family.preprocessing)}
+
+    features = yield infer(model, inputs, family.embedding_names, "encode")
+    return EncodedImage(features, (int(rgb.shape[0]), int(rgb.shape[1])))
+
+
+def set_image(
+    source: np.ndarray | embedding_path.CachedImage,
     family: FamilySpec,
-    decoder_prompts: dict[str, np.ndarray],
-    mask_input: Any,
-    multimask: bool,
-) -> Click:
-    """The :class:`Click` of validated ``decoder_prompts`` (``prompts.build_decoder_prompts``)."""
-    key, inputs, fallback = image.click_inputs(decoder_prompts, mask_input)
-    outputs = prompts.output_names(multimask, family)
-    return Click(key, inputs, fallback, outputs, bool(multimask))
+    encoder_model: str,
+    session_model: str,
+) -> Flow[EncodedImage]:
+    """A new image: kept by the server when ``source`` is a ``CachedImage`` (:func:`embed`),
+    else encoded by the stateless encoder (:func:`encode`; ``source`` is the RGB array)."""
+    if isinstance(source, embedding_path.CachedImage):
+        yield from embed(source, family, session_model)
+        return EncodedImage({}, source.orig_hw, cached=source)
+    return (yield from encode(source, family, encoder_model))
+
+
+def predict(
+    request: DecodeRequest, family: FamilySpec, decoder_model: str, session_model: str
+) -> Flow[Prediction]:
+    """One prompt: a :func:`click` on the session model when the server keeps the image,
+    else the stateless decoder with the image's features."""
+    image = request.image
+    if request.click is not None:
+        assert image.cached is not None
+        return (yield from click(image.cached, family, session_model, request.click))
+    out = yield infer(decoder_model, request.inputs, request.outputs, "decode", image=image)
+    masks, scores = prompts.select_outputs(out, request.multimask, family)
+    return make_prediction(masks, scores, image.orig_hw, family.preprocessing)
 
 
 _ENCODED = (embedding_cache.ENCODED,)

@@ -23,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam.client import prompts
-from triton_sam.client.async_decode import AsyncDecoder, DecodeRequest
-from triton_sam.client.prediction import Prediction, make_prediction
+from triton_sam.client.connection import Connection
+from triton_sam.client.decode_request import DecodeRequest
+from triton_sam.client.prediction import Prediction
 from triton_sam.client.request_book import LatestWins, RequestBook, RequestRecord, TrackedEvent
 from triton_sam.errors import (
     InferenceTimeoutError,
@@ -42,7 +42,7 @@ DEFAULT_SESSION = "default"
 _T = TypeVar("_T")
 
 
-class SpeculativeSAM2Client(AsyncDecoder):
+class SpeculativeSAM2Client:
     """Asynchronous SAM client whose stale requests are really cancelled on the server.
 
     The image is encoded once (:meth:`set_image`, or :meth:`set_image_async` inside async
@@ -83,17 +83,49 @@ class SpeculativeSAM2Client(AsyncDecoder):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # The request book and the latest-wins slots; the decoder (connections, image) is
-        # AsyncDecoder's, whose constructor does no I/O, so nothing here can be half-made.
+        # The connections and the current image are the Connection's, whose constructor does
+        # no I/O, so nothing here can be half-made; this class keeps the request streams.
+        self._conn = Connection(*args, **kwargs)
         self._book = RequestBook()
         self._tracks: dict[str, LatestWins] = {}
         self._changed: dict[str, asyncio.Event] = {}
-        super().__init__(*args, **kwargs)
+
+    # -- the connection's state, read-only ---------------------------------------------------
+    family = property(lambda self: self._conn.family, doc="The family spec (server's layout).")
+    model_type = property(lambda self: self._conn.model_type, doc="The model_type given.")
+    encoder_model = property(lambda self: self._conn.encoder_model, doc="Encoder model name.")
+    decoder_model = property(lambda self: self._conn.decoder_model, doc="Decoder model name.")
+    session_model = property(lambda self: self._conn.session_model, doc="Session model name.")
+    uses_server_embeddings = property(
+        lambda self: self._conn.uses_server_embeddings,
+        doc="Whether clicks go through the session model (known once connected).",
+    )
+    endpoint = property(lambda self: self._conn.endpoint, doc="The server's address.")
+    timeout_s = property(lambda self: self._conn.timeout_s, doc="Per-request timeout (s).")
+    retry = property(lambda self: self._conn.retry, doc="Backoff of idempotent calls.")
+    tls = property(lambda self: self._conn.tls, doc="Certificates for a TLS server.")
+    is_image_set = property(lambda self: self._conn.is_image_set, doc="An image is encoded.")
+    original_size = property(lambda self: self._conn.original_size, doc="(H, W) of the image.")
+
+    # -- image -------------------------------------------------------------------------------
+    def set_image(self, image: Any) -> dict[str, np.ndarray]:
+        """Encode an image, blocking (as the reference): :meth:`Connection.set_image`."""
+        return self._conn.set_image(image)
+
+    async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
+        """:meth:`set_image` without blocking the event loop (same arguments and result)."""
+        return await self._conn.set_image_async(image)
+
+    def set_image_embedding(
+        self, embedding: Mapping[str, np.ndarray], original_size: tuple[int, int]
+    ) -> None:
+        """Use embeddings encoded earlier: :meth:`Connection.set_image_embedding`."""
+        self._conn.set_image_embedding(embedding, original_size)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> SpeculativeSAM2Client:
         try:
-            await self._aconnected()  # checks the server without blocking the loop
+            await self._conn.aconnected()  # checks the server without blocking the loop
         except BaseException:
             await self.aclose()
             raise
@@ -113,7 +145,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
         tasks = self._cancel_everything()
         if tasks:
             await asyncio.wait(tasks)
-        await self._aclose_transports()
+        await self._conn.aclose()
 
     def close(self) -> None:
         """Synchronous close: cancel outstanding requests and close the connections.
@@ -122,7 +154,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
         the cancelled tasks and closes the gRPC channel cleanly.
         """
         self._cancel_everything()
-        super().close()
+        self._conn.close()
 
     def _cancel_everything(self) -> list[asyncio.Task[Any]]:
         for session_id in list(self._tracks):
@@ -169,8 +201,8 @@ class SpeculativeSAM2Client(AsyncDecoder):
         """
         session_id = DEFAULT_SESSION if session_id is None else str(session_id)
         self._refuse_tracked(session_id, "predict_async")
-        request = self._request(point_coords, point_labels, box, mask_input, multimask_output)
-        self._transport()  # fails early outside a loop or after close
+        request = self._conn.request(point_coords, point_labels, box, mask_input, multimask_output)
+        self._conn.transport()  # fails early outside a loop or after close
         record = self._book.add(session_id, request_id)
         task = asyncio.create_task(
             self._run(record, request), name=f"triton-sam {session_id}/{record.request_id}"
@@ -203,7 +235,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
         self, record: RequestRecord, request: DecodeRequest
     ) -> tuple[np.ndarray, np.ndarray]:
         try:
-            prediction = await self._decode(request, record.request_id)
+            prediction = await self._conn.decode(request, record.request_id)
         except asyncio.CancelledError:
             self._book.finish(record, "cancelled")
             raise
@@ -245,14 +277,8 @@ class SpeculativeSAM2Client(AsyncDecoder):
         multimask_output: bool = False,
     ) -> Prediction:
         """Like :meth:`predict_sync`, returning the :class:`Prediction` (with low-res logits)."""
-        request = self._request(point_coords, point_labels, box, mask_input, multimask_output)
-        if request.image.session is not None:
-            return self._decode_on_server_sync(request)
-        inputs = {**request.image.features, **request.inputs}
-        transport = self._blocking()
-        out = transport.infer(self.decoder_model, inputs, request.outputs, idempotent=True)
-        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
-        return make_prediction(masks, scores, request.image.orig_hw, self.family.preprocessing)
+        request = self._conn.request(point_coords, point_labels, box, mask_input, multimask_output)
+        return self._conn.decode_sync(request)
 
     def cancel_session_requests(self, session_id: str, *, keep_latest: bool = True) -> int:
         """Cancel the session's stale requests for real.
@@ -280,8 +306,8 @@ class SpeculativeSAM2Client(AsyncDecoder):
     def _on_loop(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn`` in the event loop's thread (tasks and asyncio events live there); from
         another thread, wait for the loop to have run it."""
-        loop = self._loop
-        if loop is None or not loop.is_running() or self._in_loop_thread():
+        loop = self._conn.loop
+        if loop is None or not loop.is_running() or self._conn.in_loop_thread():
             return fn(*args)
         done: concurrent.futures.Future[_T] = concurrent.futures.Future()
 
@@ -292,7 +318,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
                 done.set_exception(e)
 
         loop.call_soon_threadsafe(run)
-        return done.result(timeout=self.timeout_s)
+        return done.result(timeout=self._conn.timeout_s)
 
     def _cancel_now(self, session_id: str, keep_latest: bool) -> int:
         if session_id in self._tracks:
@@ -360,13 +386,13 @@ class SpeculativeSAM2Client(AsyncDecoder):
             The event's number in its session (0, 1, ...).
         """
         session_id = str(session_id)
-        self._transport()
+        self._conn.transport()
         if session_id not in self._tracks and self._book.newest(session_id) is not None:
             raise InputValidationError(
                 "session_id",
                 f"{session_id!r} already has predict_async requests; track another session",
             )
-        request = self._request(point_coords, point_labels, box, mask_input, multimask_output)
+        request = self._conn.request(point_coords, point_labels, box, mask_input, multimask_output)
         slot = self._tracks.setdefault(session_id, LatestWins())
         event = slot.new_event(request)
         to_send = slot.offer(event)
@@ -437,7 +463,7 @@ class SpeculativeSAM2Client(AsyncDecoder):
         self, session_id: str, event: TrackedEvent, record: RequestRecord
     ) -> None:
         try:
-            prediction = await self._decode(event.payload, record.request_id)
+            prediction = await self._conn.decode(event.payload, record.request_id)
         except asyncio.CancelledError:
             self._book.finish(record, "cancelled")
             raise  # _on_done settles the session's queue (if the canceller has not)
@@ -490,8 +516,8 @@ class SpeculativeSAM2Client(AsyncDecoder):
             event.set()
 
 
-# The constructor takes AsyncDecoder's arguments: say so to help(), IDEs and inspect.
-SpeculativeSAM2Client.__init__.__signature__ = inspect.signature(AsyncDecoder.__init__)  # type: ignore[attr-defined]
+# The constructor takes the Connection's arguments: say so to help(), IDEs and inspect.
+SpeculativeSAM2Client.__init__.__signature__ = inspect.signature(Connection.__init__)  # type: ignore[attr-defined]
 
 
 def _cancel_task(handle: Any) -> None:

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client import concepts, embedding_path, flow, image_io, model_frame, prompts
+from triton_sam.client import concepts, embedding_path, flow, image_io
 from triton_sam.client.connect import connect, connect_concepts
-from triton_sam.client.prediction import Prediction, make_prediction
+from triton_sam.client.decode_request import EncodedImage, decode_request, image_source
+from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import TlsOptions, Transport, resolve_endpoint
 from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError, UnsupportedModelError
@@ -80,7 +81,7 @@ class SAM2TritonClient:
         default_session = self.family.serving_model if self._concepts else self.family.session_model
         self.session_model = session_model or default_session
         self.uses_server_embeddings = self._concepts
-        self._session: embedding_path.CachedImage | None = None
+        self._image: EncodedImage | None = None
         self._concept_image: concepts.ConceptImage | None = None
         self.model_type = model_type
         self.encoder_model = encoder_model or getattr(self.family, "encoder_model", "")
@@ -88,7 +89,6 @@ class SAM2TritonClient:
         self._transport = Transport(
             resolve_endpoint(url, protocol), timeout_s=timeout_s, retry=retry, tls=tls
         )
-        self._features: dict[str, np.ndarray] | None = None
         self._orig_hw: tuple[int, int] | None = None
         self.last_request_bytes = 0
         self.last_timings_ms: dict[str, float] = {}
@@ -137,32 +137,30 @@ class SAM2TritonClient:
         if self._concepts:
             self._set_concept_image(rgb)
             return
-        if self.uses_server_embeddings:
-            self._set_image_on_server(rgb, embedding_path.encoded_bytes(image))
-            return
-        t0 = time.perf_counter()
-        tensor = model_frame.preprocess(rgb, self.family.preprocessing)
-        t1 = time.perf_counter()
-        name = self.family.encoder_inputs[0].name
-        self._features = self._transport.infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
+        source = image_source(
+            image,
+            rgb,
+            self.family,
+            self.encoder_model,
+            self.session_model,
+            self.uses_server_embeddings,
         )
-        t2 = time.perf_counter()
-        self._orig_hw = (int(rgb.shape[0]), int(rgb.shape[1]))
-        self.last_request_bytes = tensor.nbytes
-        self.last_timings_ms = {"preprocess": (t1 - t0) * 1e3, "encode": (t2 - t1) * 1e3}
+        timings: dict[str, float] = {}
+        steps = flow.set_image(source, self.family, self.encoder_model, self.session_model)
+        self._image = flow.run(steps, self._send(timings))
+        self._orig_hw = self._image.orig_hw
+        self.last_timings_ms = timings
 
     def reset_image(self) -> None:
         """Forget the current image and its embeddings."""
-        self._features = None
+        self._image = None
         self._orig_hw = None
-        self._session = None
         self._concept_image = None
 
     @property
     def is_image_set(self) -> bool:
         """True once :meth:`set_image` has succeeded."""
-        return any(x is not None for x in (self._features, self._session, self._concept_image))
+        return self._image is not None or self._concept_image is not None
 
     @property
     def original_size(self) -> tuple[int, int]:
@@ -178,15 +176,13 @@ class SAM2TritonClient:
         stateless encoder once to fetch them (and keeps them for later calls).
         """
         self._require_image()
-        if self._features is None and self._session is not None:
-            assert self._session.rgb is not None
-            tensor = model_frame.preprocess(self._session.rgb, self.family.preprocessing)
-            name = self.family.encoder_inputs[0].name
-            self._features = self._transport.infer(
-                self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
-            )
-        assert self._features is not None
-        return dict(self._features)
+        image = self._image
+        assert image is not None
+        if not image.features and image.cached is not None:
+            assert image.cached.rgb is not None
+            steps = flow.encode(image.cached.rgb, self.family, self.encoder_model)
+            image.features.update(flow.run(steps, flow.sender(self._transport)).features)
+        return dict(image.features)
 
     def _require_image(self) -> None:
         if not self.is_image_set:
@@ -245,29 +241,16 @@ class SAM2TritonClient:
                 "predict_concepts(text=...) (points and boxes: model_type='sam3')"
             )
         self._require_image()
-        assert self._orig_hw is not None
-        decoder_prompts = prompts.build_decoder_prompts(
-            point_coords=point_coords,
-            point_labels=point_labels,
-            box=box,
-            mask_input=mask_input,
-            orig_hw=self._orig_hw,
-            family=self.family,
-        )
-        if self._session is not None:
-            return self._predict_on_server(decoder_prompts, mask_input, multimask_output)
-        assert self._features is not None
-        pre = self.family.preprocessing
-        names = prompts.output_names(multimask_output, self.family)
-        inputs = {**self._features, **decoder_prompts}
+        assert self._image is not None
+        args = (point_coords, point_labels, box, mask_input, multimask_output)
+        request = decode_request(self._image, self.family, *args)
+        timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        out = self._transport.infer(self.decoder_model, inputs, names, idempotent=True)
-        t1 = time.perf_counter()
-        low_res, scores = prompts.select_outputs(out, multimask_output, self.family)
-        prediction = make_prediction(low_res, scores, self._orig_hw, pre)
-        t2 = time.perf_counter()
-        self.last_request_bytes = sum(a.nbytes for a in inputs.values())
-        self.last_timings_ms = {"decode": (t1 - t0) * 1e3, "postprocess": (t2 - t1) * 1e3}
+        steps = flow.predict(request, self.family, self.decoder_model, self.session_model)
+        prediction = flow.run(steps, self._send(timings))
+        total = (time.perf_counter() - t0) * 1e3
+        timings["postprocess"] = max(0.0, total - sum(timings.values()))
+        self.last_timings_ms = timings
         return prediction
 
     # -- concept segmentation (text prompts; model_type="sam3_concept") --------------------
@@ -346,38 +329,14 @@ class SAM2TritonClient:
         self._concept_image, self._orig_hw = image, image.orig_hw
         self.last_timings_ms = {"set_image": (time.perf_counter() - t0) * 1e3}
 
-    # -- server-side embeddings (the <family>_session model) --------------------------------
-    def _set_image_on_server(self, rgb: np.ndarray, encoded: bytes | None) -> None:
-        """Embed ``rgb`` (sent as the file bytes ``encoded`` when given) on the server, unless
-        it already holds the content id; the id is the one the server answers."""
-        image = embedding_path.CachedImage.of(
-            rgb, self.family, self.encoder_model, self.session_model, encoded
-        )
-        timings: dict[str, float] = {}
-        flow.run(flow.embed(image, self.family, self.session_model), self._session_send(timings))
-        self._session, self._orig_hw = image, image.orig_hw
-        self.last_timings_ms = timings
-
-    def _predict_on_server(
-        self, decoder_prompts: dict[str, np.ndarray], mask_input: Any, multimask: bool
-    ) -> Prediction:
-        """One click through the session model; re-embeds once if the server lost the image."""
-        image = self._session
-        assert image is not None
-        click = flow.click_request(image, self.family, decoder_prompts, mask_input, multimask)
-        timings: dict[str, float] = {}
-        t0 = time.perf_counter()
-        steps = flow.click(image, self.family, self.session_model, click)
-        prediction = flow.run(steps, self._session_send(timings))
-        total = (time.perf_counter() - t0) * 1e3
-        timings["postprocess"] = max(0.0, total - sum(timings.values()))
-        self.last_timings_ms = timings
-        return prediction
-
-    def _session_send(self, timings: dict[str, float]) -> Callable[[flow.Step], Any]:
-        """The flows' ``send``, counting each session request's bytes (last_request_bytes)."""
+    def _send(self, timings: dict[str, float]) -> Callable[[flow.Step], Any]:
+        """The flows' ``send``, keeping each request's bytes in ``last_request_bytes``: the
+        tensors for the stateless models, the estimated wire size for the session model."""
 
         def observe(model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]) -> None:
+            if model != self.session_model:
+                self.last_request_bytes = sum(a.nbytes for a in inputs.values())
+                return
             self.last_request_bytes = embedding_path.request_bytes(
                 self._transport.endpoint.protocol, model, inputs, outputs
             )

@@ -1,58 +1,42 @@
-"""The decoding half of the speculative client: one encoded image, and one request at a time.
+"""The speculative client's link to the server: its connections and the image it decodes on.
 
-:class:`AsyncDecoder` owns the image (its embeddings here, or its id on the server's
-``<family>_session`` model) and turns one validated prompt into one :class:`Prediction`,
-over the asyncio transport of the running loop or the blocking one. Which requests run and
-when (sessions, cancellation, latest-wins) is :class:`~triton_sam.client.speculative.
-SpeculativeSAM2Client`'s concern, built on this class.
+:class:`Connection` holds the blocking transport (made by the first blocking call) and one
+asyncio transport per event loop, checks the server on first use (without blocking a loop),
+and keeps the current :class:`~triton_sam.client.decode_request.EncodedImage`: it encodes
+images (:meth:`Connection.set_image`) and sends prompts (:meth:`Connection.decode`), both
+through the flows of :mod:`triton_sam.client.flow`. Which requests run and when (request
+streams, cancellation, latest-wins) is :class:`~triton_sam.client.speculative.
+SpeculativeSAM2Client`'s concern, which holds one ``Connection``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from triton_sam.client import embedding_path, flow, image_io, model_frame, prompts
+from triton_sam.client import flow
 from triton_sam.client.async_transport import AsyncTransport
-from triton_sam.client.prediction import Prediction, make_prediction
+from triton_sam.client.decode_request import (
+    DecodeRequest,
+    EncodedImage,
+    check_embedding,
+    decode_request,
+    image_source,
+)
+from triton_sam.client.image_io import load_image
+from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Endpoint, TlsOptions, Transport, resolve_endpoint
-from triton_sam.errors import (
-    ImageNotSetError,
-    InputValidationError,
-    ServerUnavailableError,
-)
+from triton_sam.errors import ImageNotSetError, ServerUnavailableError
 from triton_sam.models.registry import get_family
 from triton_sam.models.spec import FamilySpec
 
 
-@dataclass(eq=False)
-class EncodedImage:
-    """One encoded image: what every request made for it needs (immutable once set)."""
-
-    features: dict[str, np.ndarray]
-    orig_hw: tuple[int, int]
-    prepared: dict[int, list[Any]] = field(default_factory=dict)  # id(transport) -> inputs
-    session: embedding_path.CachedImage | None = None  # features kept by the server instead
-
-
-@dataclass(frozen=True)
-class DecodeRequest:
-    """One validated prompt on one image, ready to send (stateless or session path)."""
-
-    image: EncodedImage
-    inputs: dict[str, np.ndarray]
-    outputs: tuple[str, str]
-    multimask: bool = False
-    click: flow.Click | None = None  # session path: the click on the session model
-
-
-class AsyncDecoder:
-    """An encoded image and the transports that decode prompts on it.
+class Connection:
+    """The transports to one server, and the image encoded on it.
 
     Arguments are :class:`~triton_sam.client.speculative.SpeculativeSAM2Client`'s (which
     documents them). The constructor does no I/O: the server is checked (models ready,
@@ -89,7 +73,7 @@ class AsyncDecoder:
         self._connected = False
         self._sync: Transport | None = None  # made by the first blocking call
         self._aio: AsyncTransport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the asyncio transport's
         self._image: EncodedImage | None = None
         self._closed = False
 
@@ -131,9 +115,9 @@ class AsyncDecoder:
                 raise
         return self._sync
 
-    async def _aconnected(self) -> AsyncTransport:
+    async def aconnected(self) -> AsyncTransport:
         """The asyncio transport of the running loop, connected without blocking the loop."""
-        transport = self._transport()
+        transport = self.transport()
         if not self._connected:
             try:
                 self._served(await flow.arun(self._connect_flow(), flow.async_sender(transport)))
@@ -143,7 +127,7 @@ class AsyncDecoder:
                 raise
         return transport
 
-    def _transport(self) -> AsyncTransport:
+    def transport(self) -> AsyncTransport:
         """The asyncio transport of the running loop (created on first use in that loop)."""
         try:
             loop = asyncio.get_running_loop()
@@ -154,21 +138,23 @@ class AsyncDecoder:
             ) from None
         if self._closed:
             raise ServerUnavailableError("client: closed; create a new SpeculativeSAM2Client")
-        if self._aio is None or self._loop is not loop:
+        if self._aio is None or self.loop is not loop:
             # A transport is bound to the loop that made it (grpc.aio, aiohttp).
             self._aio = AsyncTransport(
                 self.endpoint, timeout_s=self.timeout_s, retry=self.retry, tls=self.tls
             )
-            self._loop = loop
+            self.loop = loop
         return self._aio
 
-    def _in_loop_thread(self) -> bool:
+    def in_loop_thread(self) -> bool:
+        """True when called from the thread of the loop the asyncio transport belongs to."""
         try:
-            return asyncio.get_running_loop() is self._loop
+            return asyncio.get_running_loop() is self.loop
         except RuntimeError:
             return False
 
-    async def _aclose_transports(self) -> None:
+    async def aclose(self) -> None:
+        """Close the connections on the running loop (idempotent)."""
         if self._aio is not None:
             await self._aio.close()
             self._aio = None
@@ -180,8 +166,8 @@ class AsyncDecoder:
         """Close the connections (the asyncio one is closed on its loop when that runs)."""
         if self._aio is not None:
             aio, self._aio = self._aio, None
-            if self._loop is not None and self._loop.is_running() and self._in_loop_thread():
-                self._loop.create_task(aio.close())
+            if self.loop is not None and self.loop.is_running() and self.in_loop_thread():
+                self.loop.create_task(aio.close())
         if self._sync is not None:
             self._sync.close()
         self._closed = True
@@ -204,52 +190,31 @@ class AsyncDecoder:
             InputValidationError: the image cannot be read or has the wrong shape/dtype.
             ServerError: the encoder failed.
         """
-        rgb = image_io.load_image(image)
+        rgb = load_image(image)
         transport = self._blocking()
-        if self.uses_server_embeddings:
-            session = embedding_path.CachedImage.of(
-                rgb,
-                self.family,
-                self.encoder_model,
-                self.session_model,
-                embedding_path.encoded_bytes(image),
-            )
-            flow.run(flow.embed(session, self.family, self.session_model), flow.sender(transport))
-            self._image = EncodedImage({}, session.orig_hw, session=session)
-            return {}
-        tensor = model_frame.preprocess(rgb, self.family.preprocessing)
-        name = self.family.encoder_inputs[0].name
-        features = transport.infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
-        )
-        self._image = EncodedImage(features, (int(rgb.shape[0]), int(rgb.shape[1])))
-        return dict(features)
+        source = self._source(image, rgb)
+        steps = flow.set_image(source, self.family, self.encoder_model, self.session_model)
+        self._image = flow.run(steps, flow.sender(transport))
+        return dict(self._image.features)
 
     async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
-        rgb = await asyncio.to_thread(image_io.load_image, image)
-        transport = await self._aconnected()
-        if self.uses_server_embeddings:
-            encoded = await asyncio.to_thread(embedding_path.encoded_bytes, image)
-            session = await asyncio.to_thread(
-                embedding_path.CachedImage.of,
-                rgb,
-                self.family,
-                self.encoder_model,
-                self.session_model,
-                encoded,
-            )
-            steps = flow.embed(session, self.family, self.session_model)
-            await flow.arun(steps, flow.async_sender(transport))
-            self._image = EncodedImage({}, session.orig_hw, session=session)
-            return {}
-        tensor = await asyncio.to_thread(model_frame.preprocess, rgb, self.family.preprocessing)
-        name = self.family.encoder_inputs[0].name
-        features = await transport.infer(
-            self.encoder_model, {name: tensor}, self.family.embedding_names, idempotent=True
+        rgb = await asyncio.to_thread(load_image, image)
+        transport = await self.aconnected()
+        source = await asyncio.to_thread(self._source, image, rgb)
+        steps = flow.set_image(source, self.family, self.encoder_model, self.session_model)
+        self._image = await flow.arun(steps, flow.async_sender(transport))
+        return dict(self._image.features)
+
+    def _source(self, image: Any, rgb: np.ndarray) -> Any:
+        return image_source(
+            image,
+            rgb,
+            self.family,
+            self.encoder_model,
+            self.session_model,
+            self.uses_server_embeddings,
         )
-        self._image = EncodedImage(features, (int(rgb.shape[0]), int(rgb.shape[1])))
-        return dict(features)
 
     def set_image_embedding(
         self, embedding: Mapping[str, np.ndarray], original_size: tuple[int, int]
@@ -270,26 +235,7 @@ class AsyncDecoder:
         """
         if not self._connected:
             self._blocking()
-        features = {}
-        for spec in self.family.encoder_outputs:
-            if spec.name not in embedding:
-                raise InputValidationError(
-                    "embedding",
-                    f"missing {spec.name!r}; expected {list(self.family.embedding_names)}",
-                )
-            array = np.asarray(embedding[spec.name], dtype=np.float32)
-            if array.shape != (1, *spec.shape):
-                raise InputValidationError(
-                    "embedding",
-                    f"{spec.name!r} has shape {array.shape}, expected {(1, *spec.shape)}",
-                )
-            features[spec.name] = array
-        size = tuple(original_size)
-        if len(size) != 2 or not all(isinstance(v, int | np.integer) and v > 0 for v in size):
-            raise InputValidationError(
-                "original_size", f"got {original_size!r}, expected (H, W) positive integers"
-            )
-        self._image = EncodedImage(features, (int(size[0]), int(size[1])))
+        self._image = check_embedding(embedding, original_size, self.family)
 
     @property
     def is_image_set(self) -> bool:
@@ -306,52 +252,24 @@ class AsyncDecoder:
             raise ImageNotSetError("an image must be set with set_image(...) before predicting")
         return self._image
 
-    def _request(
+    # -- prompts ---------------------------------------------------------------------------
+    def request(
         self, point_coords: Any, point_labels: Any, box: Any, mask_input: Any, multimask: bool
     ) -> DecodeRequest:
-        """Validate prompts and build the decoder request (raises before anything is sent)."""
+        """Validate prompts on the current image and build their request (raises before
+        anything is sent)."""
         image = self._require_image()
-        outputs = prompts.output_names(multimask, self.family)
-        inputs = prompts.build_decoder_prompts(
-            point_coords=point_coords,
-            point_labels=point_labels,
-            box=box,
-            mask_input=mask_input,
-            orig_hw=image.orig_hw,
-            family=self.family,
-        )
-        if image.session is not None:
-            click = flow.click_request(image.session, self.family, inputs, mask_input, multimask)
-            return DecodeRequest(image, click.inputs, outputs, multimask, click=click)
-        return DecodeRequest(image, inputs, outputs, multimask)
+        args = (point_coords, point_labels, box, mask_input, multimask)
+        return decode_request(image, self.family, *args)
 
-    # -- server-side embeddings (the <family>_session model) ------------------------------
-    def _click_flow(self, request: DecodeRequest) -> flow.Flow[Prediction]:
-        assert request.image.session is not None and request.click is not None
-        return flow.click(request.image.session, self.family, self.session_model, request.click)
+    def _predict_flow(self, request: DecodeRequest) -> flow.Flow[Prediction]:
+        return flow.predict(request, self.family, self.decoder_model, self.session_model)
 
-    def _decode_on_server_sync(self, request: DecodeRequest) -> Prediction:
-        """One click through the session model; re-embeds once if the server lost the image."""
-        return flow.run(self._click_flow(request), flow.sender(self._blocking()))
+    def decode_sync(self, request: DecodeRequest) -> Prediction:
+        """``request`` over the blocking transport (a lost image is re-embedded once)."""
+        return flow.run(self._predict_flow(request), flow.sender(self._blocking()))
 
-    async def _decode(self, request: DecodeRequest, request_id: str) -> Prediction:
-        if request.image.session is not None:
-            send = flow.async_sender(self._transport(), request_id)
-            return await flow.arun(self._click_flow(request), send)
-        transport = self._transport()
-        image = request.image
-        prepared = image.prepared.get(id(transport))
-        if prepared is None:
-            prepared = image.prepared.setdefault(
-                id(transport), transport.prepare_inputs(image.features)
-            )
-        out = await transport.infer(
-            self.decoder_model,
-            request.inputs,
-            request.outputs,
-            prepared=prepared,
-            request_id=request_id,
-            idempotent=True,
-        )
-        masks, scores = prompts.select_outputs(out, request.multimask, self.family)
-        return make_prediction(masks, scores, image.orig_hw, self.family.preprocessing)
+    async def decode(self, request: DecodeRequest, request_id: str) -> Prediction:
+        """``request`` over the loop's asyncio transport, sent to Triton as ``request_id``."""
+        send = flow.async_sender(self.transport(), request_id)
+        return await flow.arun(self._predict_flow(request), send)
