@@ -60,13 +60,9 @@ class SpeculativeSAM2Client:
         retry: backoff for idempotent calls (health, encoder, stateless decoder); None uses
             ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
         tls: certificates for a ``grpcs://`` / ``https://`` server.
-        use_server_embeddings: keep each image's features on the server (the
-            ``<family>_session`` model): ``set_image`` sends the image once, a click sends
-            the image id and its prompts (a few hundred bytes instead of 4-21 MiB). None
-            (default) uses it when the server offers it; False forces the stateless decoder.
-            A click on an image the server lost (evicted, restarted) re-embeds it and retries
-            once, transparently.
-        session_model: Triton name of the session model (default ``<family>_session``).
+        use_server_embeddings / session_model: as :class:`SAM2TritonClient` (features kept
+            by the ``<family>_session`` model when the server offers it; a click the server
+            cannot serve re-embeds the image and retries once).
 
     Raises:
         UnsupportedModelError: unknown ``model_type``.
