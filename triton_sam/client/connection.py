@@ -26,6 +26,7 @@ from triton_sam.client.decode_request import (
     decode_request,
     image_source,
 )
+from triton_sam.client.embedding_path import CachedImage
 from triton_sam.client.image_io import load_image
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
@@ -206,7 +207,7 @@ class Connection:
         self._image = await flow.arun(steps, flow.async_sender(transport))
         return dict(self._image.features)
 
-    def _source(self, image: Any, rgb: np.ndarray) -> Any:
+    def _source(self, image: Any, rgb: np.ndarray) -> np.ndarray | CachedImage:
         return image_source(
             image,
             rgb,
@@ -259,8 +260,8 @@ class Connection:
         """Validate prompts on the current image and build their request (raises before
         anything is sent)."""
         image = self._require_image()
-        args = (point_coords, point_labels, box, mask_input, multimask)
-        return decode_request(image, self.family, *args)
+        prompt = (point_coords, point_labels, box, mask_input, multimask)
+        return decode_request(image, self.family, *prompt)
 
     def _predict_flow(self, request: DecodeRequest) -> flow.Flow[Prediction]:
         return flow.predict(request, self.family, self.decoder_model, self.session_model)

@@ -242,8 +242,8 @@ class SAM2TritonClient:
             )
         self._require_image()
         assert self._image is not None
-        args = (point_coords, point_labels, box, mask_input, multimask_output)
-        request = decode_request(self._image, self.family, *args)
+        prompt = (point_coords, point_labels, box, mask_input, multimask_output)
+        request = decode_request(self._image, self.family, *prompt)
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         steps = flow.predict(request, self.family, self.decoder_model, self.session_model)
