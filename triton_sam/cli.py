@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,9 +21,7 @@ from triton_sam.errors import TritonSamError
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from triton_sam.export import ExportOptions
     from triton_sam.models.spec import ModelSpec
-    from triton_sam.repository.config import RepositoryOptions
 
 app = typer.Typer(
     name="triton-sam",
@@ -53,7 +51,6 @@ RandomInitOpt = Annotated[
     bool, typer.Option("--random-init", help="Skip the download; export random weights.")
 ]
 Fp16Opt = Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")]
-TargetOpt = Annotated[str | None, typer.Option(help="onnxruntime | python.")]
 SuffixOpt = Annotated[str, typer.Option(help="Precision suffix: '' (fp32), _fp16, _q4...")]
 ProtocolOpt = Annotated[str, typer.Option(help="grpc | http.")]
 ServerUrlOpt = Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")]
@@ -204,7 +201,7 @@ def setup_cmd(
     overrides: OverridesArg = None,
     random_init: RandomInitOpt = False,
     fp16: Fp16Opt = False,
-    target: TargetOpt = None,
+    target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
     repository: RepositoryOpt = None,
 ) -> None:
     """Download (if needed), export and write the repository: everything before serving."""
@@ -223,21 +220,22 @@ class _ExportPlan:
 
     Attributes:
         cfg: the composed configuration (defaults + overrides + the command's options).
-        spec: the variant.
-        checkpoint: the verified checkpoint, or None for random weights.
-        random_init / export_options / repository_options: the ``export:`` and
-            ``repository:`` sections as the pipeline takes them.
-        repository / checkpoints_dir: where the models are written, where checkpoints live.
+        spec: the variant; ``repository``: where its models are written.
+        build_args: the keyword arguments every ``pipeline.build_*`` takes from the
+            configuration: ``checkpoint`` (verified; None for random weights),
+            ``random_init``, and the ``export:`` / ``repository:`` sections as
+            ``export_options`` / ``repository_options``.
     """
 
     cfg: DictConfig
     spec: ModelSpec
-    checkpoint: Path | None
-    random_init: bool
-    export_options: ExportOptions
-    repository_options: RepositoryOptions
     repository: Path
-    checkpoints_dir: Path
+    build_args: dict[str, Any]
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The checkpoint exported, or None for random weights."""
+        return self.build_args["checkpoint"]
 
 
 def _export_plan(
@@ -266,22 +264,21 @@ def _export_plan(
     spec = model_spec(cfg)
     export_cfg = section(cfg, "export")
     random_init = bool(export_cfg.pop("random_init"))
-    checkpoints_dir = Path(cfg.paths.checkpoints)
     ckpt = None
     if not random_init:
         ckpt = obtain_checkpoint(
-            spec, checkpoint=checkpoint, checkpoints_dir=checkpoints_dir, download=download
+            spec,
+            checkpoint=checkpoint,
+            checkpoints_dir=Path(cfg.paths.checkpoints),
+            download=download,
         )
-    return _ExportPlan(
-        cfg=cfg,
-        spec=spec,
-        checkpoint=ckpt,
-        random_init=random_init,
-        export_options=ExportOptions(**export_cfg),
-        repository_options=RepositoryOptions(**section(cfg, "repository")),
-        repository=repository or Path(cfg.paths.repository),
-        checkpoints_dir=checkpoints_dir,
-    )
+    args = {
+        "checkpoint": ckpt,
+        "random_init": random_init,
+        "export_options": ExportOptions(**export_cfg),
+        "repository_options": RepositoryOptions(**section(cfg, "repository")),
+    }
+    return _ExportPlan(cfg, spec, repository or Path(cfg.paths.repository), args)
 
 
 def _export(
@@ -304,15 +301,13 @@ def _export(
         repository=repository, download=download,
     )  # fmt: skip
     repo = plan.repository
+    session = _session_options(section(plan.cfg, "session"), SessionOptions)
     build = build_repository(
         plan.spec,
         repo,
-        checkpoint=plan.checkpoint,
-        random_init=plan.random_init,
-        export_options=plan.export_options,
-        repository_options=plan.repository_options,
-        checkpoints_dir=plan.checkpoints_dir,
-        session=_session_options(section(plan.cfg, "session"), SessionOptions),
+        **plan.build_args,
+        checkpoints_dir=Path(plan.cfg.paths.checkpoints),
+        session=session,
     )
     if plan.checkpoint is not None:
         meta = build.metadata
@@ -335,7 +330,7 @@ def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
     random_init: RandomInitOpt = False,
-    target: TargetOpt = None,
+    target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
     repository: RepositoryOpt = None,
 ) -> None:
     """Export the SAM2.1 video graphs (verified against torch) and write them with the
@@ -346,14 +341,7 @@ def setup_video_cmd(
         model, overrides, None, random_init=random_init, target=target, repository=repository
     )
     repo = plan.repository
-    build = build_video_repository(
-        plan.spec,
-        repo,
-        checkpoint=plan.checkpoint,
-        random_init=plan.random_init,
-        export_options=plan.export_options,
-        repository_options=plan.repository_options,
-    )
+    build = build_video_repository(plan.spec, repo, **plan.build_args)
     for name in build.models:
         typer.echo(f"wrote {repo / name}")
     worst = max(build.max_abs_error.values(), default=float("nan"))
