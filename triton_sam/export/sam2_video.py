@@ -44,6 +44,8 @@ from torch import nn
 
 from triton_sam.errors import CheckpointError, ExportError, ExportValidationError
 from triton_sam.export import ExportOptions, bound_prompt_points, onnx_utils
+from triton_sam.export.sam2 import predict_all_tokens
+from triton_sam.export.wrapper import ModelWrapper
 from triton_sam.models.spec import ModelSpec, TensorSpec
 from triton_sam.serving.protocol import tracker as protocol
 from triton_sam.serving.tracking.config import TrackerConfig
@@ -123,12 +125,8 @@ def tracker_config(model: nn.Module) -> TrackerConfig:
 
 
 # -- wrappers -------------------------------------------------------------------------------
-class VideoEncoder(nn.Module):
+class VideoEncoder(ModelWrapper):
     """image [B,3,1024,1024] -> vision_feats [B,256,64,64], high_res_feats_0/1 (NCHW)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         backbone_out = self.model.forward_image(image)
@@ -142,12 +140,11 @@ class VideoEncoder(nn.Module):
         return feats[-1], feats[0], feats[1]
 
 
-class VideoDecoderGraph(nn.Module):
+class VideoDecoderGraph(ModelWrapper):
     """``_forward_sam_heads`` with its branches as arithmetic (see protocol.DECODER_*)."""
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.prompt_encoder = model.sam_prompt_encoder
         self.mask_decoder = model.sam_mask_decoder
 
@@ -167,17 +164,11 @@ class VideoDecoderGraph(nn.Module):
         # 1 * e and 0 * e are exact, so both cases equal upstream's bit for bit.
         no_mem = model.no_mem_embed.reshape(1, -1, 1, 1)
         pix = pix_feat + add_no_mem_embed.reshape(-1, 1, 1, 1) * no_mem
-        sparse = self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
-        has_mask = has_mask_input.reshape(-1, 1, 1, 1)
-        no_mask = self.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
-        dense = has_mask * self.prompt_encoder._embed_masks(mask_input) + (1 - has_mask) * no_mask
-        masks, ious, tokens, scores = self.mask_decoder.predict_masks(
-            image_embeddings=pix,
-            image_pe=self.prompt_encoder.get_dense_pe(),
-            sparse_prompt_embeddings=sparse,
-            dense_prompt_embeddings=dense,
-            repeat_image=False,
-            high_res_features=[high_res_feats_0, high_res_feats_1],
+        masks, ious, tokens, scores = predict_all_tokens(
+            self.prompt_encoder,
+            self.mask_decoder,
+            (pix, high_res_feats_0, high_res_feats_1),
+            (point_coords, point_labels, mask_input, has_mask_input),
         )
         return _select_outputs(model, masks, ious, tokens, scores, multimask_output)
 
@@ -228,12 +219,8 @@ def _gate_pointer(model: nn.Module, obj_ptr: torch.Tensor, lam: torch.Tensor) ->
     return obj_ptr + (1 - lam) * model.no_obj_ptr
 
 
-class MemoryEncoderGraph(nn.Module):
+class MemoryEncoderGraph(ModelWrapper):
     """``_encode_new_memory`` from low-res masks (see protocol.MEMORY_ENCODER_*)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(
         self,
@@ -265,12 +252,8 @@ class MemoryEncoderGraph(nn.Module):
         return features
 
 
-class MaskPromptGraph(nn.Module):
+class MaskPromptGraph(ModelWrapper):
     """``_use_mask_as_output``'s object pointer and score for a binary mask in the input frame."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, vision_feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         model = self.model
