@@ -12,11 +12,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from triton_sam.errors import TritonSamError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from triton_sam.models.spec import ModelSpec
 
 app = typer.Typer(
     name="triton-sam",
@@ -42,6 +47,24 @@ OverridesArg = Annotated[
 RepositoryOpt = Annotated[
     Path | None, typer.Option("--repository", "-r", help="Model repository directory.")
 ]
+RandomInitOpt = Annotated[
+    bool, typer.Option("--random-init", help="Skip the download; export random weights.")
+]
+Fp16Opt = Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")]
+SuffixOpt = Annotated[str, typer.Option(help="Precision suffix: '' (fp32), _fp16, _q4...")]
+ProtocolOpt = Annotated[str, typer.Option(help="grpc | http.")]
+ServerUrlOpt = Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")]
+RunningUrlOpt = Annotated[
+    str | None, typer.Option(help="A running server instead of an embedded one.")
+]
+ModelTypeOpt = Annotated[str, typer.Option(help="Model family of --url's models.")]
+VariantOpt = Annotated[str, typer.Option(help="Variant to serve or benchmark.")]
+ImageOpt = Annotated[Path | None, typer.Option(help="Image (default: synthetic).")]
+SessionsOpt = Annotated[int, typer.Option(min=1, help="Concurrent sessions.")]
+ReportDirOpt = Annotated[Path, typer.Option(help="Report directory.")]
+
+#: Where `download-onnx` puts the onnx-community SAM3 tracker pair and `import-onnx` reads it.
+ONNX_COMMUNITY_DIR = Path("checkpoints/sam3-tracker-ONNX")
 
 
 @app.command("models")
@@ -84,13 +107,11 @@ def download_cmd(
 
 @app.command("download-onnx")
 def download_onnx_cmd(
-    dest: Annotated[Path, typer.Option(help="Download directory.")] = Path(
-        "checkpoints/sam3-tracker-ONNX"
-    ),
+    dest: Annotated[Path, typer.Option(help="Download directory.")] = ONNX_COMMUNITY_DIR,
     repo: Annotated[str, typer.Option(help="Hugging Face repository.")] = (
         "onnx-community/sam3-tracker-ONNX"
     ),
-    suffix: Annotated[str, typer.Option(help="Precision suffix: '' (fp32), _fp16, _q4...")] = "",
+    suffix: SuffixOpt = "",
 ) -> None:
     """Download the pre-exported SAM3 tracker ONNX pair (graphs + .onnx_data), no token needed."""
     from triton_sam.models import sam3
@@ -108,13 +129,13 @@ def download_onnx_cmd(
 
 @app.command("import-onnx")
 def import_onnx_cmd(
-    directory: Annotated[Path, typer.Argument(help="Folder with the pair (or its onnx/).")] = Path(
-        "checkpoints/sam3-tracker-ONNX"
-    ),
+    directory: Annotated[
+        Path, typer.Argument(help="Folder with the pair (or its onnx/).")
+    ] = ONNX_COMMUNITY_DIR,
     family: Annotated[str, typer.Option(help="Tensor contract of the pair.")] = (
         "sam3_onnx_community"
     ),
-    suffix: Annotated[str, typer.Option(help="Precision suffix of the files.")] = "",
+    suffix: SuffixOpt = "",
     target: Annotated[str, typer.Option(help="onnxruntime (GPU container) | python.")] = (
         "onnxruntime"
     ),
@@ -160,7 +181,7 @@ def export_cmd(
     random_init: Annotated[
         bool, typer.Option("--random-init", help="Export random weights (offline testing).")
     ] = False,
-    fp16: Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")] = False,
+    fp16: Fp16Opt = False,
     target: Annotated[
         str | None, typer.Option(help="Repository target: onnxruntime (GPU container) | python.")
     ] = None,
@@ -178,10 +199,8 @@ def export_cmd(
 def setup_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
-    random_init: Annotated[
-        bool, typer.Option("--random-init", help="Skip the download; export random weights.")
-    ] = False,
-    fp16: Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")] = False,
+    random_init: RandomInitOpt = False,
+    fp16: Fp16Opt = False,
     target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
     repository: RepositoryOpt = None,
 ) -> None:
@@ -195,6 +214,73 @@ def _session_options(values: dict, options: type) -> object | None:
     return options(**values) if values.pop("enabled", True) else None
 
 
+@dataclass(frozen=True)
+class _ExportPlan:
+    """What `export`, `setup` and `setup-video` build, from the composed configuration.
+
+    Attributes:
+        cfg: the composed configuration (defaults + overrides + the command's options).
+        spec: the variant; ``repository``: where its models are written.
+        build_args: the keyword arguments every ``pipeline.build_*`` takes from the
+            configuration: ``checkpoint`` (verified; None for random weights),
+            ``random_init``, and the ``export:`` / ``repository:`` sections as
+            ``export_options`` / ``repository_options``.
+    """
+
+    cfg: DictConfig
+    spec: ModelSpec
+    repository: Path
+    build_args: dict[str, Any]
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The checkpoint exported, or None for random weights."""
+        return self.build_args["checkpoint"]
+
+
+def _export_plan(
+    model: str,
+    overrides: list[str] | None,
+    checkpoint: Path | None,
+    *,
+    random_init: bool,
+    target: str | None,
+    repository: Path | None,
+    fp16: bool = False,
+    download: bool = True,
+) -> _ExportPlan:
+    """The options as config overrides, composed once; the checkpoint obtained (verified,
+    downloaded when ``download``) unless the composed ``export.random_init`` is true."""
+    from triton_sam.config import load_config, model_spec, section
+    from triton_sam.export import ExportOptions
+    from triton_sam.pipeline import obtain_checkpoint
+    from triton_sam.repository.config import RepositoryOptions
+
+    extra = list(overrides or [])
+    extra += ["export.fp16=true"] if fp16 else []
+    extra += [f"repository.target={target}"] if target else []
+    extra += ["export.random_init=true"] if random_init else []
+    cfg = load_config(model, extra)
+    spec = model_spec(cfg)
+    export_cfg = section(cfg, "export")
+    random_init = bool(export_cfg.pop("random_init"))
+    ckpt = None
+    if not random_init:
+        ckpt = obtain_checkpoint(
+            spec,
+            checkpoint=checkpoint,
+            checkpoints_dir=Path(cfg.paths.checkpoints),
+            download=download,
+        )
+    args = {
+        "checkpoint": ckpt,
+        "random_init": random_init,
+        "export_options": ExportOptions(**export_cfg),
+        "repository_options": RepositoryOptions(**section(cfg, "repository")),
+    }
+    return _ExportPlan(cfg, spec, repository or Path(cfg.paths.repository), args)
+
+
 def _export(
     model: str,
     overrides: list[str] | None,
@@ -206,43 +292,27 @@ def _export(
     *,
     download: bool,
 ) -> None:
-    from triton_sam.config import load_config, model_spec, section
-    from triton_sam.export import ExportOptions
-    from triton_sam.pipeline import build_repository, obtain_checkpoint
-    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.config import section
+    from triton_sam.pipeline import build_repository
     from triton_sam.repository.session_config import SessionOptions
 
-    extra = list(overrides or [])
-    extra += ["export.fp16=true"] if fp16 else []
-    extra += [f"repository.target={target}"] if target else []
-    extra += ["export.random_init=true"] if random_init else []
-    cfg = load_config(model, extra)
-    spec = model_spec(cfg)
-    export_cfg = section(cfg, "export")
-    random_init = bool(export_cfg.pop("random_init"))
-    repo = repository or Path(cfg.paths.repository)
-    ckpt = None
-    if not random_init:
-        ckpt = obtain_checkpoint(
-            spec,
-            checkpoint=checkpoint,
-            checkpoints_dir=Path(cfg.paths.checkpoints),
-            download=download,
-        )
+    plan = _export_plan(
+        model, overrides, checkpoint, random_init=random_init, fp16=fp16, target=target,
+        repository=repository, download=download,
+    )  # fmt: skip
+    repo = plan.repository
+    session = _session_options(section(plan.cfg, "session"), SessionOptions)
     build = build_repository(
-        spec,
+        plan.spec,
         repo,
-        checkpoint=ckpt,
-        random_init=random_init,
-        export_options=ExportOptions(**export_cfg),
-        repository_options=RepositoryOptions(**section(cfg, "repository")),
-        checkpoints_dir=Path(cfg.paths.checkpoints),
-        session=_session_options(section(cfg, "session"), SessionOptions),
+        **plan.build_args,
+        checkpoints_dir=Path(plan.cfg.paths.checkpoints),
+        session=session,
     )
-    if ckpt is not None:
+    if plan.checkpoint is not None:
         meta = build.metadata
         typer.echo(
-            f"checkpoint {ckpt}: sha256 {meta['triton_sam.checkpoint_sha256']} "
+            f"checkpoint {plan.checkpoint}: sha256 {meta['triton_sam.checkpoint_sha256']} "
             f"({meta['triton_sam.checkpoint_origin']}; recorded in the ONNX metadata)"
         )
     for name in build.models:
@@ -259,38 +329,19 @@ def _export(
 def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
-    random_init: Annotated[
-        bool, typer.Option("--random-init", help="Skip the download; export random weights.")
-    ] = False,
+    random_init: RandomInitOpt = False,
     target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
     repository: RepositoryOpt = None,
 ) -> None:
     """Export the SAM2.1 video graphs (verified against torch) and write them with the
     sam2_tracker model into the repository (next to the image models)."""
-    from triton_sam.config import load_config, model_spec, section
-    from triton_sam.export import ExportOptions
-    from triton_sam.pipeline import build_video_repository, obtain_checkpoint
-    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.pipeline import build_video_repository
 
-    extra = list(overrides or []) + ([f"repository.target={target}"] if target else [])
-    cfg = load_config(model, extra + (["export.random_init=true"] if random_init else []))
-    spec = model_spec(cfg)
-    export_cfg = section(cfg, "export")
-    random_init = bool(export_cfg.pop("random_init"))
-    checkpoint = None
-    if not random_init:
-        checkpoint = obtain_checkpoint(
-            spec, checkpoint=None, checkpoints_dir=Path(cfg.paths.checkpoints)
-        )
-    repo = repository or Path(cfg.paths.repository)
-    build = build_video_repository(
-        spec,
-        repo,
-        checkpoint=checkpoint,
-        random_init=random_init,
-        export_options=ExportOptions(**export_cfg),
-        repository_options=RepositoryOptions(**section(cfg, "repository")),
+    plan = _export_plan(
+        model, overrides, None, random_init=random_init, target=target, repository=repository
     )
+    repo = plan.repository
+    build = build_video_repository(plan.spec, repo, **plan.build_args)
     for name in build.models:
         typer.echo(f"wrote {repo / name}")
     worst = max(build.max_abs_error.values(), default=float("nan"))
@@ -434,10 +485,10 @@ def serve_cmd(
 
 @app.command("check")
 def check_cmd(
-    url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
-    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
+    url: ServerUrlOpt = None,
+    protocol: ProtocolOpt = "http",
     model_type: Annotated[str, typer.Option(help="sam2 | sam1 | sam3")] = "sam2",
-    image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
+    image: ImageOpt = None,
 ) -> None:
     """Smoke-test a running server: encode an image, predict a click, print timings."""
     import numpy as np
@@ -466,8 +517,8 @@ def segment_cmd(
     out: Annotated[
         Path, typer.Option(help="Overlay PNG to write; the COCO JSON goes beside it (.json).")
     ] = Path("outputs/segment.png"),
-    url: Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")] = None,
-    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
+    url: ServerUrlOpt = None,
+    protocol: ProtocolOpt = "http",
     threshold: Annotated[float, typer.Option(help="Score threshold (Sam3Processor's).")] = 0.3,
     max_instances: Annotated[
         int | None, typer.Option(help="At most this many instances per phrase.")
@@ -523,9 +574,9 @@ def _size(n: int) -> str:
 
 @app.command("demo")
 def demo_cmd(
-    model: Annotated[str, typer.Option(help="Variant to run.")] = "sam2.1_hiera_tiny",
-    protocol: Annotated[str, typer.Option(help="http | grpc")] = "http",
-    image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    protocol: ProtocolOpt = "http",
+    image: ImageOpt = None,
     output: Annotated[Path, typer.Option(help="Overlay PNG.")] = Path("outputs/demo_overlay.png"),
     download: Annotated[
         bool,
@@ -606,11 +657,11 @@ def bench_cmd(
 
 @app.command("bench-backends")
 def bench_backends_cmd(
-    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
-    protocol: Annotated[str, typer.Option(help="grpc | http")] = "grpc",
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    protocol: ProtocolOpt = "grpc",
     n_encode: Annotated[int, typer.Option(min=1, help="Timed encodes per path.")] = 10,
     n_click: Annotated[int, typer.Option(min=1, help="Timed session clicks per path.")] = 50,
-    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
+    output: ReportDirOpt = Path("outputs/bench"),
 ) -> None:
     """Encode and click (session path) latency on Triton's onnxruntime backend vs the
     python-backend runner: the same repository served both ways at once, requests
@@ -639,17 +690,16 @@ def bench_backends_cmd(
             model_name=spec.name,
         )
     paths = write_report(report, output)
-    typer.echo(paths["md"].read_text())
-    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+    _echo_report(paths)
 
 
 @app.command("bench-video")
 def bench_video_cmd(
-    model: Annotated[str, typer.Option(help="Variant to benchmark.")] = "sam2.1_hiera_tiny",
+    model: VariantOpt = "sam2.1_hiera_tiny",
     frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
     objects: Annotated[int, typer.Option(min=1, max=3, help="Objects tracked.")] = 1,
     repeats: Annotated[int, typer.Option(min=1, help="Timed propagations per path.")] = 1,
-    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
+    output: ReportDirOpt = Path("outputs/bench"),
     work_dir: Annotated[Path, typer.Option(help="Graphs and repository.")] = Path(".bench_video"),
 ) -> None:
     """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs SAM2VideoPredictor and
@@ -682,8 +732,7 @@ def bench_video_cmd(
             repeats=repeats,
         )
     paths = write_video_report(report, output)
-    typer.echo(paths["md"].read_text())
-    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+    _echo_report(paths)
 
 
 @app.command("perf-analyzer")
@@ -729,6 +778,12 @@ def perf_analyzer_cmd(
         run(s.url.split("://", 1)[-1])
 
 
+def _echo_report(paths: dict[str, Path]) -> None:
+    """Print a written benchmark report: its markdown, then where every file went."""
+    typer.echo(paths["md"].read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+
+
 def _levels(text: str) -> list[int]:
     from triton_sam.errors import InputValidationError
 
@@ -743,12 +798,8 @@ def _levels(text: str) -> list[int]:
 
 @app.command("stress")
 def stress_cmd(
-    model: Annotated[
-        str, typer.Option(help="Variant served by the embedded server.")
-    ] = "sam2.1_hiera_tiny",
-    url: Annotated[
-        str | None, typer.Option(help="A running server instead of an embedded one.")
-    ] = None,
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    url: RunningUrlOpt = None,
     protocol: Annotated[str, typer.Option(help="grpc | http (no server-side cancel)")] = "grpc",
     http_url: Annotated[
         str | None, typer.Option(help="Statistics endpoint of --url (default: its host:8000).")
@@ -756,14 +807,14 @@ def stress_cmd(
     metrics_url: Annotated[
         str | None, typer.Option(help="Metrics endpoint of --url (default: its host:8002).")
     ] = None,
-    model_type: Annotated[str, typer.Option(help="Model family of --url's models.")] = "sam2",
+    model_type: ModelTypeOpt = "sam2",
     events: Annotated[int, typer.Option(min=1, help="Mouse events per drag.")] = 50,
     rate: Annotated[float, typer.Option(min=0.1, help="Events per second.")] = 100.0,
-    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 4,
+    sessions: SessionsOpt = 4,
     repeats: Annotated[int, typer.Option(min=1, help="Drags per session.")] = 1,
     modes: Annotated[str, typer.Option(help="Comma-separated.")] = "reference,cancel,latest",
-    image: Annotated[Path | None, typer.Option(help="Image (default: synthetic).")] = None,
-    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/stress"),
+    image: ImageOpt = None,
+    output: ReportDirOpt = Path("outputs/stress"),
 ) -> None:
     """Speculative decoding under simulated mouse drags: the reference behaviour (send all,
     mark cancelled locally), real cancellation, and latest-wins, in one run; executed and
@@ -795,8 +846,7 @@ def stress_cmd(
             model_name=name,
         )
         paths = write_report(report, output)
-        typer.echo(paths["md"].read_text())
-        typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+        _echo_report(paths)
 
     work = Path(".stress")
     with _served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
@@ -808,15 +858,11 @@ def stress_cmd(
 
 @app.command("soak")
 def soak_cmd(
-    model: Annotated[
-        str, typer.Option(help="Variant served by the embedded server.")
-    ] = "sam2.1_hiera_tiny",
-    url: Annotated[
-        str | None, typer.Option(help="A running server instead of an embedded one.")
-    ] = None,
-    protocol: Annotated[str, typer.Option(help="grpc | http")] = "grpc",
-    model_type: Annotated[str, typer.Option(help="Model family of --url's models.")] = "sam2",
-    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 16,
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    url: RunningUrlOpt = None,
+    protocol: ProtocolOpt = "grpc",
+    model_type: ModelTypeOpt = "sam2",
+    sessions: SessionsOpt = 16,
     duration: Annotated[float, typer.Option(min=1, help="Seconds of prompting.")] = 60.0,
     warmup: Annotated[
         float, typer.Option(min=0, help="Seconds of prompting before memory growth counts.")
@@ -835,7 +881,7 @@ def soak_cmd(
             "what the clients use by default) or send them with every click.",
         ),
     ] = True,
-    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/soak"),
+    output: ReportDirOpt = Path("outputs/soak"),
 ) -> None:
     """Many concurrent sessions for a while: failures, latency p50/p95/p99, and client and
     server memory (RSS) sampled throughout (JSON + markdown). Exits 1 on any failure."""
@@ -861,8 +907,7 @@ def soak_cmd(
             progress=typer.echo,
         )
         paths = write_report(report, output)
-        typer.echo(paths["md"].read_text())
-        typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+        _echo_report(paths)
         if report.failures:
             raise typer.Exit(1)
 
@@ -920,18 +965,16 @@ def _checkpoints_dir() -> Path:
 
 @app.command("bench-replicas")
 def bench_replicas_cmd(
-    model: Annotated[str, typer.Option(help="Variant to serve.")] = "sam2.1_hiera_tiny",
+    model: VariantOpt = "sam2.1_hiera_tiny",
     protocol: Annotated[str, typer.Option(help="grpc | http | both")] = "both",
     replicas: Annotated[int, typer.Option(min=2, help="Triton replicas behind nginx.")] = 3,
-    sessions: Annotated[int, typer.Option(min=1, help="Concurrent sessions.")] = 16,
+    sessions: SessionsOpt = 16,
     clicks: Annotated[int, typer.Option(min=1, help="Clicks per session.")] = 30,
     images: Annotated[int, typer.Option(min=1, help="Distinct images.")] = 8,
     kill_after: Annotated[
         float, typer.Option(min=0.0, max=0.99, help="Fraction of clicks before a replica dies.")
     ] = 0.4,
-    output: Annotated[Path, typer.Option(help="Report directory.")] = Path(
-        "outputs/bench-replicas"
-    ),
+    output: ReportDirOpt = Path("outputs/bench-replicas"),
     repository: RepositoryOpt = None,
 ) -> None:
     """Embedded Triton replicas behind a real nginx (image-affine consistent hashing), many
@@ -981,8 +1024,7 @@ def bench_replicas_cmd(
         typer.echo(f"{p}: {replicas} replicas behind nginx")
         reports.append(run_replicas(repo, p, options, reference=reference, **names))
     paths = write_report(reports, options, output)
-    typer.echo(paths["md"].read_text())
-    typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
+    _echo_report(paths)
     if any(r.failed_clicks or r.mask_mismatches for r in reports):
         raise typer.Exit(1)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,33 +129,21 @@ def build_repository(
         InputValidationError: neither a checkpoint nor ``random_init``.
         ExportError, ExportValidationError, RepositoryError: from the stages.
     """
-    if checkpoint is None and not random_init:
-        raise InputValidationError(
-            "checkpoint", "no checkpoint given; download one or pass random_init=True"
-        )
-    repository.mkdir(parents=True, exist_ok=True)
-    scratch = Path(
-        tempfile.mkdtemp(
-            prefix=f".{repository.resolve().name}.export-",
-            dir=work_dir or repository.resolve().parent,
-        )
-    )
-    try:
+    with _scratch(spec, repository, checkpoint, random_init, work_dir, "export") as work:
+        scratch, weights = work
         if random_init:
-            log.warning("exporting %s with RANDOM weights: masks will be meaningless", spec.name)
-            checkpoint = save_random_checkpoint(spec, scratch / spec.checkpoint.filename)
             used: Path | None = None
             origin = {
                 "triton_sam.checkpoint": "random-init",
                 "triton_sam.checkpoint_origin": "random",
             }
         else:
-            used = checkpoint
-            origin = provenance(spec.checkpoint, checkpoint, checkpoints_dir)
+            used = weights
+            origin = provenance(spec.checkpoint, weights, checkpoints_dir)
             log.info(
                 "exporting %s from %s (sha256 %s, %s)",
                 spec.name,
-                checkpoint,
+                weights,
                 origin["triton_sam.checkpoint_sha256"],
                 origin["triton_sam.checkpoint_origin"],
             )
@@ -164,7 +153,7 @@ def build_repository(
             return _build_concept(
                 spec,
                 repository,
-                checkpoint,
+                weights,
                 used,
                 scratch,
                 export_options,
@@ -172,7 +161,7 @@ def build_repository(
                 concept,
                 metadata,
             )
-        result = export_model(spec, checkpoint, scratch / "onnx", export_options, metadata=metadata)
+        result = export_model(spec, weights, scratch / "onnx", export_options, metadata=metadata)
         graphs = spec.family.graphs
         artifacts = graph_artifacts(graphs, result.graphs, options)
         if session is not None:
@@ -190,6 +179,43 @@ def build_repository(
             session_model=session_model,
             metadata=metadata,
         )
+
+
+@contextmanager
+def _scratch(
+    spec: ModelSpec,
+    repository: Path,
+    checkpoint: Path | None,
+    random_init: bool,
+    work_dir: Path | None,
+    stage: str,
+) -> Iterator[tuple[Path, Path]]:
+    """A scratch directory for an export of ``spec`` into ``repository`` and the weights to
+    export: ``checkpoint``, or the official config's random initialisation saved into the
+    scratch directory (loaded through the same path as a real checkpoint). The scratch
+    directory sits beside the repository (never in it, where Triton would try to load it)
+    and is removed when the block ends.
+
+    Raises:
+        InputValidationError: neither a checkpoint nor ``random_init``.
+    """
+    if checkpoint is None and not random_init:
+        raise InputValidationError(
+            "checkpoint", "no checkpoint given; download one or pass random_init=True"
+        )
+    repository.mkdir(parents=True, exist_ok=True)
+    scratch = Path(
+        tempfile.mkdtemp(
+            prefix=f".{repository.resolve().name}.{stage}-",
+            dir=work_dir or repository.resolve().parent,
+        )
+    )
+    try:
+        if random_init:
+            log.warning("exporting %s with RANDOM weights: masks will be meaningless", spec.name)
+            checkpoint = save_random_checkpoint(spec, scratch / spec.checkpoint.filename)
+        assert checkpoint is not None  # checked above
+        yield scratch, checkpoint
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -283,22 +309,9 @@ def build_video_repository(
         raise InputValidationError(
             "model", f"video tracking is exported for SAM2.1 variants, got {spec.name!r}"
         )
-    if checkpoint is None and not random_init:
-        raise InputValidationError(
-            "checkpoint", "no checkpoint given; download one or pass random_init=True"
-        )
-    repository.mkdir(parents=True, exist_ok=True)
-    scratch = Path(
-        tempfile.mkdtemp(
-            prefix=f".{repository.resolve().name}.video-export-",
-            dir=work_dir or repository.resolve().parent,
-        )
-    )
-    try:
-        if random_init:
-            log.warning("exporting %s with RANDOM weights: masks will be meaningless", spec.name)
-            checkpoint = save_random_checkpoint(spec, scratch / spec.checkpoint.filename)
-        result = export_video(spec, checkpoint, scratch / "onnx", export_options)
+    with _scratch(spec, repository, checkpoint, random_init, work_dir, "video-export") as work:
+        scratch, weights = work
+        result = export_video(spec, weights, scratch / "onnx", export_options)
         models = write_video_models(
             repository,
             result.graphs,
@@ -307,5 +320,3 @@ def build_video_repository(
             tracker_options,
         )
         return VideoRepositoryBuild(models, result.max_abs_error, result.seconds)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)

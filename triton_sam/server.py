@@ -41,6 +41,7 @@ from triton_sam.errors import (
     RepositoryError,
     ServerStartError,
 )
+from triton_sam.lifecycle import Service
 
 ModelControl = Literal["none", "explicit"]
 STUB_NAME = "triton_python_backend_stub"
@@ -75,7 +76,7 @@ def find_tritonserver() -> Path:
     return binary
 
 
-class EmbeddedTriton:
+class EmbeddedTriton(Service):
     """A local tritonserver process over a model repository.
 
     Use as a context manager (starts and waits until ready; stops on exit, also when the
@@ -268,12 +269,6 @@ class EmbeddedTriton:
         if self._user_log_path is None and self._log_path is not None and not self._keep_log:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None
-
-    def __enter__(self) -> EmbeddedTriton:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- internals --------------------------------------------------------------------------
 

@@ -102,18 +102,22 @@ def test_a_checkpoint_of_another_width_is_refused(concept_checkpoint):
 def test_wrappers_stay_in_eval_mode_after_an_export(concept_spec, concept_checkpoint, tmp_path):
     # The legacy exporter restores the mode a module had; a training-mode wrapper would leave
     # the DETR dropout on and corrupt every later torch reference run.
-    from triton_sam.export import ExportOptions
-    from triton_sam.export.concept_graphs import _export_graph
+    from triton_sam.export import ExportOptions, GraphExport, trace_graphs
     from triton_sam.export.sam3_concept import build_model, wrap_text
 
     model = build_model(concept_spec, concept_checkpoint)
     wrapper = wrap_text(model)
     ids = np.zeros((2, 32), np.int64)
-    _export_graph(
-        wrapper,
-        concept_spec.family.text,
-        {"input_ids": ids, "attention_mask": np.ones_like(ids)},
+    trace_graphs(
+        [
+            GraphExport(
+                concept_spec.family.text,
+                wrapper,
+                {"input_ids": ids, "attention_mask": np.ones_like(ids)},
+            )
+        ],
         tmp_path,
         ExportOptions(),
+        {},
     )
     assert not any(m.training for m in model.modules())

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from triton_sam.bench.latency import click_prompt
 from triton_sam.client import model_frame
 from triton_sam.client.embedding_path import bytes_tensor, embed_inputs
 from triton_sam.client.embedding_path import image_id as session_image_id
-from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.errors import ServerError
 from triton_sam.models.spec import FamilySpec
@@ -86,14 +86,7 @@ def compare_backends(
     encode_feeds = {family.encoder_inputs[0].name: tensor}
     # the id the session model computes (and answers) for these pixels
     image_id = session_image_id(image, family, family.encoder_model, family.session_model)
-    prompts = build_decoder_prompts(
-        point_coords=[[hw[1] / 3, hw[0] / 2]],
-        point_labels=[1],
-        box=None,
-        mask_input=None,
-        orig_hw=hw,
-        family=family,
-    )
+    prompts = click_prompt(family, hw, (hw[1] / 3, hw[0] / 2))
     # A click sends the prompt tensors only; the session model fills in the empty mask input.
     click_feeds = {"image_id": bytes_tensor(image_id), **_without_mask(prompts, family)}
     report = BackendComparison(model_name or family.family)

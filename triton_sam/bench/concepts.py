@@ -55,18 +55,28 @@ class ConceptBenchReport:
         return "\n".join(lines)
 
 
-def bench_triton(
-    url: str,
-    protocol: str,
-    images: Sequence[np.ndarray],
-    phrases: Sequence[str],
-    report: ConceptBenchReport,
-    *,
-    threshold: float,
-    repeats: int,
-) -> None:
+@dataclass(frozen=True)
+class Workload:
+    """What every path of the benchmark is timed on.
+
+    Attributes:
+        images: RGB uint8 images; the first warms the path up, the others are timed.
+        phrases: the noun phrases asked for each image.
+        threshold: the score threshold (Sam3Processor's).
+        repeats: timed predict calls per stage.
+    """
+
+    images: Sequence[np.ndarray]
+    phrases: Sequence[str]
+    threshold: float
+    repeats: int
+
+
+def bench_triton(url: str, protocol: str, work: Workload, report: ConceptBenchReport) -> None:
     """Time set_image (new images) and predict_concepts (cached image, ``repeats`` calls)."""
     from triton_sam.client import SAM2TritonClient
+
+    images, phrases, threshold, repeats = work.images, work.phrases, work.threshold, work.repeats
 
     path = f"triton-{protocol}"
     with SAM2TritonClient(url, model_type="sam3_concept", protocol=protocol) as client:
@@ -106,18 +116,12 @@ def bench_triton(
                    unit="phrases")  # fmt: skip
 
 
-def bench_transformers(
-    checkpoint: Path,
-    images: Sequence[np.ndarray],
-    phrases: Sequence[str],
-    report: ConceptBenchReport,
-    *,
-    threshold: float,
-    repeats: int,
-) -> None:
+def bench_transformers(checkpoint: Path, work: Workload, report: ConceptBenchReport) -> None:
     """The same stages with ``Sam3Model`` + ``Sam3Processor`` in this process."""
     import torch
     from transformers import Sam3Model, Sam3Processor
+
+    images, phrases, threshold, repeats = work.images, work.phrases, work.threshold, work.repeats
 
     model = Sam3Model.from_pretrained(checkpoint).eval()
     processor = Sam3Processor.from_pretrained(checkpoint)
@@ -220,10 +224,10 @@ def run_concept_bench(
     })  # fmt: skip
     for seed, (protocol, url) in enumerate(urls.items()):
         # new images for every path: the server would answer a probe for ones it holds
-        pictures = sample_images(images + 1, seed=seed)
-        bench_triton(url, protocol, pictures, phrases, report, threshold=threshold, repeats=repeats)
-    pictures = sample_images(images + 1, seed=len(urls))
-    bench_transformers(checkpoint, pictures, phrases, report, threshold=threshold, repeats=repeats)
+        work = Workload(sample_images(images + 1, seed=seed), phrases, threshold, repeats)
+        bench_triton(url, protocol, work, report)
+    work = Workload(sample_images(images + 1, seed=len(urls)), phrases, threshold, repeats)
+    bench_transformers(checkpoint, work, report)
     return report
 
 

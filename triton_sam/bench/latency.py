@@ -1,9 +1,11 @@
-"""Encoder/decoder latency and throughput through Triton vs in-process onnxruntime.
+"""Per-graph latency and throughput through Triton vs in-process onnxruntime.
 
 Every path runs at each concurrency level in the same run: ``onnxruntime`` (the repository's
 own ONNX files, in this process: the baseline), and the served models over ``http`` and
 ``grpc``. The ratio to the baseline is the cost of serving (serialisation, transport, the
-backend) and nothing else. Requests are built once; only the calls are timed.
+backend) and nothing else. Requests are built once; only the calls are timed. The graphs
+timed are the family's (``FamilySpec.graphs``: an encoder, fed one image, and a decoder,
+fed one click on its embeddings).
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ from tqdm import tqdm
 from triton_sam.client import model_frame
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
+from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec
-
-GRAPHS = ("encoder", "decoder")
 
 
 @dataclass
@@ -147,6 +148,11 @@ def run_latency_benchmark(
     """
     import onnxruntime as ort
 
+    models = {g.role: g.model for g in family.graphs}
+    if set(models) != {"encoder", "decoder"}:
+        raise InputValidationError(
+            "family", f"{family.family}: graphs {list(models)}; timed are encoder + decoder"
+        )
     report = LatencyReport(model_name or family.family)
     report.settings = {
         "n_encode": n_encode,
@@ -156,7 +162,6 @@ def run_latency_benchmark(
     }
     hw = (int(image.shape[0]), int(image.shape[1]))
     tensor = model_frame.preprocess(image, family.preprocessing)
-    models = {"encoder": family.encoder_model, "decoder": family.decoder_model}
     sessions = {
         g: ort.InferenceSession(str(_onnx_file(repository, m)), providers=["CPUExecutionProvider"])
         for g, m in models.items()
@@ -165,19 +170,12 @@ def run_latency_benchmark(
     embeddings = sessions["encoder"].run(list(family.embedding_names), feeds["encoder"])
     feeds["decoder"] = {
         **dict(zip(family.embedding_names, embeddings, strict=True)),
-        **build_decoder_prompts(
-            point_coords=[[hw[1] / 2, hw[0] / 2]],
-            point_labels=[1],
-            box=None,
-            mask_input=None,
-            orig_hw=hw,
-            family=family,
-        ),
+        **click_prompt(family, hw, (hw[1] / 2, hw[0] / 2)),
     }
     outputs = {"encoder": list(family.embedding_names), "decoder": ["masks", "iou_predictions"]}
     counts = {"encoder": n_encode, "decoder": n_decode}
 
-    for graph in GRAPHS:
+    for graph in models:
         nbytes = sum(a.nbytes for a in feeds[graph].values())
         for c in concurrency:
             n = max(counts[graph], c)
@@ -193,7 +191,7 @@ def run_latency_benchmark(
 
     for protocol, url in urls.items():
         endpoint = resolve_endpoint(url, protocol)
-        for graph in GRAPHS:
+        for graph in models:
             nbytes = sum(a.nbytes for a in feeds[graph].values())
             for c in concurrency:
                 # One connection per caller: a tritonclient connection serialises its calls.
@@ -212,6 +210,17 @@ def run_latency_benchmark(
                         t.close()
                 report.series.append(Series(graph, protocol, c, samples, wall, nbytes))
     return report
+
+
+def click_prompt(
+    family: FamilySpec, hw: tuple[int, int], xy: tuple[float, float]
+) -> dict[str, np.ndarray]:
+    """The decoder's prompt tensors for one foreground click at ``xy`` = (X, Y) in the pixels
+    of an ``hw`` = (H, W) image, laid out as ``family``'s clients send it (no mask input)."""
+    return build_decoder_prompts(
+        point_coords=[list(xy)], point_labels=[1], box=None, mask_input=None, orig_hw=hw,
+        family=family,
+    )  # fmt: skip
 
 
 def _onnx_file(repository: Path, model: str) -> Path:
@@ -255,8 +264,9 @@ def _plot(rows: list[dict[str, object]], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for col, graph in enumerate(GRAPHS):
+    graphs = list(dict.fromkeys(str(r["graph"]) for r in rows))  # the family's, in order
+    fig, axes = plt.subplots(2, len(graphs), figsize=(5.5 * len(graphs), 7), squeeze=False)
+    for col, graph in enumerate(graphs):
         for name in sorted({str(r["path"]) for r in rows}):
             sel = sorted(
                 (r for r in rows if r["graph"] == graph and r["path"] == name),

@@ -6,7 +6,10 @@ exporter module (``spec.family.exporter``) exposes ``build_model``,
 ``wrap_decoder``); everything else (export and output dims from the contract, fp16, metadata,
 the ORT-vs-torch check) is one loop over the graphs here. What is family-specific is where
 the example inputs come from: the prompt cases of a point-prompted decoder (below), the
-concept family's (``concept_graphs``), the video graphs' (``sam2_video_checks``).
+concept family's (``concept_graphs``), the video graphs' (``sam2_video_checks``). The concept
+and video exporters trace and finish their graphs through the same two steps
+(:func:`trace_graphs`, :func:`finish_graph`) and keep their own checks (per-output
+tolerances; expected outputs from upstream's code path instead of the wrappers).
 """
 
 from __future__ import annotations
@@ -141,8 +144,6 @@ def export_model(
         ExportError: torch.onnx.export failed.
         ExportValidationError: an output disagrees beyond tolerance; lists every mismatch.
     """
-    import torch
-
     from triton_sam.export import onnx_utils, optimize
 
     options = options or ExportOptions()
@@ -161,22 +162,10 @@ def export_model(
     checked: dict[str, list] = {g.role: [] for g in fam.graphs}
     for graph in fam.graphs if options.verify else ():
         for label, feeds in cases[graph.role]:
-            expected = _run_torch(wrappers[graph.role], graph, feeds)
+            expected = run_torch(wrappers[graph.role], graph, feeds)
             checked[graph.role].append((label, feeds, expected))
-    graphs: dict[str, Path] = {}
-    for graph in fam.graphs:
-        t0 = time.perf_counter()
-        graphs[graph.role] = onnx_utils.export_graph(
-            wrappers[graph.role],
-            tuple(torch.from_numpy(cases[graph.role][-1][1][t.name]) for t in graph.inputs),
-            out_dir / f"{graph.role}.onnx",
-            input_names=[t.name for t in graph.inputs],
-            output_names=[t.name for t in graph.outputs],
-            dynamic_axes=_batch_axes([*graph.inputs, *graph.outputs]),
-            opset=options.opset,
-            external_data=options.external_data,
-        )
-        seconds[f"export_{graph.role}"] = time.perf_counter() - t0
+    traced = [GraphExport(g, wrappers[g.role], cases[g.role][-1][1]) for g in fam.graphs]
+    graphs = trace_graphs(traced, out_dir, options, seconds)
 
     tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
     # CPU options on the encoder (off by default): fused attention, int8 weights (a looser
@@ -193,15 +182,7 @@ def export_model(
         seconds["quantize"] = time.perf_counter() - t0
         tolerances["encoder"] = optimize.INT8_TOLERANCE
     for graph in fam.graphs:
-        path = graphs[graph.role]
-        if options.fp16:
-            onnx_utils.convert_to_fp16(path)
-        bound_prompt_points(path, graph.inputs)
-        # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the
-        # fixed output sizes declared in the graph (see set_output_dims).
-        onnx_utils.set_output_dims(path, graph.outputs)
-        if metadata:
-            onnx_utils.set_metadata(path, metadata)
+        finish_graph(graphs[graph.role], graph, options, metadata)
     result = ExportResult(graphs, seconds, tolerance=(tolerance.atol, tolerance.rtol))
     encoder_tolerance = tolerances.get("encoder", tolerance)
     result.encoder_tolerance = (encoder_tolerance.atol, encoder_tolerance.rtol)
@@ -213,6 +194,81 @@ def export_model(
             result.max_abs_error.update(checks)
         seconds["verify"] = time.perf_counter() - t0
     return result
+
+
+@dataclass(frozen=True)
+class GraphExport:
+    """One graph to trace.
+
+    Attributes:
+        graph: the declared graph: its role names the file (``<role>.onnx``), its tensors
+            the graph's inputs and outputs, in the module's order.
+        module: a torch module taking ``graph.inputs`` and returning ``graph.outputs``, in order.
+        trace: the feeds it is traced on, by input name (no dynamic dim of size 1 in them,
+            which the tracer could bake in).
+        axes: the dynamic axes by tensor name; None: :func:`batch_axes` of the graph.
+    """
+
+    graph: GraphSpec
+    module: Any
+    trace: Mapping[str, np.ndarray]
+    axes: Mapping[str, dict[int, str]] | None = None
+
+
+def trace_graphs(
+    graphs: Sequence[GraphExport],
+    out_dir: Path,
+    options: ExportOptions,
+    seconds: dict[str, float],
+) -> dict[str, Path]:
+    """Trace each graph to ``out_dir/<role>.onnx`` (``seconds["export_<role>"]``), in order.
+
+    Returns:
+        role -> path of the ``.onnx`` written (external data beside it when needed).
+    """
+    import torch
+
+    from triton_sam.export import onnx_utils
+
+    paths: dict[str, Path] = {}
+    for item in graphs:
+        graph = item.graph
+        t0 = time.perf_counter()
+        paths[graph.role] = onnx_utils.export_graph(
+            item.module,
+            tuple(torch.from_numpy(item.trace[t.name]) for t in graph.inputs),
+            out_dir / f"{graph.role}.onnx",
+            input_names=[t.name for t in graph.inputs],
+            output_names=[t.name for t in graph.outputs],
+            dynamic_axes=dict(item.axes or batch_axes([*graph.inputs, *graph.outputs])),
+            opset=options.opset,
+            external_data=options.external_data,
+        )
+        # The exporter restores the mode the module had; the next graph may share its
+        # submodules, so make sure they are traced in eval mode.
+        item.module.eval()
+        seconds[f"export_{graph.role}"] = time.perf_counter() - t0
+    return paths
+
+
+def finish_graph(
+    path: Path,
+    graph: GraphSpec,
+    options: ExportOptions,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """What every traced graph gets, in place: fp16 (with ``options.fp16``), the bound on its
+    prompt points, the declared output dims, and ``metadata`` in its ``metadata_props``."""
+    from triton_sam.export import onnx_utils
+
+    if options.fp16:
+        onnx_utils.convert_to_fp16(path)
+    bound_prompt_points(path, graph.inputs)
+    # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the
+    # fixed output sizes declared in the graph (see set_output_dims).
+    onnx_utils.set_output_dims(path, graph.outputs)
+    if metadata:
+        onnx_utils.set_metadata(path, metadata)
 
 
 def bound_prompt_points(path: Path, inputs: Sequence[TensorSpec]) -> None:
@@ -230,14 +286,18 @@ def _random_tensor(t: TensorSpec, batch: int, rng: np.random.Generator) -> np.nd
     return rng.standard_normal((batch, *t.shape)).astype(t.dtype)
 
 
-def _batch_axes(tensors: list[TensorSpec]) -> dict[str, dict[int, str]]:
-    """Dim 0 is Triton's batch; every -1 in the spec becomes a named dynamic axis."""
+def batch_axes(
+    tensors: Sequence[TensorSpec], shared: Mapping[str, str] | None = None
+) -> dict[str, dict[int, str]]:
+    """Dim 0 is Triton's batch; every -1 in the spec becomes a named dynamic axis:
+    ``shared[name]`` where the same count appears in several tensors, else
+    ``<name>_dim<i>``."""
     axes: dict[str, dict[int, str]] = {}
     for t in tensors:
         axes[t.name] = {0: "batch"}
         for i, d in enumerate(t.shape):
             if d == -1:
-                axes[t.name][i + 1] = f"{t.name}_dim{i + 1}"
+                axes[t.name][i + 1] = (shared or {}).get(t.name, f"{t.name}_dim{i + 1}")
     return axes
 
 
@@ -293,8 +353,8 @@ def _prompt_cases(
     }
 
 
-def _run_torch(
-    module: Any, graph: GraphSpec, feeds: dict[str, np.ndarray]
+def run_torch(
+    module: Any, graph: GraphSpec, feeds: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """``module``'s outputs on ``feeds``, by ``graph``'s output names."""
     import torch

@@ -1,6 +1,7 @@
-"""Export of a concept family's three graphs, with the ORT-vs-torch check (one report of
-every mismatch) and output dims written from the spec (what Triton's onnxruntime backend
-compares with ``config.pbtxt``)."""
+"""Export of a concept family's three graphs, traced and finished by the shared steps of
+:mod:`triton_sam.export` (output dims written from the spec, what Triton's onnxruntime backend
+compares with ``config.pbtxt``), with the concept family's ORT-vs-torch check (per-output
+tolerances, one report of every mismatch)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import torch
 from torch import nn
 
 from triton_sam.errors import ExportValidationError
-from triton_sam.export import ExportOptions, onnx_utils
+from triton_sam.export import (
+    ExportOptions,
+    GraphExport,
+    finish_graph,
+    onnx_utils,
+    run_torch,
+    trace_graphs,
+)
 from triton_sam.export import sam3_concept as family_exporter
 from triton_sam.models import sam3_concept as contract
 from triton_sam.models.sam3_concept import ConceptFamilySpec
@@ -94,11 +102,7 @@ def export_graphs(
     model = family_exporter.build_model(spec, checkpoint)
     tokenizer, pad_id = family_exporter.save_tokenizer(checkpoint, Path(out_dir))
     seconds["build"] = time.perf_counter() - t0
-    wrappers = {
-        "vision": family_exporter.wrap_vision(model),
-        "text": family_exporter.wrap_text(model),
-        "decoder": family_exporter.wrap_decoder(model),
-    }
+    wrappers = {g.role: getattr(family_exporter, f"wrap_{g.role}")(model) for g in fam.graphs}
     cases = _cases(
         fam, wrappers, np.random.default_rng(options.seed), pad_id, verify=options.verify
     )
@@ -106,7 +110,7 @@ def export_graphs(
     checked = (
         {
             graph.role: [
-                (label, feeds, _run_torch(wrappers[graph.role], feeds, graph))
+                (label, feeds, run_torch(wrappers[graph.role], graph, feeds))
                 for label, feeds in cases[graph.role]
             ]
             for graph in fam.graphs
@@ -114,42 +118,16 @@ def export_graphs(
         if options.verify
         else {}
     )
-    graphs = {}
+    traced = [GraphExport(g, wrappers[g.role], cases[g.role][-1][1], _axes(g)) for g in fam.graphs]
+    graphs = trace_graphs(traced, Path(out_dir), options, seconds)
     for graph in fam.graphs:
-        t0 = time.perf_counter()
-        graphs[graph.role] = _export_graph(
-            wrappers[graph.role], graph, cases[graph.role][-1][1], Path(out_dir), options
-        )
-        seconds[f"export_{graph.role}"] = time.perf_counter() - t0
+        finish_graph(graphs[graph.role], graph, options)
     result = ConceptExportResult(graphs, tokenizer, pad_id, seconds)
     if options.verify:
         t0 = time.perf_counter()
         _verify(result, fam, checked)
         seconds["verify"] = time.perf_counter() - t0
     return result
-
-
-def _export_graph(
-    module: nn.Module,
-    graph: GraphSpec,
-    feeds: dict[str, np.ndarray],
-    out_dir: Path,
-    options: ExportOptions,
-) -> Path:
-    """Export one graph, traced on ``feeds`` (no dim 1 among the dynamic ones)."""
-    path = onnx_utils.export_graph(
-        module,
-        tuple(torch.from_numpy(feeds[t.name]) for t in graph.inputs),
-        out_dir / f"{graph.role}.onnx",
-        input_names=[t.name for t in graph.inputs],
-        output_names=[t.name for t in graph.outputs],
-        dynamic_axes=_axes(graph),
-        opset=options.opset,
-        external_data=options.external_data,
-    )
-    _declare_output_dims(path, graph)
-    module.eval()  # the exporter restores the mode the module had; make sure it is eval
-    return path
 
 
 def _axes(graph: GraphSpec) -> dict[str, dict[int, str]]:
@@ -165,30 +143,6 @@ def _axes(graph: GraphSpec) -> dict[str, dict[int, str]]:
         for i, label in zip(dynamic, labels, strict=False):
             axes[t.name][i + 1] = label
     return axes
-
-
-def _declare_output_dims(path: Path, graph: GraphSpec) -> None:
-    """Write the spec's output dims into the graph: static where the spec is, symbolic else.
-
-    The TorchScript exporter names every output dim it cannot prove static (``Reshape..._dim_3``
-    for the 4 in boxes [B,N,K,4]); Triton's onnxruntime backend compares output dims with the
-    config exactly, so they must be the spec's.
-    """
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    axes = _axes(graph)
-    for value, spec in zip(model.graph.output, graph.outputs, strict=True):
-        dims = value.type.tensor_type.shape.dim
-        for i, dim in enumerate(dims):
-            expected = -1 if i == 0 else spec.shape[i - 1]
-            if expected > 0:
-                dim.Clear()
-                dim.dim_value = expected
-            else:
-                dim.Clear()
-                dim.dim_param = axes[spec.name][i]
-    onnx.save_model(model, str(path))  # weights stay where they were (inline or sidecar)
 
 
 def _cases(
@@ -224,7 +178,7 @@ def _cases(
     queries, threshold = fam.num_queries, 0.5  # tracing only needs some threshold
     if verify:  # every query of every (image, phrase) checked below: place the threshold
         everything = decoder_case(2, [0, 1, 4, 2, 3, 0], -1.0, queries)
-        threshold = _gap(_run_torch(wrappers["decoder"], everything, fam.decoder)["scores"])
+        threshold = _gap(run_torch(wrappers["decoder"], fam.decoder, everything)["scores"])
     return {
         "vision": [("batch=2", {fam.vision.inputs[0].name: pixels})],
         "text": [("batch=5", {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask})],
@@ -257,15 +211,6 @@ def _gap(scores: np.ndarray) -> float:
     gaps = np.diff(middle)
     i = int(np.argmax(gaps))
     return float((middle[i] + middle[i + 1]) / 2)
-
-
-def _run_torch(
-    module: nn.Module, feeds: dict[str, np.ndarray], graph: GraphSpec
-) -> dict[str, np.ndarray]:
-    with torch.no_grad():
-        outs = module(*(torch.from_numpy(feeds[t.name]) for t in graph.inputs))
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    return {t.name: o.numpy() for t, o in zip(graph.outputs, outs, strict=True)}
 
 
 def tolerance_for(role: str, name: str, reference: np.ndarray) -> onnx_utils.Tolerance:

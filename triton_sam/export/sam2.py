@@ -21,6 +21,7 @@ from torch import nn
 
 from triton_sam.errors import CheckpointError, ExportError
 from triton_sam.export.weights import Structure, load_checkpoint_file, load_state, structure_of
+from triton_sam.export.wrapper import ModelWrapper
 from triton_sam.models.spec import ModelSpec
 
 
@@ -99,7 +100,7 @@ def save_random_checkpoint(spec: ModelSpec, path: Path, *, seed: int = 0) -> Pat
     return path
 
 
-class SAM2Encoder(nn.Module):
+class SAM2Encoder(ModelWrapper):
     """image [B,3,1024,1024] -> image_embed [B,256,64,64], high_res_feats_0/1.
 
     Computes what ``SAM2ImagePredictor.set_image`` computes, arranged so the exported graph
@@ -117,8 +118,7 @@ class SAM2Encoder(nn.Module):
     """
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         trunk = model.image_encoder.trunk
         with torch.no_grad():
             table = trunk._get_pos_embed(_token_grid(trunk, model.image_size))
@@ -190,26 +190,52 @@ class SAM2Decoder(nn.Module):
         mask_input: torch.Tensor,
         has_mask_input: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        # The client already appended the padding point, so the encoder must not pad again.
-        sparse = self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
-        # Arithmetic instead of a branch on has_mask_input so one graph serves both cases;
-        # with has_mask_input = 0 this is exactly the predictor's no_mask_embed path.
-        has_mask = has_mask_input.reshape(-1, 1, 1, 1)
-        no_mask = self.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
-        dense = has_mask * self.prompt_encoder._embed_masks(mask_input) + (1 - has_mask) * no_mask
-        masks, iou, _, _ = self.mask_decoder.predict_masks(
-            image_embeddings=image_embed,
-            image_pe=self.prompt_encoder.get_dense_pe(),
-            sparse_prompt_embeddings=sparse,
-            dense_prompt_embeddings=dense,
-            repeat_image=False,
-            high_res_features=[high_res_feats_0, high_res_feats_1],
+        masks, iou, _, _ = predict_all_tokens(
+            self.prompt_encoder,
+            self.mask_decoder,
+            (image_embed, high_res_feats_0, high_res_feats_1),
+            (point_coords, point_labels, mask_input, has_mask_input),
         )
         if self.mask_decoder.dynamic_multimask_via_stability:
             single, single_iou = self.mask_decoder._dynamic_multimask_via_stability(masks, iou)
         else:
             single, single_iou = masks[:, 0:1], iou[:, 0:1]
         return single, single_iou, masks[:, 1:], iou[:, 1:]
+
+
+def predict_all_tokens(
+    prompt_encoder: nn.Module,
+    mask_decoder: nn.Module,
+    features: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every mask token of SAM2's mask decoder for a point-list prompt (image and video graphs).
+
+    Args:
+        features: image_embed [B,256,64,64] (the video decoder's has ``no_mem_embed`` added
+            or not), high_res_feats_0 [B,32,256,256], high_res_feats_1 [B,64,128,128].
+        prompt: point_coords [B,N,2], point_labels [B,N] (the padding point already
+            appended), mask_input [B,1,256,256], has_mask_input [B,1].
+
+    Returns:
+        ``predict_masks``' masks [B,4,256,256], ious [B,4], mask tokens and object scores.
+    """
+    point_coords, point_labels, mask_input, has_mask_input = prompt
+    # The client already appended the padding point, so the encoder must not pad again.
+    sparse = prompt_encoder._embed_points(point_coords, point_labels, pad=False)
+    # Arithmetic instead of a branch on has_mask_input so one graph serves both cases;
+    # with has_mask_input = 0 this is exactly the predictor's no_mask_embed path.
+    has_mask = has_mask_input.reshape(-1, 1, 1, 1)
+    no_mask = prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
+    dense = has_mask * prompt_encoder._embed_masks(mask_input) + (1 - has_mask) * no_mask
+    return mask_decoder.predict_masks(
+        image_embeddings=features[0],
+        image_pe=prompt_encoder.get_dense_pe(),
+        sparse_prompt_embeddings=sparse,
+        dense_prompt_embeddings=dense,
+        repeat_image=False,
+        high_res_features=list(features[1:]),
+    )
 
 
 def wrap_encoder(model: nn.Module) -> nn.Module:

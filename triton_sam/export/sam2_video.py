@@ -43,8 +43,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from triton_sam.errors import CheckpointError, ExportError, ExportValidationError
-from triton_sam.export import ExportOptions, bound_prompt_points, onnx_utils
-from triton_sam.models.spec import ModelSpec, TensorSpec
+from triton_sam.export import (
+    ExportOptions,
+    GraphExport,
+    batch_axes,
+    finish_graph,
+    onnx_utils,
+    trace_graphs,
+)
+from triton_sam.export.sam2 import predict_all_tokens
+from triton_sam.export.wrapper import ModelWrapper
+from triton_sam.models.spec import GraphSpec, ModelSpec
 from triton_sam.serving.protocol import tracker as protocol
 from triton_sam.serving.tracking.config import TrackerConfig
 
@@ -123,12 +132,8 @@ def tracker_config(model: nn.Module) -> TrackerConfig:
 
 
 # -- wrappers -------------------------------------------------------------------------------
-class VideoEncoder(nn.Module):
+class VideoEncoder(ModelWrapper):
     """image [B,3,1024,1024] -> vision_feats [B,256,64,64], high_res_feats_0/1 (NCHW)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         backbone_out = self.model.forward_image(image)
@@ -142,12 +147,11 @@ class VideoEncoder(nn.Module):
         return feats[-1], feats[0], feats[1]
 
 
-class VideoDecoderGraph(nn.Module):
+class VideoDecoderGraph(ModelWrapper):
     """``_forward_sam_heads`` with its branches as arithmetic (see protocol.DECODER_*)."""
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.prompt_encoder = model.sam_prompt_encoder
         self.mask_decoder = model.sam_mask_decoder
 
@@ -167,17 +171,11 @@ class VideoDecoderGraph(nn.Module):
         # 1 * e and 0 * e are exact, so both cases equal upstream's bit for bit.
         no_mem = model.no_mem_embed.reshape(1, -1, 1, 1)
         pix = pix_feat + add_no_mem_embed.reshape(-1, 1, 1, 1) * no_mem
-        sparse = self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
-        has_mask = has_mask_input.reshape(-1, 1, 1, 1)
-        no_mask = self.prompt_encoder.no_mask_embed.weight.reshape(1, -1, 1, 1)
-        dense = has_mask * self.prompt_encoder._embed_masks(mask_input) + (1 - has_mask) * no_mask
-        masks, ious, tokens, scores = self.mask_decoder.predict_masks(
-            image_embeddings=pix,
-            image_pe=self.prompt_encoder.get_dense_pe(),
-            sparse_prompt_embeddings=sparse,
-            dense_prompt_embeddings=dense,
-            repeat_image=False,
-            high_res_features=[high_res_feats_0, high_res_feats_1],
+        masks, ious, tokens, scores = predict_all_tokens(
+            self.prompt_encoder,
+            self.mask_decoder,
+            (pix, high_res_feats_0, high_res_feats_1),
+            (point_coords, point_labels, mask_input, has_mask_input),
         )
         return _select_outputs(model, masks, ious, tokens, scores, multimask_output)
 
@@ -228,12 +226,8 @@ def _gate_pointer(model: nn.Module, obj_ptr: torch.Tensor, lam: torch.Tensor) ->
     return obj_ptr + (1 - lam) * model.no_obj_ptr
 
 
-class MemoryEncoderGraph(nn.Module):
+class MemoryEncoderGraph(ModelWrapper):
     """``_encode_new_memory`` from low-res masks (see protocol.MEMORY_ENCODER_*)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(
         self,
@@ -265,12 +259,8 @@ class MemoryEncoderGraph(nn.Module):
         return features
 
 
-class MaskPromptGraph(nn.Module):
+class MaskPromptGraph(ModelWrapper):
     """``_use_mask_as_output``'s object pointer and score for a binary mask in the input frame."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, vision_feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         model = self.model
@@ -357,35 +347,24 @@ def export_video(
     config = tracker_config(model)
     seconds["build"] = time.perf_counter() - t0
     from triton_sam.export.sam2_video_checks import VerificationCases
+    from triton_sam.repository.video_config import video_graphs
 
     cases = VerificationCases(model, config, np.random.default_rng(options.seed))
     tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
     result = VideoExportResult({}, config, seconds, tolerance=(tolerance.atol, tolerance.rtol))
+    declared = {g.role: g for g in video_graphs()}
+    traced, checks = [], {}
+    for key in graphs:  # every reference before any export, as export_model does
+        module, trace_feeds, checks[key] = cases.graph(key)
+        traced.append(GraphExport(declared[key], module, trace_feeds, _dynamic_axes(declared[key])))
+    result.graphs = trace_graphs(traced, out_dir, options, seconds)
     mismatches: list[str] = []
-    for key in graphs:
-        module, trace_feeds, checks = cases.graph(key)
-        inputs, outputs = protocol.GRAPHS[key]
-        t0 = time.perf_counter()
-        path = onnx_utils.export_graph(
-            module,
-            tuple(torch.from_numpy(trace_feeds[name]) for name, _, _ in inputs),
-            out_dir / f"{key}.onnx",
-            input_names=[name for name, _, _ in inputs],
-            output_names=[name for name, _, _ in outputs],
-            dynamic_axes=_dynamic_axes(inputs + outputs),
-            opset=options.opset,
-            external_data=options.external_data,
-        )
-        onnx_utils.set_output_dims(path, [TensorSpec(*t) for t in outputs])
-        seconds[f"export_{key}"] = time.perf_counter() - t0
-        if options.fp16:
-            onnx_utils.convert_to_fp16(path)
-        bound_prompt_points(path, [TensorSpec(*t) for t in inputs])  # callable past the tracker
-        result.graphs[key] = path
+    for key, path in result.graphs.items():
+        finish_graph(path, declared[key], options)  # points bounded: callable past the tracker
         if options.verify:
             t0 = time.perf_counter()
             try:
-                errors = onnx_utils.verify_graph(path, checks, tolerance)
+                errors = onnx_utils.verify_graph(path, checks[key], tolerance)
             except ExportValidationError as e:
                 mismatches += [f"{key}: {line}" for line in e.mismatches]
             else:
@@ -398,19 +377,13 @@ def export_video(
     return result
 
 
-def _dynamic_axes(tensors: tuple[protocol.TensorContract, ...]) -> dict[str, dict[int, str]]:
+def _dynamic_axes(graph: GraphSpec) -> dict[str, dict[int, str]]:
     """Dim 0 is the batch; every -1 becomes a named dynamic axis (shared names where the
     same count appears in two inputs: Nm for memory/memory_tpos, Np for the pointers)."""
     shared = {"memory": "num_memories", "memory_tpos": "num_memories"}
     shared |= {"obj_ptrs": "num_pointers", "obj_ptr_tpos": "num_pointers"}
     shared |= {"point_coords": "num_points", "point_labels": "num_points"}
-    axes: dict[str, dict[int, str]] = {}
-    for name, _, shape in tensors:
-        axes[name] = {0: "batch"}
-        for i, d in enumerate(shape):
-            if d == -1:
-                axes[name][i + 1] = shared.get(name, f"{name}_dim{i + 1}")
-    return axes
+    return batch_axes([*graph.inputs, *graph.outputs], shared)
 
 
 __all__ = ["GRAPH_KEYS", "VideoExportResult", "build_video_model", "export_video", "tracker_config"]

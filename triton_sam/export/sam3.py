@@ -30,6 +30,7 @@ from torch import nn
 
 from triton_sam.errors import CheckpointError
 from triton_sam.export.weights import structure_mismatch
+from triton_sam.export.wrapper import ModelWrapper
 from triton_sam.models.spec import ModelSpec
 
 
@@ -140,24 +141,19 @@ def save_random_checkpoint(
     return path
 
 
-class Sam3Encoder(nn.Module):
+class Sam3Encoder(ModelWrapper):
     """pixel_values [B,3,1008,1008] -> image_embeddings.0 [B,32,288,288], .1 [B,64,144,144],
     .2 [B,256,72,72] (``get_image_embeddings``)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.model.get_image_embeddings(pixel_values))
 
 
-class _Decode(nn.Module):
+class _Decode(ModelWrapper):
     """Shared tail: sparse/dense prompt embeddings -> every mask token of the official decoder."""
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.prompt_encoder = model.prompt_encoder
         self.mask_decoder = model.mask_decoder
 

@@ -8,27 +8,20 @@ processor's scoring, the threshold and a top-k, as arithmetic (no data-dependent
 from __future__ import annotations
 
 import torch
-from torch import nn
+
+from triton_sam.export.wrapper import ModelWrapper
 
 
-class ConceptVision(nn.Module):
+class ConceptVision(ModelWrapper):
     """pixel_values [B,3,1008,1008] -> fpn_features.0/1/2 [B,C,288,288], [B,C,144,144],
     [B,C,72,72]."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.model.get_vision_features(pixel_values).fpn_hidden_states[:-1])
 
 
-class ConceptText(nn.Module):
+class ConceptText(ModelWrapper):
     """input_ids, attention_mask [B,32] int64 -> text_features [B,32,C]."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model.get_text_features(
@@ -36,7 +29,7 @@ class ConceptText(nn.Module):
         ).pooler_output
 
 
-class ConceptDecoder(nn.Module):
+class ConceptDecoder(ModelWrapper):
     """One image's features x N phrases -> the instances each phrase keeps.
 
     Inputs (B = images, N = phrases per image, C = width, T = 32):
@@ -53,10 +46,6 @@ class ConceptDecoder(nn.Module):
     order as the processor returns them: its first ``num_instances[b, n]`` entries; the rest
     of its K entries are padding (the next-best queries, scores at or below the threshold).
     """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(
         self,

@@ -23,7 +23,7 @@ point (label -1) only when there is no box, box corners (labels 2/3) last.
 
 from __future__ import annotations
 
-from triton_sam.models.spec import FamilySpec, Preprocessing, TensorSpec
+from triton_sam.models.spec import FamilySpec, Preprocessing, TensorSpec, mask_outputs, point_prompt
 
 IMAGE_SIZE = 1024
 MASK_SIZE = IMAGE_SIZE // 4
@@ -44,23 +44,12 @@ SAM1_FAMILY = FamilySpec(
     ),
     encoder_inputs=(TensorSpec("image", "float32", (3, IMAGE_SIZE, IMAGE_SIZE)),),
     encoder_outputs=(EMBEDDING,),
-    decoder_inputs=(
-        EMBEDDING,
-        # (X, Y) in the 1024x1024 model input frame (after the longest-side resize): clicks,
-        # then one padding point labelled -1 when there is no box, then box corners 2/3.
-        TensorSpec("point_coords", "float32", (-1, 2)),
-        TensorSpec("point_labels", "float32", (-1,)),
-        TensorSpec("mask_input", "float32", (1, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("has_mask_input", "float32", (1,)),
-    ),
-    decoder_outputs=(
-        # SamPredictor's single mask: token 0 (no selection rule, see the module docstring).
-        TensorSpec("masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("iou_predictions", "float32", (1,)),
-        # SamPredictor's multimask output: tokens 1-3.
-        TensorSpec("multimask_masks", "float32", (3, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("multimask_iou_predictions", "float32", (3,)),
-    ),
+    # Points as (X, Y) in the 1024x1024 model input frame (after the longest-side resize):
+    # clicks, then one padding point labelled -1 when there is no box, then box corners 2/3.
+    decoder_inputs=(EMBEDDING, *point_prompt(MASK_SIZE)),
+    # SamPredictor's single mask is token 0 (no selection rule, see the module docstring);
+    # its multimask output, tokens 1-3.
+    decoder_outputs=mask_outputs(MASK_SIZE),
     exporter="triton_sam.export.sam1",
     encoder_model="sam1_encoder",
     decoder_model="sam1_decoder",

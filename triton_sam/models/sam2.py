@@ -7,10 +7,16 @@ lowest-resolution one), 256x256 low-resolution mask logits.
 
 from __future__ import annotations
 
-from triton_sam.models.spec import FamilySpec, Preprocessing, TensorSpec
+from triton_sam.models.spec import FamilySpec, Preprocessing, TensorSpec, mask_outputs, point_prompt
 
 IMAGE_SIZE = 1024
 MASK_SIZE = IMAGE_SIZE // 4
+# The encoder's outputs, fed back to the decoder.
+FEATURES = (
+    TensorSpec("image_embed", "float32", (256, IMAGE_SIZE // 16, IMAGE_SIZE // 16)),
+    TensorSpec("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
+    TensorSpec("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
+)
 
 SAM2_FAMILY = FamilySpec(
     family="sam2",
@@ -25,32 +31,14 @@ SAM2_FAMILY = FamilySpec(
         low_res_logit_limit=32.0,
     ),
     encoder_inputs=(TensorSpec("image", "float32", (3, IMAGE_SIZE, IMAGE_SIZE)),),
-    encoder_outputs=(
-        TensorSpec("image_embed", "float32", (256, IMAGE_SIZE // 16, IMAGE_SIZE // 16)),
-        TensorSpec("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
-        TensorSpec("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
-    ),
-    decoder_inputs=(
-        TensorSpec("image_embed", "float32", (256, IMAGE_SIZE // 16, IMAGE_SIZE // 16)),
-        TensorSpec("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
-        TensorSpec("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
-        # (X, Y) in the 1024x1024 model input frame; boxes as corner points labelled 2/3
-        # first, then clicks, then one padding point labelled -1 (as upstream pads).
-        TensorSpec("point_coords", "float32", (-1, 2)),
-        TensorSpec("point_labels", "float32", (-1,)),
-        TensorSpec("mask_input", "float32", (1, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("has_mask_input", "float32", (1,)),
-    ),
-    decoder_outputs=(
-        # Single-mask output: token 0, or the best multimask token when token 0 is
-        # unstable (SAM2's dynamic multimask via stability).
-        TensorSpec("masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("iou_predictions", "float32", (1,)),
-        # Multimask output: tokens 1-3. Both are computed; a client asks for the pair it
-        # needs, so only those bytes cross the wire.
-        TensorSpec("multimask_masks", "float32", (3, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("multimask_iou_predictions", "float32", (3,)),
-    ),
+    encoder_outputs=FEATURES,
+    # Points as (X, Y) in the 1024x1024 model input frame; boxes as corner points labelled
+    # 2/3 first, then clicks, then one padding point labelled -1 (as upstream pads).
+    decoder_inputs=(*FEATURES, *point_prompt(MASK_SIZE)),
+    # Single-mask output: token 0, or the best multimask token when token 0 is unstable
+    # (SAM2's dynamic multimask via stability); multimask output: tokens 1-3. Both are
+    # computed; a client asks for the pair it needs, so only those bytes cross the wire.
+    decoder_outputs=mask_outputs(MASK_SIZE),
     exporter="triton_sam.export.sam2",
     encoder_model="sam2_encoder",
     decoder_model="sam2_decoder",

@@ -34,7 +34,9 @@ Text prompts (SAM3's concept segmentation) would be another family of this modul
 
 from __future__ import annotations
 
-from triton_sam.models.spec import FamilySpec, Preprocessing, TensorSpec
+from dataclasses import replace
+
+from triton_sam.models.spec import FamilySpec, Preprocessing, TensorSpec, mask_outputs, point_prompt
 
 IMAGE_SIZE = 1008
 PATCH_SIZE = 14
@@ -68,20 +70,11 @@ SAM3_FAMILY = FamilySpec(
     preprocessing=PREPROCESSING,
     encoder_inputs=(PIXEL_VALUES,),
     encoder_outputs=EMBEDDINGS,
-    decoder_inputs=(
-        *EMBEDDINGS,
-        # (X, Y) in the 1008x1008 input frame: clicks, box corners (labels 2/3), then one
-        # padding point labelled -1, as Sam3TrackerPromptEncoder lays them out.
-        TensorSpec("point_coords", "float32", (-1, 2)),
-        TensorSpec("point_labels", "float32", (-1,)),
-        TensorSpec("mask_input", "float32", (1, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("has_mask_input", "float32", (1,)),
-    ),
+    # Points as (X, Y) in the 1008x1008 input frame: clicks, box corners (labels 2/3), then
+    # one padding point labelled -1, as Sam3TrackerPromptEncoder lays them out.
+    decoder_inputs=(*EMBEDDINGS, *point_prompt(MASK_SIZE)),
     decoder_outputs=(
-        TensorSpec("masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("iou_predictions", "float32", (1,)),
-        TensorSpec("multimask_masks", "float32", (3, MASK_SIZE, MASK_SIZE)),
-        TensorSpec("multimask_iou_predictions", "float32", (3,)),
+        *mask_outputs(MASK_SIZE),
         TensorSpec("object_score_logits", "float32", (1,)),
     ),
     exporter="triton_sam.export.sam3",
@@ -92,11 +85,10 @@ SAM3_FAMILY = FamilySpec(
     alternates=("sam3_onnx_community",),
 )
 
-SAM3_ONNX_COMMUNITY_FAMILY = FamilySpec(
+# The same encoder, model names and prompt rules as SAM3_FAMILY; another decoder contract.
+SAM3_ONNX_COMMUNITY_FAMILY = replace(
+    SAM3_FAMILY,
     family="sam3_onnx_community",
-    preprocessing=PREPROCESSING,
-    encoder_inputs=(PIXEL_VALUES,),
-    encoder_outputs=EMBEDDINGS,
     decoder_inputs=(
         # [B, point_batch=1, N, 2] (X, Y) clicks in the input frame; the graph pads.
         TensorSpec("input_points", "float32", (-1, -1, 2)),
@@ -110,11 +102,6 @@ SAM3_ONNX_COMMUNITY_FAMILY = FamilySpec(
         TensorSpec("pred_masks", "float32", (-1, 3, MASK_SIZE, MASK_SIZE)),
         TensorSpec("object_score_logits", "float32", (-1, 1)),
     ),
-    exporter="triton_sam.export.sam3",
-    encoder_model="sam3_encoder",
-    decoder_model="sam3_decoder",
-    box_before_points=False,
-    pad_with_box=True,
     prompt_layout="hf_points_boxes",
     alternates=("sam3",),
 )

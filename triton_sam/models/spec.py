@@ -43,6 +43,34 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
+def point_prompt(mask_size: int) -> tuple[TensorSpec, ...]:
+    """The decoder's prompt inputs in the ``"point_list"`` layout (see ``PromptLayout``), float32:
+    ``point_coords`` [N, 2] (X, Y) in the model input frame, ``point_labels`` [N] (1 click,
+    0 background, 2/3 box corners, -1 padding), ``mask_input`` [1, m, m] low-resolution
+    logits and ``has_mask_input`` [1] (1.0 when ``mask_input`` is a real mask), ``m`` =
+    ``mask_size``. Where box corners and the padding point go is the family's
+    (``FamilySpec.box_before_points`` / ``pad_with_box``)."""
+    return (
+        TensorSpec("point_coords", "float32", (-1, 2)),
+        TensorSpec("point_labels", "float32", (-1,)),
+        TensorSpec("mask_input", "float32", (1, mask_size, mask_size)),
+        TensorSpec("has_mask_input", "float32", (1,)),
+    )
+
+
+def mask_outputs(mask_size: int) -> tuple[TensorSpec, ...]:
+    """The decoder's mask outputs in the ``"point_list"`` layout, float32 logits at
+    ``mask_size``: the single-mask pair ``masks`` [1, m, m] / ``iou_predictions`` [1] and the
+    multimask pair (tokens 1-3) ``multimask_masks`` [3, m, m] / ``multimask_iou_predictions``
+    [3]. Which token the single mask is, is the family's (see its module)."""
+    return (
+        TensorSpec("masks", "float32", (1, mask_size, mask_size)),
+        TensorSpec("iou_predictions", "float32", (1,)),
+        TensorSpec("multimask_masks", "float32", (3, mask_size, mask_size)),
+        TensorSpec("multimask_iou_predictions", "float32", (3,)),
+    )
+
+
 @dataclass(frozen=True)
 class GraphSpec:
     """One ONNX graph of a family (a family is a declared list of them, see

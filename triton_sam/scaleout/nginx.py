@@ -141,42 +141,38 @@ def render_nginx_conf(config: ProxyConfig) -> str:
     ]
     if config.http_backends:
         lines += _upstream("triton_http", config.http_backends, config)
-        lines += [
-            "  server {",
-            f"    listen {config.http_listen};",
-            "    location / {",
-            "      proxy_pass http://triton_http;",
-            "      proxy_http_version 1.1;",
-            '      proxy_set_header Connection "";',
-            "      proxy_set_header Host $host;",
-            # session calls are idempotent (module docstring): resend a request whose
-            # replica died before answering to the next one on the ring
-            "      proxy_next_upstream error timeout non_idempotent;",
-            "      proxy_next_upstream_tries 3;",
-            "      proxy_connect_timeout 2s;",
-            f"      proxy_read_timeout {config.read_timeout_s}s;",
-            f"      proxy_send_timeout {config.read_timeout_s}s;",
-            "    }",
-            "  }",
-        ]
+        http = ["proxy_http_version 1.1;", 'proxy_set_header Connection "";']
+        http += ["proxy_set_header Host $host;"]
+        lines += _server(config.http_listen, "proxy", "http://triton_http", http, config)
     if config.grpc_backends:
         lines += _upstream("triton_grpc", config.grpc_backends, config)
-        lines += [
-            "  server {",
-            # gRPC is HTTP/2; clients speak it in cleartext with prior knowledge (h2c)
-            f"    listen {config.grpc_listen} http2;",
-            "    location / {",
-            "      grpc_pass grpc://triton_grpc;",
-            "      grpc_next_upstream error timeout non_idempotent;",
-            "      grpc_next_upstream_tries 3;",
-            "      grpc_connect_timeout 2s;",
-            f"      grpc_read_timeout {config.read_timeout_s}s;",
-            f"      grpc_send_timeout {config.read_timeout_s}s;",
-            "    }",
-            "  }",
-        ]
+        # gRPC is HTTP/2; clients speak it in cleartext with prior knowledge (h2c)
+        lines += _server(f"{config.grpc_listen} http2", "grpc", "grpc://triton_grpc", [], config)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _server(
+    listen: str, module: str, upstream: str, settings: Sequence[str], config: ProxyConfig
+) -> list[str]:
+    """A server block passing every request to ``upstream`` through nginx's ``module``
+    (``proxy`` for HTTP, ``grpc``), after the module's own ``settings``."""
+    return [
+        "  server {",
+        f"    listen {listen};",
+        "    location / {",
+        f"      {module}_pass {upstream};",
+        *(f"      {line}" for line in settings),
+        # session calls are idempotent (module docstring): resend a request whose replica
+        # died before answering to the next one on the ring
+        f"      {module}_next_upstream error timeout non_idempotent;",
+        f"      {module}_next_upstream_tries 3;",
+        f"      {module}_connect_timeout 2s;",
+        f"      {module}_read_timeout {config.read_timeout_s}s;",
+        f"      {module}_send_timeout {config.read_timeout_s}s;",
+        "    }",
+        "  }",
+    ]
 
 
 def _upstream(name: str, backends: Sequence[str], config: ProxyConfig) -> list[str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from triton_sam.errors import ServerStartError
+from triton_sam.lifecycle import Service, stopped_on_error
 from triton_sam.scaleout.nginx import LOG_FIELDS, ProxyConfig, render_nginx_conf
 
 
@@ -38,7 +39,7 @@ def find_nginx() -> Path:
     return Path(found)
 
 
-class NginxProxy:
+class NginxProxy(Service):
     """A local nginx process running :func:`render_nginx_conf` (context manager).
 
     Args:
@@ -114,11 +115,8 @@ class NginxProxy:
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
-        try:
+        with stopped_on_error(self):
             self._wait_listening()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def stop(self) -> None:
@@ -135,12 +133,6 @@ class NginxProxy:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
-
-    def __enter__(self) -> NginxProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _require_config(self) -> ProxyConfig:
         if self.config is None:

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError
+from triton_sam.lifecycle import Service, stopped_on_error
 from triton_sam.server import EmbeddedTriton
 
 # Latency and queue-time quantiles on /metrics (nv_inference_request_summary_us...), off by
@@ -24,7 +25,7 @@ METRICS_ARGS = (
 )
 
 
-class ReplicaSet:
+class ReplicaSet(Service):
     """``count`` embedded Triton servers on ``repository`` (context manager).
 
     Args:
@@ -61,14 +62,11 @@ class ReplicaSet:
 
     def start(self) -> ReplicaSet:
         """Start every replica at once, then wait until all are ready (stops all on error)."""
-        try:
+        with stopped_on_error(self):
             for server in self.servers:
                 server.start(wait=False)
             for server in self.servers:
                 server.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def stop(self) -> None:
@@ -76,12 +74,6 @@ class ReplicaSet:
         for server in self.servers:
             with contextlib.suppress(Exception):
                 server.stop(grace_s=5.0)
-
-    def __enter__(self) -> ReplicaSet:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def addresses(self, protocol: str) -> list[str]:
         """``host:port`` of each replica's ``"http"`` or ``"grpc"`` endpoint, in order."""

@@ -92,7 +92,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        params = envelope.config_parameters(config)
         self.name = args["model_name"]
         self.vision_model = params[protocol.PARAM_VISION_MODEL]
         self.text_model = params[protocol.PARAM_TEXT_MODEL]
@@ -330,14 +330,20 @@ def _single(array, field):
     return array[0]
 
 
-def _string(request, name):
+def _one_value(request, name):
+    """The value of an optional one-value input, or None when the request leaves it out."""
     tensor = _input(request, name)
     if tensor is None:
         return None
     values = tensor.as_numpy().reshape(-1)
     if values.size != 1:
         raise RequestError(f"{name}: got {values.size} values, expected 1")
-    return _utf8(values[0], name)
+    return values[0]
+
+
+def _string(request, name):
+    value = _one_value(request, name)
+    return None if value is None else _utf8(value, name)
 
 
 def _utf8(value, field):
@@ -373,13 +379,9 @@ def _phrases(request, max_phrases):
 
 
 def _scalar(request, name, default, low, high):
-    tensor = _input(request, name)
-    if tensor is None:
+    value = _one_value(request, name)
+    if value is None:
         return default
-    values = tensor.as_numpy().reshape(-1)
-    if values.size != 1:
-        raise RequestError(f"{name}: got {values.size} values, expected 1")
-    value = values[0]
     if not np.isfinite(value) or not low <= value <= high:
         raise RequestError(f"{name}: got {value}, expected a number in [{low}, {high}]")
     return value.item()

@@ -76,6 +76,7 @@ class TritonPythonModel:
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         if version_dir not in sys.path:
             sys.path.insert(0, version_dir)  # the shipped package wins over any installed one
+        from triton_sam_serving.protocol import config_parameters
         from triton_sam_serving.protocol import tracker as protocol
         from triton_sam_serving.tracking.config import TrackerConfig
         from triton_sam_serving.tracking.service import TrackingService
@@ -83,7 +84,7 @@ class TritonPythonModel:
 
         self.protocol = protocol
         config = json.loads(args["model_config"])
-        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        params = config_parameters(config)
         p = protocol
 
         def bound(key, default):

@@ -100,6 +100,13 @@ class ProtocolError(Exception):
         return error_message(self.code, str(self))
 
 
+def config_parameters(model_config: dict) -> dict[str, str]:
+    """The ``parameters`` of a model config (as the python backend hands it over: the JSON
+    form, each value under ``string_value``), by key; an empty string where a value is unset."""
+    parameters = model_config.get("parameters", {})
+    return {key: value.get("string_value", "") for key, value in parameters.items()}
+
+
 def error_message(code: str, message: str) -> str:
     """The text of a protocol error: ``triton_sam.<code>: <message>``."""
     return f"{ERROR_PREFIX}{code}: {message}"
