@@ -155,9 +155,15 @@ def run_breakdown(
     protocol: str = "grpc",
     n: int = 50,
     warmup: int = 3,
+    settle_s: float = 0.05,
 ) -> ClickBreakdown:
     """Time ``n`` session clicks stage by stage, each followed by the same click through
     onnxruntime in this process (decoder + the client's postprocessing), interleaved.
+
+    Each side starts ``settle_s`` after the other ended: onnxruntime's intra-op workers
+    spin after a run before they sleep, and on a small host the spinning pool of one side
+    (the server's decoder or this process's session) otherwise slows the other's run
+    (measured on 2 cores: in-process decode 32 -> 58 ms right after a 2-thread server click).
 
     Args:
         family: the served family (session/decoder model names, prompt layout).
@@ -171,7 +177,7 @@ def run_breakdown(
     """
     report = ClickBreakdown()
     report.settings = {"model": family.family, "protocol": protocol, "n": n,
-                       "image_hw": list(image.shape[:2])}  # fmt: skip
+                       "image_hw": list(image.shape[:2]), "settle_s": settle_s}  # fmt: skip
     server = _Server(urls["stats"], urls["metrics"])
     transport = Transport(resolve_endpoint(urls[protocol], protocol))
     module, client = transport._module, transport._client  # noqa: SLF001 (stage timing)
@@ -192,6 +198,7 @@ def run_breakdown(
             timed = i >= warmup
             before = (server.stats(session_model), server.stats(decoder_model),
                       server.stages(session_model))  # fmt: skip
+            time.sleep(settle_s)
             t0 = time.perf_counter()
             decoder_prompts = prompts.build_decoder_prompts(
                 point_coords=point,
@@ -219,6 +226,7 @@ def run_breakdown(
             t5 = time.perf_counter()
             after = (server.stats(session_model), server.stats(decoder_model),
                      server.stages(session_model))  # fmt: skip
+            time.sleep(settle_s)
             o0 = time.perf_counter()
             ort_prompts = prompts.build_decoder_prompts(
                 point_coords=point,
