@@ -45,7 +45,7 @@ def test_a_click_moves_each_stage_counter_once(sam2_tiny_spec, sam2_tiny_server)
         c.set_image(IMAGE)
         before = reader.stages(family.session_model)
         c.predict([[40.0, 60.0]], [1])
-        after = reader.stages(family.session_model)
+        after = reader.stages_after(family.session_model, before)
         c.set_image(sample_image(96, 64))  # an embed runs no decoder: no click stages
         embedded = reader.stages(family.session_model)
     assert set(after) == set(embedding_cache.STAGES)  # every counter exists from the start

@@ -145,6 +145,19 @@ class _Server:
             )
         return {k: (v[0], v[1]) for k, v in out.items()}
 
+    def stages_after(
+        self, model: str, before: Mapping[str, tuple[float, float]], timeout_s: float = 2.0
+    ) -> dict[str, tuple[float, float]]:
+        """:meth:`stages` once the ``total`` counter moved past ``before``: the model adds a
+        click's stages just after it sent the answer, so the client may read first."""
+        deadline = time.monotonic() + timeout_s
+        previous = before.get("total", (0.0, 0.0))[0]
+        while True:
+            now = self.stages(model)
+            if now.get("total", (0.0, 0.0))[0] > previous or time.monotonic() > deadline:
+                return now
+            time.sleep(0.002)
+
 
 def run_breakdown(
     family: FamilySpec,
@@ -225,7 +238,7 @@ def run_breakdown(
             picture.remember(click.logits_key, prediction.low_res_logits)
             t5 = time.perf_counter()
             after = (server.stats(session_model), server.stats(decoder_model),
-                     server.stages(session_model))  # fmt: skip
+                     server.stages_after(session_model, before[2]))  # fmt: skip
             time.sleep(settle_s)
             o0 = time.perf_counter()
             ort_prompts = prompts.build_decoder_prompts(
