@@ -271,7 +271,8 @@ def run_breakdown(
                     ns = after[k][stage][1] - before[k][stage][1]
                     report.add(f"{prefix}.{stage}", ns / max(count, 1) / 1e6)
             model_ms = {}
-            for stage, (count, us) in after[2].items():
+            for stage in embedding_cache.STAGES:  # in the order a click goes through them
+                count, us = after[2].get(stage, (0.0, 0.0))
                 c0, us0 = before[2].get(stage, (0.0, 0.0))
                 if count > c0:
                     model_ms[stage] = (us - us0) / (count - c0) / 1e3
