@@ -613,7 +613,7 @@ def bench_click_cmd(
     protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
     cpu_features: Annotated[
         str, typer.Option(help="Comma-separated feature stores: shared_memory, process.")
-    ] = "shared_memory,process",
+    ] = "process,shared_memory",
     concurrency: Annotated[
         int, typer.Option(min=0, help="Also time clicks/s with this many callers (0: no).")
     ] = 0,

@@ -1,8 +1,8 @@
 """`triton-sam bench-click`: where a session click's time goes (tiny n, no timing thresholds).
 
-Checked on the SAM2.1-tiny session-scoped server (onnxruntime backend) and on a second server
-of the same export whose session model copies its features (``cpu_features=process``, the
-old behaviour):
+Checked on the SAM2.1-tiny session-scoped server (onnxruntime backend, features copied into
+the stub's memory: ``cpu_features=process``, the default) and on a second server of the same
+export whose session model keeps them in shared memory (``cpu_features=shared_memory``):
 
 - every click moves the session model's stage counters by exactly one per stage it went
   through, and the stages add up to the model's total (they are consecutive intervals);
@@ -87,17 +87,17 @@ def test_both_feature_stores_give_the_same_masks(
 ):
     family = sam2_tiny_spec.family
     repo = breakdown.variant_repository(
-        sam2_tiny_repository, tmp_path / "process", family, cpu_features="process"
+        sam2_tiny_repository, tmp_path / "shm", family, cpu_features="shared_memory"
     )
-    copying = embedded_triton(repo)
+    sharing = embedded_triton(repo)
     results = []
-    for server in (sam2_tiny_server, copying):
+    for server in (sam2_tiny_server, sharing):
         with SAM2TritonClient(server.grpc_url, model_type="sam2", protocol="grpc") as c:
             c.set_image(IMAGE)
             first = c.predict_full([[40.0, 60.0]], [1])
             refined = c.predict_full([[40.0, 60.0]], [1], mask_input=first.low_res_logits[0, 0])
             results.append((first, refined))
-    copying.stop()
+    sharing.stop()
     for ours, ref in zip(results[0], results[1], strict=True):
         assert (ours.low_res_logits == ref.low_res_logits).all()
         assert (ours.iou_predictions == ref.iou_predictions).all()

@@ -209,7 +209,7 @@ def test_cpu_features_is_validated_and_written():
         config = build_session_config(SAM2, RepositoryOptions(), SessionOptions(cpu_features=store))
         assert config.parameters[protocol.PARAM_CPU_FEATURES].string_value == store
     default = build_session_config(SAM2, RepositoryOptions())
-    assert default.parameters[protocol.PARAM_CPU_FEATURES].string_value == "shared_memory"
+    assert default.parameters[protocol.PARAM_CPU_FEATURES].string_value == "process"
 
 
 def test_session_variant_sets_the_store_and_keeps_the_rest(tmp_path):

@@ -98,11 +98,12 @@ class SessionOptions:
             them (the most recent predictions that asked to keep them).
         max_points / max_boxes / max_image_pixels / max_image_bytes: the request bounds the
             server enforces (defaults and reasons in :mod:`triton_sam.serving.bounds`).
-        cpu_features: on a CPU instance, where the cached features live: ``"shared_memory"``
-            (the encoder's output tensors, kept in the python backend's shared-memory pool
-            and passed to the decoder without a copy) or ``"process"`` (copied into the
-            stub's memory, copied back into the pool on every click; for a small
-            /dev/shm). Measured in docs/cpu-performance.md.
+        cpu_features: on a CPU instance, where the cached features live: ``"process"``
+            (the default: copied into the stub's memory, copied back into the shared-memory
+            pool on every click) or ``"shared_memory"`` (the encoder's output tensors, kept
+            in the python backend's shared-memory pool and passed to the decoder without a
+            copy: -2.3 ms per SAM2 click, but the stub's resident memory under LRU churn is
+            not yet shown to stay bounded). Measured in docs/cpu-performance.md.
     """
 
     max_images: int = protocol.DEFAULT_MAX_IMAGES

@@ -56,13 +56,14 @@ Memory is bounded by an LRU over images: at most ``max_images`` images and ``max
 (features + kept logits); the least recently used image goes first. On a GPU instance the
 encoder outputs are requested in GPU memory and kept as the BLS output tensors themselves
 (DLPack-capable, never copied to the host) and handed back to the decoder as they are. On a
-CPU instance, config parameter ``cpu_features``: ``shared_memory`` keeps the encoder's BLS
-output tensors too (they already live in the stub's shared-memory pool, so the decoder's BLS
-request passes them by handle: no copy per click); ``process`` copies them into process
-memory once and back into the pool on every click (16 MiB per SAM2 click; for a host whose
-/dev/shm cannot hold ``max_bytes``). Gauges ``triton_sam_session_cached_images`` /
-``_cached_bytes`` and the counters ``triton_sam_session_{hits,misses,evictions}`` are on
-Triton's metrics endpoint, and so is where a click's time goes inside this model: counters
+CPU instance, config parameter ``cpu_features``: ``process`` (the default) copies them into
+process memory once and back into the stub's shared-memory pool on every click (16 MiB per
+SAM2 click, ~2.3 ms); ``shared_memory`` keeps the encoder's BLS output tensors too (they
+already live in the pool, so the decoder's BLS request passes them by handle: no copy per
+click), at the cost of holding the cache in /dev/shm (docs/cpu-performance.md). Gauges
+``triton_sam_session_cached_images`` / ``_cached_bytes`` and the counters
+``triton_sam_session_{hits,misses,evictions}`` are on Triton's metrics endpoint, and so is
+where a click's time goes inside this model: counters
 ``triton_sam_session_stage_microseconds{stage=...}`` and ``_stage_count{stage=...}`` per
 stage of ``protocol.embedding_cache.STAGES`` (requests that ran the decoder only), which
 ``triton-sam bench-click`` reads beside Triton's own per-model statistics.

@@ -101,7 +101,7 @@ PARAM_PAD_WITH_BOX = "pad_with_box"
 # pool on every click (the /dev/shm-frugal choice: a 64 MB Docker /dev/shm holds 4 SAM2
 # images). GPU instances keep device tensors either way.
 PARAM_CPU_FEATURES = "cpu_features"
-CPU_FEATURES = ("shared_memory", "process")
+CPU_FEATURES = ("process", "shared_memory")  # the first is the default
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_ENCODER_MODEL,
