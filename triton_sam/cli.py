@@ -655,6 +655,66 @@ def bench_cmd(
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
+@app.command("bench-click")
+def bench_click_cmd(
+    model: Annotated[str, typer.Option(help="Variant, e.g. sam2.1_hiera_tiny.")] = (
+        "sam2.1_hiera_tiny"
+    ),
+    n: Annotated[int, typer.Option(min=1, help="Timed clicks per variant.")] = 50,
+    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
+    cpu_features: Annotated[
+        str, typer.Option(help="Comma-separated feature stores: shared_memory, process.")
+    ] = "process,shared_memory",
+    concurrency: Annotated[
+        int, typer.Option(min=0, help="Also time clicks/s with this many callers (0: no).")
+    ] = 0,
+    work_dir: Annotated[Path, typer.Option(help="Exports (reused).")] = Path(".bench_users"),
+    output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench-click"),
+) -> None:
+    """Where a session click's time goes: client stages, Triton's per-model statistics and
+    the session model's own stage counters, per click, beside onnxruntime in process on the
+    same decoder; one table per feature store of the session model (JSON too)."""
+    import json
+    import os
+
+    from triton_sam.bench import breakdown
+    from triton_sam.bench.paths import ort_sessions
+    from triton_sam.bench.users import prepare_model
+    from triton_sam.sample import sample_image
+    from triton_sam.server import EmbeddedTriton
+
+    if protocol not in ("grpc", "http"):
+        raise typer.BadParameter(f"protocol: got {protocol!r}, expected grpc or http")
+    stores = [v.strip() for v in cpu_features.split(",") if v.strip()]
+    served = prepare_model(model, work_dir, runner=False)
+    family = served.spec.family
+    sessions = ort_sessions(served.repository, family)
+    image = sample_image()
+    output.mkdir(parents=True, exist_ok=True)
+    reports = {}
+    for store in stores:
+        repo = breakdown.variant_repository(
+            served.repository, work_dir / model / f"click-{store}", family, cpu_features=store
+        )
+        with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+            urls = {"grpc": server.grpc_url, "http": server.http_url,
+                    "stats": server.http_url, "metrics": server.metrics_url}  # fmt: skip
+            report = breakdown.run_breakdown(family, urls, sessions, image, protocol=protocol, n=n)
+            if concurrency:
+                report.throughput = breakdown.click_throughput(
+                    family, urls[protocol], sessions, image, protocol=protocol,
+                    concurrency=concurrency, n=max(n, 4 * concurrency),
+                )  # fmt: skip
+        report.settings |= {"cpu_features": store, "cpu_count": os.cpu_count(),
+                            "load_average": list(os.getloadavg())}  # fmt: skip
+        reports[store] = report.as_dict()
+        typer.echo(f"## {model}, cpu_features={store}, {protocol}, n={n}\n")
+        typer.echo(breakdown.markdown(report) + "\n")
+    path = output / f"{model}.json"
+    path.write_text(json.dumps(reports, indent=1))
+    typer.echo(f"wrote {path}")
+
+
 @app.command("bench-backends")
 def bench_backends_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",

@@ -202,6 +202,44 @@ def test_write_session_and_its_embedded_twin(tmp_path):
     assert (twin / name / "1" / "triton_sam_serving" / "intake.py").is_file()
 
 
+def test_cpu_features_is_validated_and_written():
+    with pytest.raises(InputValidationError, match="cpu_features: got 'disk'"):
+        SessionOptions(cpu_features="disk")
+    for store in protocol.CPU_FEATURES:
+        config = build_session_config(SAM2, RepositoryOptions(), SessionOptions(cpu_features=store))
+        assert config.parameters[protocol.PARAM_CPU_FEATURES].string_value == store
+    default = build_session_config(SAM2, RepositoryOptions())
+    assert default.parameters[protocol.PARAM_CPU_FEATURES].string_value == "process"
+
+
+def test_session_variant_sets_the_store_and_keeps_the_rest(tmp_path):
+    from triton_sam.repository.writer import read_model
+
+    repo = tmp_path / "model_repository"
+    write_session(repo, SAM2, RepositoryOptions(), SessionOptions(max_images=3))
+    model = read_model(repo, "sam2_session")
+    variant = session_config.session_variant(model, cpu_features="process")
+    config = parse_config(variant.config_text)
+    assert config.parameters[protocol.PARAM_CPU_FEATURES].string_value == "process"
+    assert config.parameters["max_images"].string_value == "3"
+    assert variant.files["model.py"] == session_config.SESSION_SOURCE
+    with pytest.raises(InputValidationError, match="cpu_features"):
+        session_config.session_variant(model, cpu_features="disk")
+
+
+def test_the_clock_partitions_a_click_into_its_stages(model_module):
+    clock = model_module._Clock(model_module.time.perf_counter())
+    for stage in ("schedule", "intake", "feeds", "bls", "intake"):
+        clock.mark(stage)
+    totals = clock.totals()
+    assert set(totals) == {"schedule", "intake", "feeds", "bls", "total"}
+    assert set(totals) <= set(protocol.STAGES)
+    assert all(v >= 0 for v in totals.values())
+    # the stages are consecutive intervals of [execute, last mark]: they add up to the total
+    parts = sum(v for k, v in totals.items() if k != "total")
+    assert parts == pytest.approx(totals["total"], rel=1e-9, abs=1e-12)
+
+
 # -- client-side builders ----------------------------------------------------------------------
 def test_image_id_is_a_content_hash():
     image = np.zeros((4, 5, 3), np.uint8)

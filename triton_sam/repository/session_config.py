@@ -37,6 +37,7 @@ from triton_sam.repository.config import (
     check_model_name,
     config_to_text,
     model_config_pb2,
+    parse_config,
     tensor_message,
 )
 from triton_sam.repository.writer import (
@@ -97,6 +98,12 @@ class SessionOptions:
             them (the most recent predictions that asked to keep them).
         max_points / max_boxes / max_image_pixels / max_image_bytes: the request bounds the
             server enforces (defaults and reasons in :mod:`triton_sam.serving.bounds`).
+        cpu_features: on a CPU instance, where the cached features live: ``"process"``
+            (the default: copied into the stub's memory, copied back into the shared-memory
+            pool on every click) or ``"shared_memory"`` (the encoder's output tensors, kept
+            in the python backend's shared-memory pool and passed to the decoder without a
+            copy: -2.3 ms per SAM2 click, but the stub's resident memory under LRU churn is
+            not yet shown to stay bounded). Measured in docs/cpu-performance.md.
     """
 
     max_images: int = protocol.DEFAULT_MAX_IMAGES
@@ -106,6 +113,7 @@ class SessionOptions:
     max_boxes: int = bounds.MAX_BOXES
     max_image_pixels: int = bounds.MAX_IMAGE_PIXELS
     max_image_bytes: int = bounds.MAX_IMAGE_BYTES
+    cpu_features: str = protocol.CPU_FEATURES[0]
 
     def __post_init__(self) -> None:
         check_int("max_images", self.max_images, minimum=1)
@@ -121,6 +129,11 @@ class SessionOptions:
         check_int("max_boxes", self.max_boxes, minimum=0)
         check_int("max_image_pixels", self.max_image_pixels, minimum=1)
         check_int("max_image_bytes", self.max_image_bytes, minimum=1)
+        if self.cpu_features not in protocol.CPU_FEATURES:
+            raise InputValidationError(
+                "cpu_features",
+                f"got {self.cpu_features!r}, expected one of {list(protocol.CPU_FEATURES)}",
+            )
 
 
 def embedding_bytes(family: FamilySpec) -> int:
@@ -220,6 +233,7 @@ def build_session_config(
         protocol.PARAM_MAX_IMAGE_BYTES: str(session.max_image_bytes),
         protocol.PARAM_BOX_BEFORE_POINTS: str(family.box_before_points).lower(),
         protocol.PARAM_PAD_WITH_BOX: str(family.pad_with_box).lower(),
+        protocol.PARAM_CPU_FEATURES: session.cpu_features,
     }
     for key, value in params.items():
         config.parameters[key].string_value = value
@@ -243,6 +257,25 @@ def session_artifact(
     config = build_session_config(family, options, session)
     files = {"model.py": SESSION_SOURCE} | shipped_modules(SHIPPED_MODULES)
     return ModelFiles(config.name, config_to_text(config), files)
+
+
+def session_variant(model: ModelFiles, *, cpu_features: str) -> ModelFiles:
+    """A session model artifact (e.g. read from a repository) with ``cpu_features`` set and
+    ``model.py`` and its package taken from this source tree; the rest of its config (bounds,
+    models it calls) is kept. For comparing both feature stores on one export
+    (``triton-sam bench-click``).
+
+    Raises:
+        InputValidationError: ``cpu_features`` not in ``protocol.CPU_FEATURES``, or
+            ``model`` is not a session model.
+    """
+    SessionOptions(cpu_features=cpu_features)  # the same check as a written config's
+    config = parse_config(model.config_text)
+    if config.parameters[protocol.PARAM_KIND].string_value != protocol.KIND:
+        raise InputValidationError("model", f"{model.name!r} is not a session model")
+    config.parameters[protocol.PARAM_CPU_FEATURES].string_value = cpu_features
+    files = {"model.py": SESSION_SOURCE} | shipped_modules(SHIPPED_MODULES)
+    return ModelFiles(model.name, config_to_text(config), files)
 
 
 def write_session(

@@ -55,10 +55,18 @@ it only routes tensors; their queue bounds also bound the work in flight here.
 Memory is bounded by an LRU over images: at most ``max_images`` images and ``max_bytes`` bytes
 (features + kept logits); the least recently used image goes first. On a GPU instance the
 encoder outputs are requested in GPU memory and kept as the BLS output tensors themselves
-(DLPack-capable, never copied to the host) and handed back to the decoder as they are; on a
-CPU instance they are copied out of the stub's shared-memory pool into process memory, so the
-pool stays small. Gauges ``triton_sam_session_cached_images`` / ``_cached_bytes`` and the
-counters ``triton_sam_session_{hits,misses,evictions}`` are on Triton's metrics endpoint.
+(DLPack-capable, never copied to the host) and handed back to the decoder as they are. On a
+CPU instance, config parameter ``cpu_features``: ``process`` (the default) copies them into
+process memory once and back into the stub's shared-memory pool on every click (16 MiB per
+SAM2 click, ~2.3 ms); ``shared_memory`` keeps the encoder's BLS output tensors too (they
+already live in the pool, so the decoder's BLS request passes them by handle: no copy per
+click), at the cost of holding the cache in /dev/shm (docs/cpu-performance.md). Gauges
+``triton_sam_session_cached_images`` / ``_cached_bytes`` and the counters
+``triton_sam_session_{hits,misses,evictions}`` are on Triton's metrics endpoint, and so is
+where a click's time goes inside this model: counters
+``triton_sam_session_stage_microseconds{stage=...}`` and ``_stage_count{stage=...}`` per
+stage of ``protocol.embedding_cache.STAGES`` (requests that ran the decoder only), which
+``triton-sam bench-click`` reads beside Triton's own per-model statistics.
 
 Config ``parameters`` read here: ``protocol.embedding_cache.PARAM_KEYS`` (the renderer writes
 the same keys from the same module).
@@ -69,6 +77,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -257,6 +266,8 @@ class TritonPythonModel:
         self.mask_dims = [1] + [int(d) for d in mask["dims"]] if mask else None
         self.on_gpu = args.get("model_instance_kind") == "GPU"
         self.device_id = int(args.get("model_instance_device_id") or 0)
+        # Configs written before the parameter existed copied the features (``process``).
+        self.keep_shm = params.get(protocol.PARAM_CPU_FEATURES) == "shared_memory"
         self.metrics = _Metrics(args)
         self.embeds = {}  # image_id -> task of the encoder run in flight for it
         self.loop = asyncio.new_event_loop()
@@ -270,8 +281,9 @@ class TritonPythonModel:
 
         Returns None: each request is answered by its response sender.
         """
+        now = time.perf_counter()
         for request in requests:
-            asyncio.run_coroutine_threadsafe(self._respond(request), self.loop)
+            asyncio.run_coroutine_threadsafe(self._respond(request, _Clock(now)), self.loop)
         return None
 
     def finalize(self):
@@ -280,19 +292,23 @@ class TritonPythonModel:
         self.cache = None
         self.metrics.close()
 
-    async def _respond(self, request):
+    async def _respond(self, request, clock):
+        clock.mark("schedule")
         sender = request.get_response_sender()
         try:
-            response = await self._answer(request, self.embeds)
+            response = await self._answer(request, self.embeds, clock)
         except Exception as e:  # _answer catches its own; this only guards the send below
             response = envelope.error_response(
                 pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
             )
         sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        clock.mark("respond")
         self.metrics.publish(self.cache)
+        if clock.decoded:  # a click: its stages are comparable with every other click's
+            self.metrics.stages(clock)
 
     # -- one request -----------------------------------------------------------------------
-    async def _answer(self, request, embeds):
+    async def _answer(self, request, embeds, clock):
         try:
             if hasattr(request, "is_cancelled") and request.is_cancelled():
                 return envelope.error_response(
@@ -333,9 +349,9 @@ class TritonPythonModel:
             else:
                 image_id, encoded = hint, None
             if pixel is not None:
-                outputs = await self._predict_pixels(request, image_id, pixel, wanted)
+                outputs = await self._predict_pixels(request, image_id, pixel, wanted, clock)
             elif prompts:
-                outputs = await self._predict(request, image_id, wanted)
+                outputs = await self._predict(request, image_id, wanted, clock)
             elif encoded is None:  # probe
                 self._features(image_id)
                 encoded = 0
@@ -417,7 +433,7 @@ class TritonPythonModel:
         multimask = given.get(MULTIMASK)
         return clicks, box, bool(multimask is not None and multimask.reshape(-1)[0])
 
-    async def _predict_pixels(self, request, image_id, pixel, wanted):
+    async def _predict_pixels(self, request, image_id, pixel, wanted, clock):
         """Prompts in original pixels -> the decoder -> masks at the original size, encoded."""
         clicks, box, multimask = pixel
         hw = self.cache.original_size(image_id)
@@ -444,7 +460,7 @@ class TritonPythonModel:
         )
         names = [low_name, score_name]
         extra = [n for n in wanted if n in protocol.MASK_OUTPUTS and n != low_name]
-        outputs = await self._predict(request, image_id, names + extra, given=given)
+        outputs = await self._predict(request, image_id, names + extra, clock, given=given)
         by_name = {t.name(): t for t in outputs}
         low = np.asarray(by_name[low_name].as_numpy(), np.float32)
         scores = np.asarray(by_name[score_name].as_numpy(), np.float32).reshape(-1)
@@ -452,6 +468,7 @@ class TritonPythonModel:
             t for n, t in by_name.items() if n in wanted and n not in protocol.FINISHED_OUTPUTS
         ]
         finished = self._finished_masks(low, scores, hw, wanted)
+        clock.mark("finish")
         return result + [pb_utils.Tensor(n, v) for n, v in finished.items()]
 
     def _finished_masks(self, low, scores, hw, wanted):
@@ -549,10 +566,15 @@ class TritonPythonModel:
             if tensor is None:
                 raise RuntimeError(f"{self.encoder_model} returned no {name!r}")
             # GPU: keep the BLS output tensor itself (device memory, no host round trip).
-            # CPU: copy it out of the stub's shared-memory pool into process memory.
-            features[name] = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
+            # CPU, shared_memory: keep it too (it lives in the stub's shm pool; the decoder's
+            # BLS request then passes its handle, the python backend copies nothing).
+            # CPU, process: copy it out of the pool (and into it again on every click).
+            keep = not tensor.is_cpu() or self.keep_shm
+            features[name] = tensor if keep else np.array(tensor.as_numpy())
         nbytes = self.embedding_bytes or sum(
-            v.nbytes for v in features.values() if isinstance(v, np.ndarray)
+            v.nbytes if isinstance(v, np.ndarray) else v.as_numpy().nbytes
+            for v in features.values()
+            if isinstance(v, np.ndarray) or v.is_cpu()
         )
         hw = (int(value.shape[0]), int(value.shape[1])) if kind == "rgb" else None
         evicted = self.cache.put(image_id, features, nbytes, hw)
@@ -564,9 +586,10 @@ class TritonPythonModel:
         self.metrics.count("hits")
         return features
 
-    async def _predict(self, request, image_id, wanted, given=None):
+    async def _predict(self, request, image_id, wanted, clock, given=None):
         """Run the decoder on the cached features and the request's prompt tensors (or
         ``given``: name -> array built here); returns the output tensors asked for."""
+        clock.mark("intake")
         features = self._features(image_id)
         feeds = [
             value if not isinstance(value, np.ndarray) else pb_utils.Tensor(name, value)
@@ -593,7 +616,10 @@ class TritonPythonModel:
             requested_output_names=names,
             **self._preferred_memory(gpu=False),  # small, and kept logits are clipped on CPU
         )
+        clock.mark("feeds")
         response = await bls.async_exec()
+        clock.mark("bls")
+        clock.decoded = True
         if response.has_error():
             raise RuntimeError(f"{self.decoder_model}: {response.error().message()}")
         outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in names]
@@ -610,6 +636,7 @@ class TritonPythonModel:
                         np.clip(logits, -self.logit_limit, self.logit_limit, out=logits)
                     evicted = self.cache.put_logits(image_id, key, logits)
                     self.metrics.count("evictions", len(evicted))
+        clock.mark("outputs")
         return [t for t in outputs if t is not None]
 
     def _mask_feeds(self, request, image_id):
@@ -668,8 +695,31 @@ class _Metrics:
                 )
                 self._families.append(family)
                 self._metrics[name] = family.Metric(labels=labels)
+            self._add_stage_metrics(labels)
         except Exception:  # metrics disabled (--allow-metrics=false): record nothing
             self._families, self._metrics = [], {}
+
+    def _add_stage_metrics(self, labels):
+        specs = (
+            (protocol.STAGE_MICROSECONDS, "Microseconds spent in each stage of clicks"),
+            (protocol.STAGE_COUNT, "Clicks that went through each stage"),
+        )
+        for name, description in specs:
+            family = pb_utils.MetricFamily(
+                name=name, description=description, kind=pb_utils.MetricFamily.COUNTER
+            )
+            self._families.append(family)
+            for stage in protocol.STAGES:
+                metric = family.Metric(labels={**labels, "stage": stage})
+                self._metrics[(name, stage)] = metric
+
+    def stages(self, clock):
+        """Add one click's stage durations (``clock.spent``, seconds) to the stage counters."""
+        for stage, seconds in clock.totals().items():
+            us = self._metrics.get((protocol.STAGE_MICROSECONDS, stage))
+            if us is not None:
+                us.increment(seconds * 1e6)
+                self._metrics[(protocol.STAGE_COUNT, stage)].increment(1)
 
     def count(self, name, value=1):
         metric = self._metrics.get(name)
@@ -685,6 +735,25 @@ class _Metrics:
         # python-backend rule: metrics go before their families
         self._metrics.clear()
         self._families.clear()
+
+
+class _Clock:
+    """Stage durations of one request: ``mark(stage)`` adds the time since the last mark."""
+
+    __slots__ = ("start", "last", "spent", "decoded")
+
+    def __init__(self, start):
+        self.start = self.last = start  # time.perf_counter() when execute() received it
+        self.spent = {}
+        self.decoded = False  # set once the decoder ran: only clicks publish their stages
+
+    def mark(self, stage):
+        now = time.perf_counter()
+        self.spent[stage] = self.spent.get(stage, 0.0) + now - self.last
+        self.last = now
+
+    def totals(self):
+        return {**self.spent, "total": self.last - self.start}
 
 
 def _input(request, name):

@@ -61,6 +61,21 @@ MASK_OUTPUTS = ("masks", "multimask_masks")
 # Asked for when a predict request names no output.
 DEFAULT_OUTPUTS = ("masks", "iou_predictions")
 METRIC_PREFIX = "triton_sam_session_"
+# Where a request's time goes inside the session model (serving/embedding_cache_model.py):
+# counters of microseconds and of requests per stage, label ``stage`` (one of STAGES), so a
+# p50-free but exact mean per stage is (delta us) / (delta count) between two scrapes.
+STAGE_MICROSECONDS = METRIC_PREFIX + "stage_microseconds"
+STAGE_COUNT = METRIC_PREFIX + "stage_count"
+STAGES = (
+    "schedule",  # execute() -> the request's coroutine starts on the instance's event loop
+    "intake",  # input checks, pixel prompts -> decoder prompts, image id, cache lookup
+    "feeds",  # the decoder's BLS request: cached features + prompts as pb_utils tensors
+    "bls",  # decoder BLS round trip (inputs into the stub's shm, IPC, queue, run, outputs)
+    "outputs",  # decoder outputs read; low-res logits kept for refinement by reference
+    "finish",  # server-side masks (pixel prompts only): upsample + encode
+    "respond",  # the response tensors built and sent
+    "total",  # execute() -> response sent
+)
 
 # Config parameters (written by the renderer, read by the model).
 PARAM_KIND = KIND_PARAM
@@ -80,6 +95,13 @@ PARAM_MAX_IMAGE_PIXELS = "max_image_pixels"
 PARAM_MAX_IMAGE_BYTES = "max_image_bytes"
 PARAM_BOX_BEFORE_POINTS = "box_before_points"  # "true"/"false": the family's prompt layout
 PARAM_PAD_WITH_BOX = "pad_with_box"
+# CPU instance: where the cached features live. "shared_memory" keeps the encoder's BLS
+# output tensors (already in the stub's shared-memory pool) and hands them to the decoder
+# again without a copy; "process" copies them into process memory once and back into the
+# pool on every click (the /dev/shm-frugal choice: a 64 MB Docker /dev/shm holds 4 SAM2
+# images). GPU instances keep device tensors either way.
+PARAM_CPU_FEATURES = "cpu_features"
+CPU_FEATURES = ("process", "shared_memory")  # the first is the default
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_ENCODER_MODEL,
@@ -98,6 +120,7 @@ PARAM_KEYS = (
     PARAM_MAX_IMAGE_BYTES,
     PARAM_BOX_BEFORE_POINTS,
     PARAM_PAD_WITH_BOX,
+    PARAM_CPU_FEATURES,
 )
 
 # Bounds (SessionOptions' defaults).
