@@ -668,12 +668,20 @@ def bench_click_cmd(
     concurrency: Annotated[
         int, typer.Option(min=0, help="Also time clicks/s with this many callers (0: no).")
     ] = 0,
+    decoder_sizing: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated decoder sizings to compare, INSTANCESxTHREADS (e.g. 2x1,1x2); "
+            "'default' is what the repository writer chose for this host."
+        ),
+    ] = "default",
     work_dir: Annotated[Path, typer.Option(help="Exports (reused).")] = Path(".bench_users"),
     output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench-click"),
 ) -> None:
     """Where a session click's time goes: client stages, Triton's per-model statistics and
     the session model's own stage counters, per click, beside onnxruntime in process on the
-    same decoder; one table per feature store of the session model (JSON too)."""
+    same decoder; one table per (feature store, decoder sizing) of the session model (JSON
+    too)."""
     import json
     import os
 
@@ -686,16 +694,19 @@ def bench_click_cmd(
     if protocol not in ("grpc", "http"):
         raise typer.BadParameter(f"protocol: got {protocol!r}, expected grpc or http")
     stores = [v.strip() for v in cpu_features.split(",") if v.strip()]
+    sizings = [_sizing(v.strip()) for v in decoder_sizing.split(",") if v.strip()]
     served = prepare_model(model, work_dir, runner=False)
     family = served.spec.family
     sessions = ort_sessions(served.repository, family)
     image = sample_image()
     output.mkdir(parents=True, exist_ok=True)
     reports = {}
-    for store in stores:
+    for store, sizing in ((st, sz) for st in stores for sz in sizings):
+        label = store if sizing is None else f"{store}-{sizing[0]}x{sizing[1]}"
         repo = breakdown.variant_repository(
-            served.repository, work_dir / model / f"click-{store}", family, cpu_features=store
-        )
+            served.repository, work_dir / model / f"click-{label}", family,
+            cpu_features=store, decoder_sizing=sizing,
+        )  # fmt: skip
         with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
             urls = {"grpc": server.grpc_url, "http": server.http_url,
                     "stats": server.http_url, "metrics": server.metrics_url}  # fmt: skip
@@ -706,13 +717,29 @@ def bench_click_cmd(
                     concurrency=concurrency, n=max(n, 4 * concurrency),
                 )  # fmt: skip
         report.settings |= {"cpu_features": store, "cpu_count": os.cpu_count(),
+                            "decoder_sizing": label.removeprefix(store).lstrip("-") or "default",
                             "load_average": list(os.getloadavg())}  # fmt: skip
-        reports[store] = report.as_dict()
-        typer.echo(f"## {model}, cpu_features={store}, {protocol}, n={n}\n")
+        reports[label] = report.as_dict()
+        typer.echo(f"## {model}, {label}, {protocol}, n={n}\n")
         typer.echo(breakdown.markdown(report) + "\n")
     path = output / f"{model}.json"
     path.write_text(json.dumps(reports, indent=1))
     typer.echo(f"wrote {path}")
+
+
+def _sizing(text: str) -> tuple[int, int] | None:
+    """``INSTANCESxTHREADS`` (e.g. ``2x1``) as a pair; ``default`` as None."""
+    if text == "default":
+        return None
+    try:
+        instances, threads = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        instances = threads = 0
+    if instances < 1 or threads < 1:
+        raise typer.BadParameter(
+            f"decoder_sizing: got {text!r}, expected INSTANCESxTHREADS such as 2x1, or default"
+        )
+    return instances, threads
 
 
 @app.command("bench-backends")

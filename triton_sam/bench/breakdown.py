@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam import transforms
 from triton_sam.bench import paths as bench_paths
 from triton_sam.bench.latency import Series, measure
-from triton_sam.client import flow, prompts, session_path
+from triton_sam.client import embedding_path, flow, model_frame, prompts
 from triton_sam.client.prediction import make_prediction
 from triton_sam.client.transport import Transport, build_infer_inputs, resolve_endpoint
 from triton_sam.models.spec import FamilySpec
@@ -199,11 +198,11 @@ def run_breakdown(
     session_model, decoder_model = family.session_model, family.decoder_model
     encoder_model = family.encoder_model
     try:
-        picture = session_path.SessionImage.of(image, family, encoder_model, session_model)
+        picture = embedding_path.CachedImage.of(image, family, encoder_model, session_model)
         flow.run(flow.embed(picture, family, session_model), flow.sender(transport))
         encoder, decoder = sessions
         embedding_names = list(family.embedding_names)
-        tensor = transforms.preprocess(image, family.preprocessing)
+        tensor = model_frame.preprocess(image, family.preprocessing)
         values = encoder.run(embedding_names, {family.encoder_inputs[0].name: tensor})
         features = dict(zip(embedding_names, values, strict=True))
         point = bench_paths.click_of(hw)
