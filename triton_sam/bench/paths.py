@@ -14,15 +14,11 @@ decoder, HTTP or gRPC). Each path answers four operations, as a user calls them:
   the logits the server kept, not 256 KiB of mask.
 
 One :class:`Path` object serves one caller (thread): it keeps that caller's current image
-and its last low-res mask. :meth:`Path.request_bytes` says what the last call sent;
-:meth:`Path.release` frees what the path can rebuild on its next call (the in-process ORT
-encoder session and its memory arena), so the benchmark holds it only during the cells that
-use it.
+and its last low-res mask. :meth:`Path.request_bytes` says what the last call sent.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path as FilePath
 from typing import Any, Protocol
@@ -55,7 +51,6 @@ class Path(Protocol):
     def box(self) -> np.ndarray: ...
     def refine(self) -> np.ndarray: ...
     def request_bytes(self) -> int: ...
-    def release(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -92,9 +87,6 @@ class ClientPath:
 
     def request_bytes(self) -> int:
         return int(self.client.last_request_bytes)
-
-    def release(self) -> None:
-        pass  # the server holds the memory; the connection is small
 
     def close(self) -> None:
         self.client.close()
@@ -142,11 +134,6 @@ class OrtPath:
     def request_bytes(self) -> int:
         return 0  # in process: nothing crosses a wire
 
-    def release(self) -> None:
-        release = getattr(self.encoder, "release", None)
-        if release is not None:
-            release()
-
     def close(self) -> None:
         pass
 
@@ -171,50 +158,17 @@ class OrtPath:
         return prediction.masks
 
 
-def ort_session(path: FilePath) -> Any:
-    """An onnxruntime CPU session with onnxruntime's defaults (what a user gets): every
-    core, all graph optimisations, the CPU memory arena."""
+def ort_sessions(repository: FilePath, family: FamilySpec) -> tuple[Any, Any]:
+    """(encoder, decoder) onnxruntime CPU sessions on ``repository``'s ONNX files, with
+    onnxruntime's defaults (what a user gets): every core, all graph optimisations."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-class EncoderSession:
-    """An encoder's ORT session opened on first ``run`` and dropped by :meth:`release`.
-
-    The CPU arena of an encoder session keeps its peak activations (GiBs for SAM1 ViT-B's
-    global attention at 1024x1024) for the session's life; the benchmark releases it after
-    each cell that encoded, so a model's in-process baseline does not sit beside its
-    official predictor and servers all run long. Opening is untimed (the cell's warm-up
-    call opens it). Shared by a path's callers; ``release`` is called between cells only.
-    """
-
-    def __init__(self, path: FilePath) -> None:
-        self.path = path
-        self._session: Any = None
-        self._lock = threading.Lock()
-
-    def run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with self._lock:  # one open, however many callers arrive first
-            if self._session is None:
-                self._session = ort_session(self.path)
-            session = self._session
-        return session.run(names, feeds)
-
-    def release(self) -> None:
-        with self._lock:
-            self._session = None
-
-
-def ort_sessions(repository: FilePath, family: FamilySpec) -> tuple[Any, Any]:
-    """(encoder, decoder) onnxruntime CPU sessions on ``repository``'s ONNX files (see
-    :func:`ort_session`); the encoder's is an :class:`EncoderSession`."""
-
-    def path(model: str) -> FilePath:
+    def session(model: str) -> Any:
         # Embedded twins symlink to the production repository's files.
-        return (repository / model / "1" / "model.onnx").resolve()
+        path = (repository / model / "1" / "model.onnx").resolve()
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
-    return EncoderSession(path(family.encoder_model)), ort_session(path(family.decoder_model))
+    return session(family.encoder_model), session(family.decoder_model)
 
 
 class OfficialPath:
@@ -278,9 +232,6 @@ class OfficialPath:
 
     def request_bytes(self) -> int:
         return 0  # in process: nothing crosses a wire
-
-    def release(self) -> None:
-        pass  # the predictor holds the image's features: freed by the benchmark after c=1
 
     def close(self) -> None:
         pass

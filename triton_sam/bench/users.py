@@ -393,9 +393,7 @@ def _bench_paths(
 
     One path object (connection, predictor) per caller; ``official`` has one caller and is
     closed and dropped after the first level (its only one), so the predictor's memory is
-    not held through the concurrent levels; every caller is ``release``d after each cell
-    and after its untimed encode (the in-process ORT encoder session is reopened when next
-    used). Before its first prompts each caller encodes its
+    not held through the concurrent levels. Before its first prompts each caller encodes its
     own image once (untimed); before ``refine`` each caller clicks once (untimed), so every
     timed refinement refines the caller's previous mask (by reference on the session path)
     and none is a first click.
@@ -423,7 +421,6 @@ def _bench_paths(
                                 if id(caller) not in holding:
                                     caller.encode(next(variants))
                                     holding.add(id(caller))
-                                    caller.release()
                             prepared = True
                         if op == "refine":
                             for caller in group:
@@ -432,8 +429,6 @@ def _bench_paths(
                         n = max(n_decode, c)
                     samples, wall = measure(call, n, c, f"{model} {op} {path} c={c}")
                     out.append(Series(op, path, c, samples, wall, group[0].request_bytes()))
-                    for caller in group:  # e.g. the ORT encoder's arena, reopened when used
-                        caller.release()
             if OFFICIAL in callers:  # c=1 only: free the predictor before the next level
                 for caller in callers.pop(OFFICIAL):
                     caller.close()
