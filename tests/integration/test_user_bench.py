@@ -172,11 +172,10 @@ def test_run_user_benchmark_isolates_the_model_and_times_the_fused_encoder(
 
     memory = report.settings["peak_rss_mib"]
     child = memory[name]
-    # The child held torch, the official predictor and ORT sessions: hundreds of MiB; the
-    # largest server process (tritonserver or a stub) at least tens of MiB.
+    # The child held torch, the official predictor and ORT sessions: hundreds of MiB; its
+    # servers (tritonserver and a stub, the encoder loaded) at least tens of MiB.
     assert 100 < child["bench_process"] < 16 * 1024
-    assert 10 < child["largest_server_process"] < 16 * 1024
-    assert child["tree_peak"] >= child["largest_server_process"] * 0.5
+    assert 10 < child["servers_peak"] < child["tree_peak"] < 32 * 1024
     assert memory["run"]["tree_peak"] == child["tree_peak"]
     assert memory["run"]["parent_process"] > 0
 

@@ -632,21 +632,27 @@ def bench_one_model(
 
     Returns:
         ``{"series": [Series], "agreement": {variant: ...}, "memory": {...}, "wall_s": s}``;
-        ``memory`` (MiB): ``bench_process`` = this process's peak RSS; ``largest_server_
-        process`` = the peak RSS of the largest process its servers ran (tritonserver or a
-        python-backend stub; the kernel's maximum over waited-for descendants);
-        ``tree_peak`` = the highest sampled PSS of this process plus all its descendants
-        (servers and stubs) at once, sampled every 2 s.
+        ``memory`` (MiB): ``bench_process`` = this process's peak RSS (``ru_maxrss``);
+        ``servers_peak`` = the highest sampled PSS of its descendants (tritonserver and its
+        stubs) together; ``tree_peak`` = the highest sampled PSS of this process plus all its
+        descendants at once. Sampled every 2 s. (The kernel's ``RUSAGE_CHILDREN`` peak is
+        not used: a server forked from this process inherits its high-water mark.)
     """
     from triton_sam.bench.soak import process_tree_rss
 
     t0 = time.perf_counter()
-    peak = [0]
+    peak = {"tree": 0, "servers": 0}
     stop = threading.Event()
 
     def sample() -> None:
+        import psutil
+
+        own = psutil.Process()
         while not stop.wait(2.0):
-            peak[0] = max(peak[0], process_tree_rss(os.getpid()) or 0)
+            tree = process_tree_rss(own.pid) or 0
+            mine = getattr(own.memory_full_info(), "pss", 0)
+            peak["tree"] = max(peak["tree"], tree)
+            peak["servers"] = max(peak["servers"], tree - mine)
 
     sampler = threading.Thread(target=sample, name="bench-memory", daemon=True)
     sampler.start()
@@ -680,8 +686,8 @@ def bench_one_model(
     mib = 1024.0  # ru_maxrss is in KiB on Linux
     memory = {
         "bench_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / mib,
-        "largest_server_process": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / mib,
-        "tree_peak": peak[0] / 2**20,
+        "servers_peak": peak["servers"] / 2**20,
+        "tree_peak": peak["tree"] / 2**20,
     }
     return {"series": series, "agreement": agreement, "memory": memory,
             "wall_s": time.perf_counter() - t0}  # fmt: skip
