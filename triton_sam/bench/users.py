@@ -284,7 +284,7 @@ def click_during_encode(
     """A click on a cached image, sent while another caller encodes a new image.
 
     Caller A encodes an image (untimed) and clicks once (warm-up). Then, ``n`` times: caller
-    B starts encoding an image no one has seen on its own thread; ``lead_s`` later (a quarter
+    B starts encoding an image no one has seen on its own thread; ``lead_s`` later (a fraction
     of the encode's p50, see the caller) A clicks, and the click's latency is one sample.
     A sample counts only if B's encode was still running when the click was sent; otherwise
     it is retried (``4 * n`` tries in all), so every sample is a click that *could* have
