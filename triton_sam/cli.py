@@ -625,14 +625,34 @@ def bench_cmd(
     runner: Annotated[
         bool, typer.Option(help="Time the session path on the python-runner twins too.")
     ] = True,
+    encoder_variants: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated encoder exports to time (encode rows + agreement with fp32): "
+            "fp32, fused (onnxruntime fused attention, SAM2), int8 (int8 weights)."
+        ),
+    ] = "fp32",
+    during_encode: Annotated[
+        bool, typer.Option(help="Time a session click sent during another image's encode.")
+    ] = True,
+    isolate: Annotated[
+        bool, typer.Option(help="Each model in its own child process (bounds the run's memory).")
+    ] = True,
     work_dir: Annotated[Path, typer.Option(help="Exports (reused).")] = Path(".bench_users"),
     output: Annotated[Path, typer.Option(help="Report directory.")] = Path("outputs/bench"),
 ) -> None:
     """What users run, in one run: encode, click, box and refinement through the official
     predictor and onnxruntime in-process, and our client on the embedded server (session
-    model and stateless decoder, onnxruntime backend; the python runner as one more row);
-    p50/p95/p99, throughput and same-run ratios (JSON, markdown, PNG)."""
-    from triton_sam.bench.users import prepare_model, run_user_benchmark, write_report
+    model and stateless decoder, onnxruntime backend; the python runner as one more row),
+    a click during another image's encode, and encoder export variants; p50/p95/p99,
+    throughput, the issue-13 goal ratios and peak memory (JSON, markdown, PNG)."""
+    from triton_sam.bench.users import (
+        BASE_VARIANT,
+        ENCODER_VARIANTS,
+        prepare_model,
+        run_user_benchmark,
+        write_report,
+    )
     from triton_sam.sample import sample_image
 
     levels = _levels(concurrency)
@@ -640,7 +660,14 @@ def bench_cmd(
     chosen = [p.strip() for p in protocols.split(",") if p.strip()]
     if not names or not chosen or set(chosen) - {"grpc", "http"}:
         raise typer.BadParameter("give at least one model and protocols from grpc, http")
-    models = [prepare_model(n, work_dir, runner=runner) for n in names]
+    variants = list(dict.fromkeys(v.strip() for v in encoder_variants.split(",") if v.strip()))
+    if not variants or set(variants) - set(ENCODER_VARIANTS):
+        raise typer.BadParameter(
+            f"--encoder-variants: got {encoder_variants!r}, expected from {list(ENCODER_VARIANTS)}"
+        )
+    if BASE_VARIANT not in variants:
+        variants.insert(0, BASE_VARIANT)  # the other variants are compared with it
+    models = [prepare_model(n, work_dir, runner=runner, encoder_variants=variants) for n in names]
     report = run_user_benchmark(
         models,
         sample_image(),
@@ -649,6 +676,9 @@ def bench_cmd(
         n_encode=n_encode,
         n_decode=n_decode,
         official=official,
+        during_encode=during_encode,
+        encoder_variants=variants,
+        isolate=isolate,
     )
     paths = write_report(report, output)
     typer.echo(paths["md"].read_text())

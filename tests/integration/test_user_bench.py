@@ -3,9 +3,11 @@ thresholds: the numbers only have to exist, the structure and the bytes on the w
 right).
 
 SAM2.1-tiny is timed through all paths against the session-scoped server (onnxruntime
-backend) and a python-runner twin of the same export. The official-predictor adapters of
-SAM1 ViT-B and the small SAM3 tracker config (no server needed) answer every operation with
-masks of the image's size.
+backend) and a python-runner twin of the same export, with a click sent during another
+image's encode. :func:`users.run_user_benchmark` runs in a child process with the fused-
+attention encoder variant (its own server, its agreement with fp32) and reports peak memory.
+The official-predictor adapters of SAM1 ViT-B and the small SAM3 tracker config (no server
+needed) answer every operation with masks of the image's size.
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ def test_bench_times_every_path_and_operation_of_one_run(
     every = ["onnxruntime", *served, "session-grpc-runner"]
     expected = {(op, p, 1) for op in paths.OPERATIONS for p in ["official", *every]}
     expected |= {(op, p, 2) for op in paths.OPERATIONS[1:] for p in every}
+    expected |= {(users.DURING_ENCODE, p, 1) for p in ("session-grpc", "session-http")}
     assert {(s.graph, s.path, s.concurrency) for s in series} == expected
     for s in series:
-        assert len(s.samples_ms) == max(1 if s.graph == "encode" else 2, s.concurrency), s.key
+        n = 3 if s.graph == users.DURING_ENCODE else 1 if s.graph == "encode" else 2
+        assert len(s.samples_ms) == max(n, s.concurrency), s.key
         assert all(ms > 0 for ms in s.samples_ms) and s.wall_s > 0
 
     sent = {(s.graph, s.path, s.concurrency): s.request_bytes for s in series}
@@ -72,7 +76,11 @@ def test_bench_times_every_path_and_operation_of_one_run(
     assert sent[("encode", "stateless-grpc", 1)] >= 3 * 1024 * 1024 * 4
     assert sent[("click", "onnxruntime", 1)] == sent[("click", "official", 1)] == 0
 
-    report = users.UserReport(series={sam2_tiny_spec.name: series}, settings={"n_decode": 2})
+    # A click during an encode is a session click: prompts and an image id on the wire.
+    assert 0 < sent[(users.DURING_ENCODE, "session-grpc", 1)] < 1024
+
+    settings = {"n_decode": 2, "concurrency": [1, 2]}
+    report = users.UserReport(series={sam2_tiny_spec.name: series}, settings=settings)
     rows = report.table()
     assert len(rows) == len(expected)
     for r in rows:
@@ -85,6 +93,22 @@ def test_bench_times_every_path_and_operation_of_one_run(
     text = out["md"].read_text()
     assert "| sam2.1_hiera_tiny | refine | session-grpc-runner | 2 |" in text
     assert "| sam2.1_hiera_tiny | encode | official | 1 |" in text
+    assert "| sam2.1_hiera_tiny | click-during-encode | session-http | 1 |" in text
+    # The goal ratios: one row per session path (runner included), each goal present where
+    # its cells were measured (no click during encode on the runner: not timed there).
+    goals = {g["path"]: g for g in report.goals()}
+    assert set(goals) == {"session-grpc", "session-http", "session-grpc-runner"}
+    keys = {"click_x_ort", "clicks_per_s_x_ort", "encode_x_official", "during_encode_x_encode"}
+    for path, goal in goals.items():
+        want = keys - ({"during_encode_x_encode"} if path.endswith("runner") else set())
+        assert set(goal) - {"model", "path"} == want, path
+        assert set(goal["encode_x_official"]) == {"fp32"}
+        for key in want:
+            value = goal[key]["fp32"] if key == "encode_x_official" else goal[key]
+            assert 0 < value < 1000, (path, key, value)
+    assert "session click p50 / ORT click, c=1 (goal <= 1.3)" in text
+    assert "click during another encode / encode (goal < 0.5)" in text
+    assert "| sam2.1_hiera_tiny | session-http | " in text.split("## ")[0]
     assert len(json.loads(out["json"].read_text())["rows"]) == len(expected)
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -105,3 +129,63 @@ def test_official_paths_answer_every_operation(family, request, sam1_vit_b_spec,
     assert refined.shape == first.shape
     assert path._mask is not None and np.isfinite(path._mask).all()
     assert path.request_bytes() == 0
+
+
+def test_run_user_benchmark_isolates_the_model_and_times_the_fused_encoder(
+    sam2_tiny_spec, sam2_tiny_checkpoint, sam2_tiny_export, sam2_tiny_repository, tmp_path
+):
+    """The run as `triton-sam bench` makes it: the model measured in a spawned child (one
+    server at a time), the fused-attention encoder as a variant with its own served rows and
+    its measured agreement with fp32 within the export check's fp32 tolerance, peak memory
+    in the settings, and the goal ratios including the variant's encode."""
+    fused = users.prepare_encoder_variant(
+        sam2_tiny_spec, sam2_tiny_export, tmp_path / "fused", "fused"
+    )
+    model = users.ServedModel(
+        sam2_tiny_spec,
+        sam2_tiny_checkpoint,
+        sam2_tiny_repository,
+        encoder_variants={"fused": fused},
+    )
+    report = users.run_user_benchmark(
+        [model],
+        IMAGE,
+        protocols=("grpc",),
+        concurrency=(1, 2),
+        n_encode=1,
+        n_decode=2,
+        encoder_variants=("fp32", "fused"),
+    )
+    name = sam2_tiny_spec.name
+    assert "failed" not in report.settings
+    cells = {(s.graph, s.path, s.concurrency) for s in report.series[name]}
+    for path in ("onnxruntime-fused", "session-grpc-fused"):
+        assert ("encode", path, 1) in cells
+        assert ("click", path, 1) not in cells  # the decoder is the same graph
+    assert (users.DURING_ENCODE, "session-grpc", 1) in cells
+    assert ("click", "session-grpc", 2) in cells and ("encode", "official", 1) in cells
+
+    agreement = report.agreement[name]["fused"]
+    assert agreement["within"] is True and agreement["tolerance"] == [1e-4, 1e-4]
+    assert set(agreement["max_abs"]) == set(sam2_tiny_spec.family.embedding_names)
+    assert all(0 <= v < 1e-4 for v in agreement["max_abs"].values())
+
+    memory = report.settings["peak_rss_mib"]
+    child = memory[name]
+    # The child held torch, the official predictor and ORT sessions: hundreds of MiB; its
+    # servers (tritonserver and a stub, the encoder loaded) at least tens of MiB.
+    assert 100 < child["bench_process"] < 16 * 1024
+    assert 10 < child["servers_peak"] < child["tree_peak"] < 32 * 1024
+    assert memory["run"]["tree_peak"] == child["tree_peak"]
+    assert memory["run"]["parent_process"] > 0
+
+    (goal,) = [g for g in report.goals() if g["path"] == "session-grpc"]
+    assert set(goal["encode_x_official"]) == {"fp32", "fused"}
+    assert all(0 < v < 1000 for v in goal["encode_x_official"].values())
+    out = users.write_report(report, tmp_path / "out")
+    text = out["md"].read_text()
+    assert f"{name} encoder `fused` vs fp32" in text and "within the export check" in text
+    assert "| sam2.1_hiera_tiny | encode | session-grpc-fused | 1 |" in text
+    payload = json.loads(out["json"].read_text())
+    assert payload["agreement"][name]["fused"]["within"] is True
+    assert payload["settings"]["peak_rss_mib"][name]["bench_process"] > 0

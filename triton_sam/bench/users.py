@@ -10,25 +10,45 @@ For each model the same image and prompts go through (see :mod:`triton_sam.bench
   default) against the embedded server on Triton's onnxruntime backend;
 - ``stateless-<protocol>``: the same client sending the features with every click;
 - ``session-<protocol>-runner``: the session path on the python-runner twins of the same
-  repository (the fallback for a server without the onnxruntime backend).
+  repository (the fallback for a server without the onnxruntime backend);
+- ``onnxruntime-<variant>`` / ``session-<protocol>-<variant>``: ``encode`` only, on an
+  encoder export variant (``fused``: onnxruntime's fused attention, ``int8``: int8 weights;
+  see :mod:`triton_sam.export.optimize`), with the variant's measured agreement against the
+  fp32 encoder on the benchmark image (:func:`encoder_agreement`).
 
 Operations: ``encode``, ``click``, ``box``, ``refine`` (chained refinement; by reference on
-the session path). Every encode gets an image no server has seen (one pixel differs), so the
-session path really encodes. Clicks run on an image encoded (untimed) per caller, one image
-per caller, so concurrent callers never evict each other's kept logits. Ratios compare p50s
-within the run: ``x_ort`` against ``onnxruntime`` at the same concurrency, ``x_official``
-against the official predictor at c=1.
+the session path), and ``click-during-encode``: a session click on a cached image sent while
+another caller's encode of a new image is running (the issue's "a click never waits for
+another image's encode"). Every encode gets an image no server has seen (one pixel differs),
+so the session path really encodes. Clicks run on an image encoded (untimed) per caller, one
+image per caller, so concurrent callers never evict each other's kept logits. Ratios compare
+p50s within the run: ``x_ort`` against ``onnxruntime`` at the same concurrency,
+``x_official`` against the official predictor at c=1.
+
+Memory: :func:`run_user_benchmark` measures each model in its own child process (spawned,
+so it inherits nothing), one embedded server at a time within it, and merges the series: the
+baselines of a model are measured in the same process as its served rows, and one model's
+predictor, ORT sessions and servers are gone before the next model starts. The report's
+settings carry each child's peak memory.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
+import resource
+import shutil
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +58,11 @@ from triton_sam.models.spec import ModelSpec
 
 OFFICIAL = "official"
 ORT = "onnxruntime"
+DURING_ENCODE = "click-during-encode"
+# Encoder export variants the bench can build from the fp32 export (label -> the tolerance
+# its agreement with the fp32 encoder is judged by: the one the export check uses for it).
+BASE_VARIANT = "fp32"
+ENCODER_VARIANTS = ("fp32", "fused", "int8")
 
 
 @dataclass(frozen=True)
@@ -50,20 +75,31 @@ class ServedModel:
             loads the same file).
         repository: the embedded server's repository (onnxruntime backend twins).
         runner_repository: its python-runner twins, or None to skip that row.
+        encoder_variants: label (``fused``, ``int8``) -> an embedded repository identical
+            to ``repository`` but for that encoder export variant.
+        skipped_variants: label -> why this model has no such variant (e.g. no attention
+            fusion for its family).
     """
 
     spec: ModelSpec
     checkpoint: Path
     repository: Path
     runner_repository: Path | None = None
+    encoder_variants: Mapping[str, Path] = field(default_factory=dict)
+    skipped_variants: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class UserReport:
-    """Series of every (model, operation, path, concurrency) of one run, plus its settings."""
+    """Series of every (model, operation, path, concurrency) of one run, plus its settings.
+
+    ``agreement``: model -> encoder variant -> ``{"max_abs": {output: float}, "tolerance":
+    [atol, rtol], "within": bool}`` (see :func:`encoder_agreement`).
+    """
 
     series: dict[str, list[Series]] = field(default_factory=dict)  # model -> series
     settings: dict[str, object] = field(default_factory=dict)
+    agreement: dict[str, dict[str, dict[str, object]]] = field(default_factory=dict)
 
     def get(self, model: str, op: str, path: str, concurrency: int) -> Series | None:
         """The series of one cell, if measured."""
@@ -72,8 +108,14 @@ class UserReport:
                 return s
         return None
 
+    def p50(self, model: str, op: str, path: str, concurrency: int = 1) -> float | None:
+        """The p50 (ms) of one cell, if measured."""
+        s = self.get(model, op, path, concurrency)
+        return None if s is None else s.summary()["p50"]
+
     def table(self) -> list[dict[str, object]]:
-        """One row per series with p50/p95/p99/throughput and same-run p50 ratios."""
+        """One row per series with p50/p95/p99/throughput and same-run p50 ratios
+        (``click-during-encode`` is compared with ``click``'s baselines)."""
         rows = []
         for model, series in self.series.items():
             for s in series:
@@ -81,14 +123,74 @@ class UserReport:
                 row: dict[str, object] = {"model": model, "op": s.graph, "path": s.path,
                                           "concurrency": s.concurrency, **summary,
                                           "bytes": s.request_bytes}  # fmt: skip
+                op = "click" if s.graph == DURING_ENCODE else s.graph
                 for key, base in (
-                    ("x_ort", self.get(model, s.graph, ORT, s.concurrency)),
-                    ("x_official", self.get(model, s.graph, OFFICIAL, 1)),
+                    ("x_ort", self.get(model, op, ORT, s.concurrency)),
+                    ("x_official", self.get(model, op, OFFICIAL, 1)),
                 ):
                     if base is not None:
                         row[key] = summary["p50"] / base.summary()["p50"]
                 rows.append(row)
         return rows
+
+    def goals(self) -> list[dict[str, object]]:
+        """The issue's goal ratios, one row per (model, session path), from same-run p50s:
+
+        - ``click_x_ort``: session click p50 / in-process ORT click p50, c=1 (goal <= 1.3);
+        - ``clicks_per_s_x_ort``: session clicks/s / ORT clicks/s at the highest concurrency
+          (goal >= 0.8);
+        - ``encode_x_official``: variant -> served (this path's) encode p50 / the official
+          predictor's ``set_image`` p50 (goal <= 1.0);
+        - ``during_encode_x_encode``: click-during-encode p50 / this path's encode p50
+          (goal < 0.5).
+        Missing cells are left out of a row.
+        """
+        levels = [int(c) for c in self.settings.get("concurrency", [1])]  # type: ignore[union-attr]
+        top = max(levels)
+        rows: list[dict[str, object]] = []
+        for model, series in self.series.items():
+            names = dict.fromkeys(s.path for s in series)
+            variants = dict.fromkeys(
+                v
+                for v in self.settings.get("encoder_variants", [BASE_VARIANT])  # type: ignore[union-attr]
+            )
+            for path in names:
+                if not path.startswith("session-") or _variant_of(path, variants):
+                    continue
+                row: dict[str, object] = {"model": model, "path": path}
+                click, ort = self.p50(model, "click", path), self.p50(model, "click", ORT)
+                if click is not None and ort is not None:
+                    row["click_x_ort"] = click / ort
+                s, base = self.get(model, "click", path, top), self.get(model, "click", ORT, top)
+                if s is not None and base is not None and top > 1:
+                    row["clicks_per_s_x_ort"] = (
+                        s.summary()["throughput"] / base.summary()["throughput"]
+                    )
+                official = self.p50(model, "encode", OFFICIAL)
+                encodes: dict[str, float] = {}
+                for variant in variants:
+                    name = path if variant == BASE_VARIANT else f"{path}-{variant}"
+                    encode = self.p50(model, "encode", name)
+                    if encode is not None and official is not None:
+                        encodes[variant] = encode / official
+                if encodes:
+                    row["encode_x_official"] = encodes
+                during, encode = (
+                    self.p50(model, DURING_ENCODE, path),
+                    self.p50(model, "encode", path),
+                )
+                if during is not None and encode is not None:
+                    row["during_encode_x_encode"] = during / encode
+                rows.append(row)
+        return rows
+
+
+def _variant_of(path: str, variants: Mapping[str, None]) -> str | None:
+    """The encoder variant a path name ends with (``session-grpc-fused`` -> ``fused``)."""
+    for v in variants:
+        if v != BASE_VARIANT and path.endswith(f"-{v}"):
+            return v
+    return None
 
 
 def image_variants(image: np.ndarray) -> Iterator[np.ndarray]:
@@ -109,17 +211,23 @@ def bench_model(
     n_encode: int = 3,
     n_decode: int = 30,
     official: bool = True,
+    baseline: bool = True,
+    during_encode: bool = True,
 ) -> list[Series]:
     """Time every operation of every path of one model.
 
     Args:
         model: what to serve and compare (see :class:`ServedModel`).
-        urls: server -> protocol -> URL; server ``"onnxruntime"`` (the backend repository,
-            required) and optionally ``"python"`` (the runner twins; its first protocol only).
+        urls: server -> protocol -> URL; server ``"onnxruntime"`` (the backend repository)
+            and/or ``"python"`` (the runner twins; its first protocol only).
         image: HxWx3 uint8 RGB.
         concurrency: concurrent callers per level (encode: the first level only, see below).
         n_encode / n_decode: timed calls per series (at least one per caller).
         official: include the official predictor (c=1).
+        baseline: include in-process onnxruntime (the ``x_ort`` baseline).
+        during_encode: add a ``click-during-encode`` series per session protocol of the
+            ``"onnxruntime"`` server (``max(n_encode, 3)`` clicks, see
+            :func:`click_during_encode`).
 
     Encodes are timed at the first concurrency level only: the encoder saturates every core
     at c=1, so more callers only queue (and each SAM1 ViT-B encode takes seconds here).
@@ -136,19 +244,141 @@ def bench_model(
             sessions.extend(bench_paths.ort_sessions(model.repository, family))
         return bench_paths.OrtPath((sessions[0], sessions[1]), family)
 
-    factories[ORT] = ort
-    for protocol, url in urls["onnxruntime"].items():
+    if baseline:
+        factories[ORT] = ort
+    for protocol, url in urls.get("onnxruntime", {}).items():
         for kind, session in (("session", True), ("stateless", False)):
             factories[f"{kind}-{protocol}"] = lambda u=url, p=protocol, s=session: (
                 bench_paths.ClientPath(u, p, name, session=s)
             )
-    if "python" in urls and urls["python"]:
+    if urls.get("python"):
         protocol, url = next(iter(urls["python"].items()))
         factories[f"session-{protocol}-runner"] = lambda: bench_paths.ClientPath(
             url, protocol, name, session=True
         )
+    variants = image_variants(image)
+    out = _bench_paths(factories, variants, concurrency, n_encode, n_decode, name)
+    sessions.clear()  # the ORT sessions (and their arenas) go with the last OrtPath
+    if during_encode:
+        for protocol, url in urls.get("onnxruntime", {}).items():
+            path = f"session-{protocol}"
+            encode = next(s for s in out if (s.graph, s.path) == ("encode", path))
 
-    return _bench_paths(factories, image_variants(image), concurrency, n_encode, n_decode, name)
+            def client(u: str = url, p: str = protocol) -> bench_paths.ClientPath:
+                return bench_paths.ClientPath(u, p, name, session=True)
+
+            # A tenth of the encode's p50: well inside an encode even when the shared
+            # machine's load makes encodes vary several-fold between samples.
+            lead_s = 0.1 * encode.summary()["p50"] / 1e3
+            out.append(click_during_encode(client, variants, max(n_encode, 3), lead_s, path))
+    return out
+
+
+def click_during_encode(
+    client: Callable[[], bench_paths.Path],
+    variants: Iterator[np.ndarray],
+    n: int,
+    lead_s: float,
+    path: str,
+) -> Series:
+    """A click on a cached image, sent while another caller encodes a new image.
+
+    Caller A encodes an image (untimed) and clicks once (warm-up). Then, ``n`` times: caller
+    B starts encoding an image no one has seen on its own thread; ``lead_s`` later (a fraction
+    of the encode's p50, see the caller) A clicks, and the click's latency is one sample.
+    A sample counts only if B's encode was still running when the click was sent; otherwise
+    it is retried (``4 * n`` tries in all), so every sample is a click that *could* have
+    waited for the encode. A click that waits shows up as about the encode's remaining time.
+
+    Returns:
+        ``Series("click-during-encode", path, 1, ...)``; ``wall_s`` = the summed click time.
+    """
+    clicker, encoder = client(), client()
+    try:
+        clicker.encode(next(variants))
+        clicker.click()
+        samples: list[float] = []
+        for _ in range(4 * n):
+            if len(samples) == n:
+                break
+            encode = threading.Thread(
+                target=encoder.encode, args=(next(variants),), name="bench-encode"
+            )
+            encode.start()
+            time.sleep(lead_s)
+            overlapped = encode.is_alive()
+            t0 = time.perf_counter()
+            clicker.click()
+            ms = (time.perf_counter() - t0) * 1e3
+            encode.join()
+            if overlapped:
+                samples.append(ms)
+        if not samples:
+            raise RuntimeError(f"{path}: every encode ended within {lead_s:.3f} s, before a click")
+        return Series(DURING_ENCODE, path, 1, samples, sum(samples) / 1e3, clicker.request_bytes())
+    finally:
+        clicker.close()
+        encoder.close()
+
+
+def bench_encoder_variant(
+    model: ServedModel,
+    variant: str,
+    urls: Mapping[str, str],
+    image: np.ndarray,
+    *,
+    n_encode: int = 3,
+) -> list[Series]:
+    """``encode`` (c=1) on one encoder export variant: in-process onnxruntime
+    (``onnxruntime-<variant>``) and the session path of each protocol in ``urls`` (a server
+    on ``model.encoder_variants[variant]``; ``session-<protocol>-<variant>``)."""
+    family = model.spec.family
+    repository = model.encoder_variants[variant]
+    factories: dict[str, Callable[[], bench_paths.Path]] = {
+        f"{ORT}-{variant}": lambda: bench_paths.OrtPath(
+            bench_paths.ort_sessions(repository, family), family
+        )
+    }
+    for protocol, url in urls.items():
+        factories[f"session-{protocol}-{variant}"] = lambda u=url, p=protocol: (
+            bench_paths.ClientPath(u, p, family.family, session=True)
+        )
+    return _bench_paths(
+        factories, image_variants(image), (1,), n_encode, 1, model.spec.name, ops=("encode",)
+    )
+
+
+def encoder_agreement(
+    reference: Path, variant: Path, model: ServedModel, image: np.ndarray, tolerance: Any
+) -> dict[str, object]:
+    """How far an encoder variant's outputs are from the fp32 encoder's on ``image``.
+
+    Both encoders (``<repo>/<encoder>/1/model.onnx`` of the two embedded repositories) run
+    in-process onnxruntime on the same preprocessed tensor. ``tolerance`` (an
+    ``onnx_utils.Tolerance``) is the one the export check uses for that variant.
+
+    Returns:
+        ``{"max_abs": {output: float}, "tolerance": [atol, rtol], "within": bool}``;
+        ``within``: every element satisfies |v - r| <= atol + rtol * |r|.
+    """
+    import onnxruntime as ort
+
+    from triton_sam import transforms
+
+    family = model.spec.family
+    tensor = transforms.preprocess(image, family.preprocessing)
+    names = list(family.embedding_names)
+    outputs = []
+    for repo in (reference, variant):
+        path = (repo / family.encoder_model / "1" / "model.onnx").resolve()
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outputs.append(session.run(names, {family.encoder_inputs[0].name: tensor}))
+        del session  # one encoder session alive at a time
+    max_abs, within = {}, True
+    for name, r, v in zip(names, *outputs, strict=True):
+        max_abs[name] = float(np.max(np.abs(v - r)))
+        within &= bool(np.allclose(v, r, atol=tolerance.atol, rtol=tolerance.rtol))
+    return {"max_abs": max_abs, "tolerance": [tolerance.atol, tolerance.rtol], "within": within}
 
 
 def _bench_paths(
@@ -158,14 +388,17 @@ def _bench_paths(
     n_encode: int,
     n_decode: int,
     model: str,
+    ops: Sequence[str] = bench_paths.OPERATIONS,
 ) -> list[Series]:
     """Every (level, operation) cell, each path in turn within it: compared cells are timed
     minutes apart at most, not a whole path's sweep apart, on a machine others load.
 
-    One path object (connection, predictor) per caller; ``official`` has one caller.
-    Before its first prompts each caller encodes its own image once (untimed); before
-    ``refine`` each caller clicks once (untimed), so every timed refinement refines the
-    caller's previous mask (by reference on the session path) and none is a first click.
+    One path object (connection, predictor) per caller; ``official`` has one caller and is
+    closed and dropped after the first level (its only one), so the predictor's memory is
+    not held through the concurrent levels. Before its first prompts each caller encodes its
+    own image once (untimed); before ``refine`` each caller clicks once (untimed), so every
+    timed refinement refines the caller's previous mask (by reference on the session path)
+    and none is a first click.
     """
     widest = max(levels)
     callers: dict[str, list[bench_paths.Path]] = {}
@@ -176,9 +409,9 @@ def _bench_paths(
             callers[path] = [factory() for _ in range(1 if path == OFFICIAL else widest)]
         for c in levels:
             active = {p: cs[:c] for p, cs in callers.items() if p != OFFICIAL or c == 1}
-            ops = bench_paths.OPERATIONS if c == levels[0] else bench_paths.OPERATIONS[1:]
+            level_ops = ops if c == levels[0] else [op for op in ops if op != "encode"]
             prepared = False
-            for op in ops:
+            for op in level_ops:
                 for path, group in active.items():
                     if op == "encode":
                         call = _encode_call(group, variants)
@@ -198,6 +431,10 @@ def _bench_paths(
                         n = max(n_decode, c)
                     samples, wall = measure(call, n, c, f"{model} {op} {path} c={c}")
                     out.append(Series(op, path, c, samples, wall, group[0].request_bytes()))
+            if OFFICIAL in callers:  # c=1 only: free the predictor before the next level
+                for caller in callers.pop(OFFICIAL):
+                    caller.close()
+                gc.collect()
     finally:
         for caller in itertools.chain.from_iterable(callers.values()):
             caller.close()
@@ -220,7 +457,12 @@ def _prompt_call(callers: Sequence[bench_paths.Path], op: str) -> Callable[[int]
 
 
 def prepare_model(
-    name: str, work_dir: Path, *, checkpoints_dir: Path = Path("checkpoints"), runner: bool = True
+    name: str,
+    work_dir: Path,
+    *,
+    checkpoints_dir: Path = Path("checkpoints"),
+    runner: bool = True,
+    encoder_variants: Sequence[str] = (),
 ) -> ServedModel:
     """Export ``name`` once into ``work_dir/<name>`` (reused when its build finished before)
     and write its embedded repositories.
@@ -230,11 +472,23 @@ def prepare_model(
     tracker the small config of :func:`triton_sam.export.sam3.small_config`: the real
     1008/288 tensor contract with a 2-layer ViT), so the official predictor and the ONNX
     files share their weights.
+
+    ``encoder_variants`` (besides ``fp32``, the export itself): see
+    :func:`prepare_encoder_variant`; a variant the family has no rewrite for is recorded in
+    ``skipped_variants`` instead of failing the run.
     """
+    from triton_sam.errors import ExportError
     from triton_sam.models import get_model
     from triton_sam.pipeline import build_repository, obtain_checkpoint
     from triton_sam.repository.writer import embedded_repository
 
+    unknown = set(encoder_variants) - set(ENCODER_VARIANTS)
+    if unknown:
+        from triton_sam.errors import InputValidationError
+
+        raise InputValidationError(
+            "encoder_variants", f"got {sorted(unknown)}, expected from {list(ENCODER_VARIANTS)}"
+        )
     spec = get_model(name)
     root = work_dir / name
     checkpoint = _checkpoint(spec, root, checkpoints_dir)
@@ -242,8 +496,6 @@ def prepare_model(
     done = root / "build.json"
     if not (done.is_file() and json.loads(done.read_text()).get("checkpoint") == str(checkpoint)):
         if repo.exists():
-            import shutil
-
             shutil.rmtree(repo)
         checkpoint = obtain_checkpoint(
             spec, checkpoint=checkpoint, checkpoints_dir=checkpoints_dir, download=False
@@ -252,7 +504,78 @@ def prepare_model(
         done.write_text(json.dumps({"checkpoint": str(checkpoint)}))
     served = embedded_repository(repo, root / "embedded")
     runner_repo = embedded_repository(repo, root / "runner", target="python") if runner else None
-    return ServedModel(spec, checkpoint, served, runner_repo)
+    variants: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    for variant in dict.fromkeys(encoder_variants):
+        if variant == BASE_VARIANT:
+            continue
+        try:
+            variants[variant] = prepare_encoder_variant(spec, repo, root / variant, variant)
+        except ExportError as e:
+            skipped[variant] = str(e)
+    return ServedModel(spec, checkpoint, served, runner_repo, variants, skipped)
+
+
+def prepare_encoder_variant(spec: ModelSpec, repo: Path, root: Path, variant: str) -> Path:
+    """An embedded repository like ``repo``'s but with the encoder rewritten as ``variant``
+    (``fused``: :func:`~triton_sam.export.optimize.fuse_attention`; ``int8``:
+    :func:`~triton_sam.export.optimize.quantize_int8`), the rewrite the export options
+    ``export.fuse_attention`` / ``export.quantize=int8`` apply, here applied to a copy of
+    the fp32 export's encoder (no second torch export). Every other model links to
+    ``repo``'s files. Reused when ``root/variant.json`` names the same source encoder.
+
+    Raises:
+        ExportError: the family has no such rewrite (fused: SAM2 only) or it failed.
+    """
+    from triton_sam.export import optimize
+    from triton_sam.repository.writer import (
+        ModelFiles,
+        embedded_repository,
+        list_models,
+        read_model,
+        write_models,
+    )
+
+    encoder_name = spec.family.encoder_model
+    source = (repo / encoder_name / "1" / "model.onnx").resolve()
+    marker = root / "variant.json"
+    stamp = {"variant": variant, "source": str(source), "mtime": source.stat().st_mtime}
+    variant_repo = root / "model_repository"
+    if not (marker.is_file() and json.loads(marker.read_text()) == stamp):
+        if root.exists():
+            shutil.rmtree(root)
+        encoder_dir = root / "encoder"
+        encoder_dir.mkdir(parents=True)
+        models = [read_model(repo, name) for name in list_models(repo)]
+        encoder = next(m for m in models if m.name == encoder_name)
+        files = {}
+        for rel, src in encoder.files.items():  # model.onnx and its .onnx_data sidecar
+            dest = encoder_dir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(src).resolve(), dest)
+            files[rel] = dest
+        if variant == "fused":
+            optimize.fuse_attention(encoder_dir / "model.onnx", spec.family.family)
+        elif variant == "int8":
+            optimize.quantize_int8(encoder_dir / "model.onnx")
+        else:
+            raise ValueError(f"variant {variant!r}: no encoder rewrite")
+        models = [
+            ModelFiles(m.name, m.config_text, files) if m.name == encoder_name else m
+            for m in models
+        ]
+        write_models(variant_repo, models, link=True)
+        marker.write_text(json.dumps(stamp))
+    return embedded_repository(variant_repo, root / "embedded")
+
+
+def variant_tolerance(variant: str) -> Any:
+    """The tolerance the export check uses for an encoder ``variant`` (see
+    :mod:`triton_sam.export.optimize`): fp32's for fused attention (same math up to float
+    reassociation), ``INT8_TOLERANCE`` for int8 weights."""
+    from triton_sam.export import onnx_utils, optimize
+
+    return optimize.INT8_TOLERANCE if variant == "int8" else onnx_utils.FP32_TOLERANCE
 
 
 def _checkpoint(spec: ModelSpec, root: Path, checkpoints_dir: Path) -> Path:
@@ -281,21 +604,95 @@ def _checkpoint(spec: ModelSpec, root: Path, checkpoints_dir: Path) -> Path:
 
 
 @contextmanager
-def served(model: ServedModel, protocols: Sequence[str]) -> Iterator[dict[str, dict[str, str]]]:
-    """Start the embedded servers of ``model``; yields server -> protocol -> URL."""
+def served(repository: Path, protocols: Sequence[str]) -> Iterator[dict[str, str]]:
+    """Start one embedded server on ``repository``; yields protocol -> URL."""
     from triton_sam.server import EmbeddedTriton
 
-    ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0}
-    with ExitStack() as stack:
-        repos = {"onnxruntime": model.repository, "python": model.runner_repository}
-        urls: dict[str, dict[str, str]] = {}
-        for server_name, repo in repos.items():
-            if repo is None:
-                continue
-            server = stack.enter_context(EmbeddedTriton(repo, **ports))
-            by_protocol = {"http": server.http_url, "grpc": server.grpc_url}
-            urls[server_name] = {p: by_protocol[p] for p in protocols}
-        yield urls
+    with EmbeddedTriton(repository, http_port=0, grpc_port=0, metrics_port=0) as server:
+        by_protocol = {"http": server.http_url, "grpc": server.grpc_url}
+        yield {p: by_protocol[p] for p in protocols}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What :func:`bench_one_model` times (see :func:`run_user_benchmark`)."""
+
+    protocols: tuple[str, ...] = ("grpc", "http")
+    concurrency: tuple[int, ...] = (1, 4)
+    n_encode: int = 3
+    n_decode: int = 30
+    official: bool = True
+    during_encode: bool = True
+
+
+def bench_one_model(
+    model: ServedModel, image: np.ndarray, settings: BenchSettings
+) -> dict[str, object]:
+    """Every series of one model, one embedded server at a time: the backend repository
+    (official, ORT, session and stateless paths, click-during-encode), then the runner twins,
+    then each encoder variant (encode only, plus its agreement with fp32).
+
+    Returns:
+        ``{"series": [Series], "agreement": {variant: ...}, "memory": {...}, "wall_s": s}``;
+        ``memory`` (MiB): ``bench_process`` = this process's peak RSS (``ru_maxrss``);
+        ``servers_peak`` = the highest sampled PSS of its descendants (tritonserver and its
+        stubs) together; ``tree_peak`` = the highest sampled PSS of this process plus all its
+        descendants at once. Sampled every 2 s. (The kernel's ``RUSAGE_CHILDREN`` peak is
+        not used: a server forked from this process inherits its high-water mark.)
+    """
+    from triton_sam.bench.soak import process_tree_rss
+
+    t0 = time.perf_counter()
+    peak = {"tree": 0, "servers": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        import psutil
+
+        own = psutil.Process()
+        while not stop.wait(2.0):
+            tree = process_tree_rss(own.pid) or 0
+            mine = getattr(own.memory_full_info(), "pss", 0)
+            peak["tree"] = max(peak["tree"], tree)
+            peak["servers"] = max(peak["servers"], tree - mine)
+
+    sampler = threading.Thread(target=sample, name="bench-memory", daemon=True)
+    sampler.start()
+    series: list[Series] = []
+    agreement: dict[str, dict[str, object]] = {}
+    common = {"n_encode": settings.n_encode, "n_decode": settings.n_decode}
+    try:
+        with served(model.repository, settings.protocols) as urls:
+            series += bench_model(model, {"onnxruntime": urls}, image,
+                                  concurrency=settings.concurrency, official=settings.official,
+                                  during_encode=settings.during_encode, **common)  # fmt: skip
+        gc.collect()
+        if model.runner_repository is not None:
+            with served(model.runner_repository, settings.protocols[:1]) as urls:
+                series += bench_model(model, {"python": urls}, image,
+                                      concurrency=settings.concurrency, official=False,
+                                      baseline=False, during_encode=False, **common)  # fmt: skip
+            gc.collect()
+        for variant, repository in model.encoder_variants.items():
+            agreement[variant] = encoder_agreement(
+                model.repository, repository, model, image, variant_tolerance(variant)
+            )
+            with served(repository, settings.protocols[:1]) as urls:
+                series += bench_encoder_variant(
+                    model, variant, urls, image, n_encode=settings.n_encode
+                )
+            gc.collect()
+    finally:
+        stop.set()
+        sampler.join()
+    mib = 1024.0  # ru_maxrss is in KiB on Linux
+    memory = {
+        "bench_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / mib,
+        "servers_peak": peak["servers"] / 2**20,
+        "tree_peak": peak["tree"] / 2**20,
+    }
+    return {"series": series, "agreement": agreement, "memory": memory,
+            "wall_s": time.perf_counter() - t0}  # fmt: skip
 
 
 def run_user_benchmark(
@@ -307,24 +704,60 @@ def run_user_benchmark(
     n_encode: int = 3,
     n_decode: int = 30,
     official: bool = True,
+    during_encode: bool = True,
+    encoder_variants: Sequence[str] = (BASE_VARIANT,),
+    isolate: bool = True,
 ) -> UserReport:
-    """:func:`bench_model` for each model, its servers started for it and stopped after."""
+    """:func:`bench_one_model` for each model, each in a fresh (spawned) child process when
+    ``isolate``: a model's predictor, ORT sessions and servers are freed, by the process
+    ending, before the next model starts. A child that dies (e.g. OOM-killed) is reported in
+    ``settings["failed"]`` and the run goes on with the next model.
+
+    ``settings["peak_rss_mib"]``: per model the child's figures (see
+    :func:`bench_one_model`), and ``run`` = the highest ``tree_peak`` of any model (the
+    run's peak: the children run one after the other) and this process's own peak RSS.
+    """
     report = UserReport()
+    settings = BenchSettings(tuple(protocols), tuple(concurrency), n_encode, n_decode,
+                             official, during_encode)  # fmt: skip
     report.settings = {"protocols": list(protocols), "concurrency": list(concurrency),
                        "n_encode": n_encode, "n_decode": n_decode,
+                       "encoder_variants": list(encoder_variants),
                        "image_hw": list(image.shape[:2]), "cpu_count": os.cpu_count(),
+                       "isolated": isolate,
                        "load_average_before": list(os.getloadavg())}  # fmt: skip
+    memory: dict[str, dict[str, float]] = {}
+    failed: dict[str, str] = {}
+    skipped = {m.spec.name: dict(m.skipped_variants) for m in models if m.skipped_variants}
     for model in models:
-        with served(model, protocols) as urls:
-            report.series[model.spec.name] = bench_model(
-                model,
-                urls,
-                image,
-                concurrency=concurrency,
-                n_encode=n_encode,
-                n_decode=n_decode,
-                official=official,
-            )
+        name = model.spec.name
+        try:
+            if isolate:
+                import multiprocessing
+
+                spawn = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    result = pool.submit(bench_one_model, model, image, settings).result()
+            else:
+                result = bench_one_model(model, image, settings)
+        except BrokenProcessPool as e:
+            failed[name] = f"the benchmark process died (OOM-killed?): {e}"
+            continue
+        report.series[name] = result["series"]  # type: ignore[assignment]
+        if result["agreement"]:
+            report.agreement[name] = result["agreement"]  # type: ignore[assignment]
+        memory[name] = {k: round(v, 1) for k, v in result["memory"].items()}  # type: ignore[attr-defined]
+        memory[name]["wall_s"] = round(float(result["wall_s"]), 1)  # type: ignore[arg-type]
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    memory["run"] = {
+        "tree_peak": max((m["tree_peak"] for m in memory.values()), default=0.0),
+        "parent_process": round(own, 1),
+    }
+    report.settings["peak_rss_mib"] = memory
+    if skipped:
+        report.settings["skipped_variants"] = skipped
+    if failed:
+        report.settings["failed"] = failed
     report.settings["load_average_after"] = list(os.getloadavg())
     return report
 
@@ -333,14 +766,16 @@ def run_user_benchmark(
 
 
 def write_report(report: UserReport, out_dir: Path) -> dict[str, Path]:
-    """Write ``users.json``, ``users.md`` (one table) and ``users.png`` into ``out_dir``."""
+    """Write ``users.json``, ``users.md`` (goals, summary, every cell) and ``users.png``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = report.table()
     files = {"json": out_dir / "users.json", "md": out_dir / "users.md"}
     series = {m: [asdict(s) for s in ss] for m, ss in report.series.items()}
-    payload = {"settings": report.settings, "rows": rows, "series": series}
+    payload = {"settings": report.settings, "goals": report.goals(), "rows": rows,
+               "agreement": report.agreement, "series": series}  # fmt: skip
     files["json"].write_text(json.dumps(payload, indent=2))
-    files["md"].write_text(summary_markdown(report) + "\n" + markdown(report, rows))
+    text = "\n".join([goals_markdown(report), summary_markdown(report), markdown(report, rows)])
+    files["md"].write_text(text)
     files["png"] = _plot(rows, out_dir / "users.png")
     return files
 
@@ -367,22 +802,83 @@ def markdown(report: UserReport, rows: list[dict[str, object]] | None = None) ->
     return "\n".join(lines) + "\n"
 
 
+# The issue's goals: (goal-row key, column title, test on the ratio, goal text).
+GOALS: tuple[tuple[str, str, Callable[[float], bool], str], ...] = (
+    ("click_x_ort", "session click p50 / ORT click, c=1", lambda x: x <= 1.3, "<= 1.3"),
+    ("clicks_per_s_x_ort", "session clicks/s / ORT clicks/s, c={top}", lambda x: x >= 0.8,
+     ">= 0.8"),
+    ("encode_x_official", "served encode / official set_image", lambda x: x <= 1.0, "<= 1.0"),
+    ("during_encode_x_encode", "click during another encode / encode", lambda x: x < 0.5,
+     "< 0.5"),
+)  # fmt: skip
+
+
+def goals_markdown(report: UserReport) -> str:
+    """The goal ratios (see :meth:`UserReport.goals`), each marked met or not, and the
+    encoder variants' agreement with fp32."""
+    levels = [int(c) for c in report.settings.get("concurrency", [1])]  # type: ignore[union-attr]
+    top = max(levels)
+    head = [title.format(top=top) + f" (goal {goal})" for _, title, _, goal in GOALS]
+    lines = [
+        "| model | path | " + " | ".join(head) + " |",
+        "|---|---|" + "---|" * len(GOALS),
+    ]
+    for row in report.goals():
+        cells = []
+        for key, _, test, _ in GOALS:
+            value = row.get(key)
+            if isinstance(value, dict):
+                cells.append(", ".join(f"{v} {_mark(x, test)}" for v, x in value.items()))
+            else:
+                cells.append("-" if value is None else _mark(float(value), test))  # type: ignore[arg-type]
+        lines.append(f"| {row['model']} | {row['path']} | " + " | ".join(cells) + " |")
+    for model, variants in report.agreement.items():
+        for variant, a in variants.items():
+            worst = max(a["max_abs"].values())  # type: ignore[attr-defined]
+            atol, rtol = a["tolerance"]  # type: ignore[misc]
+            verdict = "within" if a["within"] else "OUTSIDE"
+            lines.append(
+                f"\n{model} encoder `{variant}` vs fp32 (same image, in-process ORT): max |diff| "
+                f"{worst:.2e}, {verdict} the export check's tolerance (atol {atol}, rtol {rtol})"
+            )
+    for model, why in dict(report.settings.get("skipped_variants", {})).items():  # type: ignore[call-overload]
+        lines.append(f"\n{model}: no encoder variant {why}")
+    for model, why in dict(report.settings.get("failed", {})).items():  # type: ignore[call-overload]
+        lines.append(f"\n{model}: FAILED, {why}")
+    return "\n".join(lines) + "\n"
+
+
+def _mark(x: float, test: Callable[[float], bool]) -> str:
+    return f"{x:.2f}x {'met' if test(x) else 'NOT met'}"
+
+
 def summary_markdown(report: UserReport) -> str:
     """The run in one table: a row per (model, path); p50 ms at c=1 with its same-run ratio
     (encode against the official predictor, prompts against onnxruntime), and click
-    throughput at the highest concurrency against onnxruntime's."""
+    throughput at the highest concurrency against onnxruntime's. One row per protocol:
+    HTTP and gRPC side by side when both were measured."""
     levels = [int(c) for c in report.settings.get("concurrency", [1])]  # type: ignore[union-attr]
     top = max(levels)
     lines = [
         f"| model | path | encode p50 (x official) | click p50 (x ORT) | box p50 (x ORT) "
-        f"| refine p50 (x ORT) | clicks/s at c={top} (x ORT) | bytes per click |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| refine p50 (x ORT) | click during encode p50 (x encode) "
+        f"| clicks/s at c={top} (x ORT) | bytes per click |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for model, series in report.series.items():
         for path in dict.fromkeys(s.path for s in series):
             cells = []
             for op, base in (("encode", OFFICIAL), ("click", ORT), ("box", ORT), ("refine", ORT)):
                 cells.append(_cell(report, model, op, path, 1, base, "p50"))
+            during, encode = (
+                report.p50(model, DURING_ENCODE, path),
+                report.p50(model, "encode", path),
+            )
+            cells.append(
+                "-"
+                if during is None
+                else f"{during:.0f} ms" + ("" if encode is None else f" ({during / encode:.2f}x)")
+            )
             cells.append(_cell(report, model, "click", path, top, ORT, "throughput"))
             click = report.get(model, "click", path, 1)
             cells.append(_size(click.request_bytes) if click is not None else "-")
@@ -418,6 +914,7 @@ def _plot(rows: list[dict[str, object]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(str(r["model"]) for r in rows))
+    ops = list(dict.fromkeys([*bench_paths.OPERATIONS, *(str(r["op"]) for r in rows)]))
     fig, axes = plt.subplots(len(models), 1, figsize=(12, 3.6 * len(models)), squeeze=False)
     for ax, model in zip(axes[:, 0], models, strict=True):
         sel = [r for r in rows if r["model"] == model]
@@ -426,15 +923,15 @@ def _plot(rows: list[dict[str, object]], path: Path) -> Path:
         width = 0.8 / (len(names) * len(levels))
         for k, (name, c) in enumerate(itertools.product(names, levels)):
             label: str | None = f"{name} c={c}"
-            for j, op in enumerate(bench_paths.OPERATIONS):
+            for j, op in enumerate(ops):
                 hit = [r for r in sel if (r["path"], r["concurrency"], r["op"]) == (name, c, op)]
                 if hit:
                     colour, hatch = f"C{names.index(name)}", None if c == 1 else "//"
                     p50 = float(hit[0]["p50"])  # type: ignore[arg-type]
                     ax.bar(j + k * width, p50, width, color=colour, hatch=hatch, label=label)
                     label = None  # one legend entry per (path, concurrency)
-        ax.set_xticks(np.arange(len(bench_paths.OPERATIONS)) + 0.4 - width / 2)
-        ax.set_xticklabels(bench_paths.OPERATIONS)
+        ax.set_xticks(np.arange(len(ops)) + 0.4 - width / 2)
+        ax.set_xticklabels(ops)
         ax.set(title=model, ylabel="p50 ms (log)", yscale="log")
         ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
