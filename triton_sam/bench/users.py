@@ -363,10 +363,10 @@ def encoder_agreement(
     """
     import onnxruntime as ort
 
-    from triton_sam import transforms
+    from triton_sam.client import model_frame
 
     family = model.spec.family
-    tensor = transforms.preprocess(image, family.preprocessing)
+    tensor = model_frame.preprocess(image, family.preprocessing)
     names = list(family.embedding_names)
     outputs = []
     for repo in (reference, variant):
