@@ -328,7 +328,8 @@ def test_only_openvino_is_a_cpu_accelerator_of_the_backend() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cores", "instances", "threads"), [(1, 1, "1"), (2, 2, "1"), (8, 4, "2"), (16, 4, "4")]
+    ("cores", "instances", "threads"),
+    [(1, 1, "1"), (2, 1, "2"), (4, 1, "4"), (8, 2, "4"), (16, 4, "4"), (64, 4, "16")],
 )
 def test_a_cpu_decoder_is_sized_by_cores(cores: int, instances: int, threads: str) -> None:
     twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions()))

@@ -43,6 +43,7 @@ import numpy as np
 from triton_sam.bench import paths as bench_paths
 from triton_sam.bench.latency import Series, measure
 from triton_sam.client import embedding_path, flow, model_frame, prompts
+from triton_sam.client.decode_request import Click
 from triton_sam.client.prediction import make_prediction
 from triton_sam.client.transport import Transport, build_infer_inputs, resolve_endpoint
 from triton_sam.models.spec import FamilySpec
@@ -220,7 +221,8 @@ def run_breakdown(
                 orig_hw=hw,
                 family=family,
             )
-            click = flow.click_request(picture, family, decoder_prompts, None, False)
+            key, inputs, fallback = picture.click_inputs(decoder_prompts, None)
+            click = Click(key, inputs, fallback, prompts.output_names(False, family), False)
             t1 = time.perf_counter()
             infer_inputs = build_infer_inputs(module, click.inputs, http=http)
             requested = [

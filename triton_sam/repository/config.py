@@ -421,18 +421,23 @@ def to_cpu_twin(config: ModelConfig) -> ModelConfig:
 # At most this many decoder instances on a CPU host: enough for c=4 without one instance per
 # core on large hosts, where a click would then run on a single thread.
 CPU_DECODER_MAX_INSTANCES = 4
+CPU_DECODER_CORES_PER_INSTANCE = 4
 
 
 def size_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig:
-    """A decoder's CPU twin sized for ``cores`` usable cores: ``min(cores, 4)`` instances with
-    ``cores // instances`` intra-op threads each (2 cores: 2 x 1, 8 cores: 4 x 2).
+    """A decoder's CPU twin sized for ``cores`` usable cores: one instance per 4 cores (at
+    least 1, at most 4), each with ``cores // instances`` intra-op threads (2 cores: 1 x 2,
+    8 cores: 2 x 4, 16 cores: 4 x 4).
 
-    Why: one GPU instance runs one decoder batch with the whole GPU; on a CPU one instance
-    with all cores batches concurrent clicks into one run and then runs it alone. Measured on
-    SAM2.1-tiny, 2 shared cores, 4 concurrent session clicks: 1 x 2 threads gave 0.51x the
-    throughput of the same decoder in-process (four threads on one ORT session), 2 x 1 gave
-    1.07-1.25x; a single click took +5-10% on one thread. Configs that set
-    ``intra_op_thread_count`` themselves are left as they are (a deliberate choice).
+    Why: a click is one decoder run, so its latency is set by the threads one run gets;
+    concurrent clicks queue for the instance (or run on the next one). Measured on SAM2.1-tiny,
+    2 quiet cores, both sizings in one `triton-sam bench-click --decoder-sizing 2x1,1x2
+    --concurrency 4` run: 1 x 2 threads gave a single session click of 1.20-1.25x in-process
+    ORT (2 x 1: 1.88-1.92x, a run on one thread) and 0.58-0.76x ORT's clicks/s at c=4
+    (2 x 1: 0.89-0.93x). Interactive latency is what this server is for, so one instance gets
+    the cores; past 4 cores a run scales poorly, so more instances (not measured here: no
+    host with more than 2 cores). Configs that set ``intra_op_thread_count`` themselves are
+    left as they are (a deliberate choice).
 
     Raises:
         InputValidationError: ``cores`` < 1.
@@ -440,7 +445,7 @@ def size_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig:
     check_int("cores", cores, minimum=1)
     if ORT_INTRA_OP_PARAM in config.parameters:
         return config
-    instances = min(cores, CPU_DECODER_MAX_INSTANCES)
+    instances = max(1, min(cores // CPU_DECODER_CORES_PER_INSTANCE, CPU_DECODER_MAX_INSTANCES))
     twin = ModelConfig()
     twin.CopyFrom(config)
     for group in twin.instance_group:
