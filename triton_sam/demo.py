@@ -101,14 +101,20 @@ def run_demo(
 
 
 def build_local_repository(
-    model: str | ModelSpec, checkpoints_dir: Path, work_dir: Path, *, download: bool = False
+    model: str | ModelSpec,
+    checkpoints_dir: Path,
+    work_dir: Path,
+    *,
+    download: bool = False,
+    fuse_attention: bool = True,
 ) -> tuple[ModelSpec, Path, RepositoryBuild]:
     """Export ``model`` into ``work_dir/model_repository`` (the production ``onnxruntime``
     target, as ``docker compose`` serves it) and return the repository the embedded server
     serves: its CPU twin on Triton's onnxruntime backend (``embedded_repository``).
 
     Uses the checkpoint :func:`demo_checkpoint` finds (downloading it when ``download``);
-    otherwise the official config's random weights, with a loud warning.
+    otherwise the official config's random weights, with a loud warning. ``fuse_attention``
+    as in :func:`~triton_sam.repository.writer.embedded_repository`.
     """
     spec = get_model(model) if isinstance(model, str) else model
     checkpoint = demo_checkpoint(spec, checkpoints_dir, download=download)
@@ -122,7 +128,7 @@ def build_local_repository(
         repository_options=RepositoryOptions(),
         checkpoints_dir=checkpoints_dir,
     )
-    return spec, embedded_repository(repo), build
+    return spec, embedded_repository(repo, fuse_attention=fuse_attention), build
 
 
 def demo_checkpoint(

@@ -502,7 +502,9 @@ def prepare_model(
         )
         build_repository(spec, repo, checkpoint=checkpoint, checkpoints_dir=checkpoints_dir)
         done.write_text(json.dumps({"checkpoint": str(checkpoint)}))
-    served = embedded_repository(repo, root / "embedded")
+    # fp32: the graphs as exported; `triton-sam serve`'s default twin is the ``fused`` variant
+    # where the family has an attention fusion (the same twin as the served path otherwise).
+    served = embedded_repository(repo, root / "embedded", fuse_attention=False)
     runner_repo = embedded_repository(repo, root / "runner", target="python") if runner else None
     variants: dict[str, Path] = {}
     skipped: dict[str, str] = {}
@@ -517,17 +519,21 @@ def prepare_model(
 
 
 def prepare_encoder_variant(spec: ModelSpec, repo: Path, root: Path, variant: str) -> Path:
-    """An embedded repository like ``repo``'s but with the encoder rewritten as ``variant``
-    (``fused``: :func:`~triton_sam.export.optimize.fuse_attention`; ``int8``:
-    :func:`~triton_sam.export.optimize.quantize_int8`), the rewrite the export options
-    ``export.fuse_attention`` / ``export.quantize=int8`` apply, here applied to a copy of
-    the fp32 export's encoder (no second torch export). Every other model links to
-    ``repo``'s files. Reused when ``root/variant.json`` names the same source encoder.
+    """An embedded repository like ``repo``'s but with the encoder rewritten as ``variant``.
+
+    ``fused``: exactly what ``triton-sam serve`` serves by default (the CPU twin with fused
+    attention, :mod:`~triton_sam.repository.cpu_graphs`). ``int8``: a copy of the fp32
+    export's encoder through :func:`~triton_sam.export.optimize.quantize_int8` (the rewrite
+    ``export.quantize=int8`` applies; no second torch export), every other model linked to
+    ``repo``'s files, reused when ``root/variant.json`` names the same source encoder.
 
     Raises:
-        ExportError: the family has no such rewrite (fused: SAM2 only) or it failed.
+        ExportError: the family has no such rewrite (fused: see
+            :func:`~triton_sam.export.optimize.has_attention_fusion`) or it failed.
     """
+    from triton_sam.errors import ExportError
     from triton_sam.export import optimize
+    from triton_sam.repository import cpu_graphs
     from triton_sam.repository.writer import (
         ModelFiles,
         embedded_repository,
@@ -537,6 +543,15 @@ def prepare_encoder_variant(spec: ModelSpec, repo: Path, root: Path, variant: st
     )
 
     encoder_name = spec.family.encoder_model
+    if variant == "fused":
+        if not optimize.has_attention_fusion(spec.family.family):
+            raise ExportError(f"fuse_attention: no attention fusion for {spec.family.family!r}")
+        served = embedded_repository(repo, root / "embedded")
+        if not cpu_graphs.graph_family(served / encoder_name / "1" / "model.onnx")[1]:
+            raise ExportError(f"{encoder_name}: attention fusion failed (see the log)")
+        return served
+    if variant != "int8":
+        raise ValueError(f"variant {variant!r}: no encoder rewrite")
     source = (repo / encoder_name / "1" / "model.onnx").resolve()
     marker = root / "variant.json"
     stamp = {"variant": variant, "source": str(source), "mtime": source.stat().st_mtime}
@@ -554,19 +569,14 @@ def prepare_encoder_variant(spec: ModelSpec, repo: Path, root: Path, variant: st
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(src).resolve(), dest)
             files[rel] = dest
-        if variant == "fused":
-            optimize.fuse_attention(encoder_dir / "model.onnx", spec.family.family)
-        elif variant == "int8":
-            optimize.quantize_int8(encoder_dir / "model.onnx")
-        else:
-            raise ValueError(f"variant {variant!r}: no encoder rewrite")
+        optimize.quantize_int8(encoder_dir / "model.onnx")
         models = [
             ModelFiles(m.name, m.config_text, files) if m.name == encoder_name else m
             for m in models
         ]
         write_models(variant_repo, models, link=True)
         marker.write_text(json.dumps(stamp))
-    return embedded_repository(variant_repo, root / "embedded")
+    return embedded_repository(variant_repo, root / "embedded", fuse_attention=False)
 
 
 def variant_tolerance(variant: str) -> Any:

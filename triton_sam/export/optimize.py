@@ -20,6 +20,7 @@ both run before the ORT-vs-torch check, which then uses the tolerance of what wa
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -30,6 +31,16 @@ from triton_sam.export.onnx_utils import Tolerance, external_data_files, save_wi
 
 # Families whose encoder onnxruntime's transformer optimizer knows (its ``model_type``).
 ATTENTION_FUSION_TYPES = {"sam2": "sam2"}
+# Written into a fused graph's ``metadata_props`` (value: the fused operator counts), so a
+# graph is never fused twice (the embedded CPU twin fuses exports that were not).
+FUSED_METADATA_KEY = "triton_sam.attention"
+
+
+def has_attention_fusion(family: str) -> bool:
+    """Whether :func:`fuse_attention` has a rewrite for ``family``'s encoder."""
+    return family in ATTENTION_FUSION_TYPES
+
+
 QUANTIZE_CHOICES = ("none", "int8")
 # A guard against a broken conversion, not a statement of accuracy: on SAM2.1-tiny (random
 # init, features up to |3.1|) int8 weights moved encoder outputs by up to 0.082; trained
@@ -70,6 +81,7 @@ def fuse_attention(path: Path, family: str) -> dict[str, int]:
             f"fuse_attention: onnxruntime's {model_type!r} optimizer found no attention to fuse "
             f"in {path.name} ({counts}); the exported pattern changed"
         )
+    model.model.metadata_props.add(key=FUSED_METADATA_KEY, value=json.dumps(counts))
     external = bool(external_data_files(path))
     _replace(path, external, lambda tmp: model.save_model_to_file(str(tmp), external))
     return counts

@@ -26,6 +26,7 @@ from typing import Any
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec, GraphSpec
+from triton_sam.repository import cpu_graphs
 from triton_sam.repository.config import (
     ONNX_FILE_PARAM,
     ONNX_FILENAME,
@@ -376,6 +377,7 @@ def embedded_repository(
     twin_dir: str | os.PathLike[str] | None = None,
     *,
     target: Target = "onnxruntime",
+    fuse_attention: bool = True,
 ) -> Path:
     """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
@@ -384,7 +386,10 @@ def embedded_repository(
     the result. One change on top is a CPU choice, not a CPU limit: on the onnxruntime
     backend, the decoder a session model calls gets instances and threads sized for this
     host's cores (:func:`~triton_sam.repository.config.size_cpu_decoder`, measured there),
-    unless its config sets ``intra_op_thread_count`` itself. When nothing changes,
+    unless its config sets ``intra_op_thread_count`` itself; and with ``fuse_attention``
+    the encoder it calls is served as a copy with fused attention where its family has a
+    fusion (:mod:`~triton_sam.repository.cpu_graphs`; faster on CPU, fp32 parity). The
+    production repository's graphs are never changed. When nothing changes,
     ``repo_dir`` itself is returned; otherwise the twins are written to ``twin_dir``
     (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to the original
     ONNX files, so nothing large is copied; models no longer in ``repo_dir`` are removed from
@@ -404,11 +409,13 @@ def embedded_repository(
         raise RepositoryError(f"{repo_dir}: no models (directories with {CONFIG_FILENAME})")
     models = [read_model(repo_dir, name) for name in names]
     twins = [embedded_twin(model, target) for model in models]
+    twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
         twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
+        if fuse_attention:
+            twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
     if all(_same_model(m, t) for m, t in zip(models, twins, strict=True)):
         return repo_dir
-    twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     write_models(twin_dir, twins, link=True)
     for stale in set(list_models(twin_dir)) - set(names):
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
@@ -418,18 +425,38 @@ def embedded_repository(
 def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
     """``twins`` with the decoders their session models call sized for ``cores``."""
     configs = [parse_config(t.config_text) for t in twins]
-    kind, key = protocol.KIND_EMBEDDING_CACHE, embedding_cache.PARAM_DECODER_MODEL
-    decoders = {
-        c.parameters[key].string_value
-        for c in configs
-        if model_kind(c) == kind and key in c.parameters
-    }
+    decoders = _session_callees(configs, embedding_cache.PARAM_DECODER_MODEL)
     return [
         ModelFiles(t.name, config_to_text(size_cpu_decoder(c, cores)), t.files)
         if t.name in decoders
         else t
         for t, c in zip(twins, configs, strict=True)
     ]
+
+
+def _session_callees(configs: list[ModelConfig], key: str) -> set[str]:
+    """Names of the models session models call under parameter ``key``."""
+    kind = protocol.KIND_EMBEDDING_CACHE
+    return {
+        c.parameters[key].string_value
+        for c in configs
+        if model_kind(c) == kind and key in c.parameters
+    }
+
+
+def _fuse_session_encoders(twins: list[ModelFiles], cache: Path) -> list[ModelFiles]:
+    """``twins`` with the onnxruntime encoders session models call served with fused
+    attention where :func:`~.cpu_graphs.fused_encoder_files` can fuse them."""
+    configs = [parse_config(t.config_text) for t in twins]
+    encoders = _session_callees(configs, embedding_cache.PARAM_ENCODER_MODEL)
+    out = []
+    for t, c in zip(twins, configs, strict=True):
+        files = None
+        if t.name in encoders and _is_onnxruntime(c):
+            graph = c.default_model_filename or ONNX_FILENAME
+            files = cpu_graphs.fused_encoder_files(t.name, dict(t.files), graph, cache)
+        out.append(ModelFiles(t.name, t.config_text, files) if files else t)
+    return out
 
 
 def read_model(repo_dir: str | os.PathLike[str], name: str) -> ModelFiles:
