@@ -348,8 +348,9 @@ def variant_repository(
 ) -> Path:
     """A copy of the embedded repository ``served`` (files linked) whose session model keeps
     its features as ``cpu_features`` says, with ``model.py`` from this source tree, and,
-    with ``decoder_sizing`` = (instances, intra-op threads), the decoder sized so (for
-    measuring sizings; the served default is ``size_cpu_decoder``'s)."""
+    with ``decoder_sizing`` = (instances, intra-op threads), the decoder sized so and every
+    click sent to it (for measuring sizings; the served default is ``size_cpu_decoder``'s,
+    with overlapping clicks sent to ``busy_cpu_decoder``'s twin)."""
     from triton_sam.repository.config import ORT_INTRA_OP_PARAM, config_to_text, parse_config
     from triton_sam.repository.session_config import session_variant
     from triton_sam.repository.writer import ModelFiles, list_models, read_model, write_models
@@ -359,6 +360,11 @@ def variant_repository(
         model = read_model(served, name)
         if name == family.session_model:
             model = session_variant(model, cpu_features=cpu_features)
+            if decoder_sizing is not None:  # a fixed sizing: every click on that decoder
+                config = parse_config(model.config_text)
+                if embedding_cache.PARAM_DECODER_MODEL_BUSY in config.parameters:
+                    del config.parameters[embedding_cache.PARAM_DECODER_MODEL_BUSY]
+                model = ModelFiles(name, config_to_text(config), model.files)
         elif name == family.decoder_model and decoder_sizing is not None:
             config = parse_config(model.config_text)
             for group in config.instance_group:

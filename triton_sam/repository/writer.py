@@ -34,6 +34,7 @@ from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
     Target,
+    busy_cpu_decoder,
     check_model_name,
     config_to_text,
     graph_config,
@@ -414,24 +415,45 @@ def embedded_repository(
         twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
         if fuse_attention:
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
-    if all(_same_model(m, t) for m, t in zip(models, twins, strict=True)):
+    if len(twins) == len(models) and all(
+        _same_model(m, t) for m, t in zip(models, twins, strict=True)
+    ):
         return repo_dir
     write_models(twin_dir, twins, link=True)
-    for stale in set(list_models(twin_dir)) - set(names):
+    for stale in set(list_models(twin_dir)) - {t.name for t in twins}:
         shutil.rmtree(twin_dir / stale, ignore_errors=True)
     return twin_dir
 
 
 def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
-    """``twins`` with the decoders their session models call sized for ``cores``."""
+    """``twins`` with the decoders their session models call sized for ``cores``, plus a
+    busy twin of each where :func:`~.config.busy_cpu_decoder` gives one (same files), named
+    in the session models' ``decoder_model_busy`` parameter."""
     configs = [parse_config(t.config_text) for t in twins]
     decoders = _session_callees(configs, embedding_cache.PARAM_DECODER_MODEL)
-    return [
-        ModelFiles(t.name, config_to_text(size_cpu_decoder(c, cores)), t.files)
-        if t.name in decoders
-        else t
-        for t, c in zip(twins, configs, strict=True)
-    ]
+    taken = {t.name for t in twins}
+    busy: dict[str, ModelFiles] = {}
+    for t, c in zip(twins, configs, strict=True):
+        extra = busy_cpu_decoder(c, cores) if t.name in decoders else None
+        if extra is not None and extra.name not in taken:
+            busy[t.name] = ModelFiles(extra.name, config_to_text(extra), t.files)
+    out = []
+    for t, c in zip(twins, configs, strict=True):
+        if t.name in decoders:
+            out.append(ModelFiles(t.name, config_to_text(size_cpu_decoder(c, cores)), t.files))
+        elif model_kind(c) == protocol.KIND_EMBEDDING_CACHE and c.parameters.get(
+            embedding_cache.PARAM_DECODER_MODEL
+        ):
+            decoder = c.parameters[embedding_cache.PARAM_DECODER_MODEL].string_value
+            if decoder in busy:
+                c.parameters[embedding_cache.PARAM_DECODER_MODEL_BUSY].string_value = busy[
+                    decoder
+                ].name
+                t = ModelFiles(t.name, config_to_text(c), t.files)
+            out.append(t)
+        else:
+            out.append(t)
+    return out + list(busy.values())
 
 
 def _session_callees(configs: list[ModelConfig], key: str) -> set[str]:

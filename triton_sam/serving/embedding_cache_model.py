@@ -224,6 +224,9 @@ class TritonPythonModel:
         self.name = args["model_name"]
         self.encoder_model = params[protocol.PARAM_ENCODER_MODEL]
         self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
+        # Clicks whose decoder run is in flight (only touched on the event loop's thread).
+        self.busy_decoder_model = params.get(protocol.PARAM_DECODER_MODEL_BUSY) or ""
+        self.decoding = 0
         self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
         self.embedding_bytes = int(params.get(protocol.PARAM_EMBEDDING_BYTES) or 0)
         limit = params.get(protocol.PARAM_LOW_RES_LOGIT_LIMIT) or ""
@@ -610,18 +613,29 @@ class TritonPythonModel:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
         skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
         names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
+        # A lone click gets the decoder with all the threads; one that overlaps another's
+        # run goes to the single-thread instances, where concurrent runs do not wait on each
+        # other's threads (see protocol.PARAM_DECODER_MODEL_BUSY).
+        busy = self.decoding and self.busy_decoder_model
+        decoder = self.busy_decoder_model if busy else self.decoder_model
         bls = pb_utils.InferenceRequest(
-            model_name=self.decoder_model,
+            model_name=decoder,
             inputs=feeds,
             requested_output_names=names,
             **self._preferred_memory(gpu=False),  # small, and kept logits are clipped on CPU
         )
         clock.mark("feeds")
-        response = await bls.async_exec()
+        self.decoding += 1
+        try:
+            response = await bls.async_exec()
+        finally:
+            self.decoding -= 1
         clock.mark("bls")
         clock.decoded = True
+        if decoder != self.decoder_model:
+            self.metrics.count("busy_decodes")
         if response.has_error():
-            raise RuntimeError(f"{self.decoder_model}: {response.error().message()}")
+            raise RuntimeError(f"{decoder}: {response.error().message()}")
         outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in names]
         key = _string(request, protocol.LOGITS_KEY)
         if key:
@@ -685,6 +699,7 @@ class _Metrics:
             ("hits", "COUNTER", "Predictions answered from cached features"),
             ("misses", "COUNTER", "Requests for an image id (or logits key) not cached"),
             ("evictions", "COUNTER", "Images evicted by the LRU bound"),
+            ("busy_decodes", "COUNTER", "Clicks decoded while another click's run was in flight"),
         )
         try:
             for name, kind, description in specs:
