@@ -11,7 +11,10 @@ both run before the ORT-vs-torch check, which then uses the tolerance of what wa
   matrix of each head of the global-attention blocks. Same math up to float reassociation
   (measured 2.5e-6 on SAM2.1-tiny features), so the fp32 tolerance still applies. The graph
   then needs onnxruntime (CPU or CUDA provider; TensorRT cannot take the contrib op and runs
-  it on CUDA), which is why it is an option.
+  it on CUDA), which is why it is an option. SAM3's ViT (rotary embedding between the
+  projections and the attention) matches none of the optimizer's patterns; its attentions
+  are fused by our own rewrite, :func:`~triton_sam.export.attention_fusion.fuse_sdpa`, to the
+  same op (measured 1.2e-7 on the small SAM3 tracker's features).
 - :func:`quantize_int8` quantizes the weights of every MatMul with a constant weight to int8
   (onnxruntime's dynamic quantization: activations quantized per run). It changes results
   (see :data:`INT8_TOLERANCE` and the README for the measured agreement): an option for
@@ -26,10 +29,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from triton_sam.errors import ExportError
-from triton_sam.export.onnx_utils import Tolerance, external_data_files, save_with_external_data
+from triton_sam.export.onnx_utils import (
+    Tolerance,
+    _save_graph_only,
+    external_data_files,
+    save_with_external_data,
+)
 
-# Families whose encoder onnxruntime's transformer optimizer knows (its ``model_type``).
-ATTENTION_FUSION_TYPES = {"sam2": "sam2"}
+# How each family's encoder attention is fused: onnxruntime's transformer optimizer with this
+# ``model_type``, or SDPA_FUSION for our own rewrite (attention_fusion.fuse_sdpa). A family not
+# listed has no fusion (see has_attention_fusion).
+SDPA_FUSION = "sdpa"
+ATTENTION_FUSION_TYPES = {"sam2": "sam2", "sam3": SDPA_FUSION}
 QUANTIZE_CHOICES = ("none", "int8")
 # A guard against a broken conversion, not a statement of accuracy: on SAM2.1-tiny (random
 # init, features up to |3.1|) int8 weights moved encoder outputs by up to 0.082; trained
@@ -37,19 +48,24 @@ QUANTIZE_CHOICES = ("none", "int8")
 INT8_TOLERANCE = Tolerance(atol=0.25, rtol=0.1)
 
 
+def has_attention_fusion(family: str) -> bool:
+    """Whether :func:`fuse_attention` knows the encoder of ``family`` (e.g. ``"sam2"``)."""
+    return family in ATTENTION_FUSION_TYPES
+
+
 def fuse_attention(path: Path, family: str) -> dict[str, int]:
     """Fuse the attention blocks of the encoder at ``path`` in place.
 
     Args:
         path: the exported encoder (weights inline or in a ``.onnx_data`` sidecar).
-        family: the family name (``"sam2"``); others have no fusion pattern here.
+        family: the family name (``"sam2"``, ``"sam3"``); others have no fusion pattern here.
 
     Returns:
         Fused operator counts, e.g. ``{"MultiHeadAttention": 12, ...}``.
 
     Raises:
-        ExportError: the family has no fusion, or the optimizer fused no attention (the
-            exported pattern changed: refusing beats silently serving the slow graph).
+        ExportError: the family has no fusion, or nothing was fused (the exported pattern
+            changed: refusing beats silently serving the slow graph).
     """
     model_type = ATTENTION_FUSION_TYPES.get(family)
     if model_type is None:
@@ -57,6 +73,8 @@ def fuse_attention(path: Path, family: str) -> dict[str, int]:
             f"fuse_attention: no attention fusion for family {family!r} "
             f"(available for {sorted(ATTENTION_FUSION_TYPES)})"
         )
+    if model_type == SDPA_FUSION:
+        return _fuse_sdpa(path)
     from onnxruntime.transformers import optimizer
 
     # opt_level 0: only the python fusions; onnxruntime applies its own graph optimisations
@@ -73,6 +91,24 @@ def fuse_attention(path: Path, family: str) -> dict[str, int]:
     external = bool(external_data_files(path))
     _replace(path, external, lambda tmp: model.save_model_to_file(str(tmp), external))
     return counts
+
+
+def _fuse_sdpa(path: Path) -> dict[str, int]:
+    """Our own rewrite (:func:`~triton_sam.export.attention_fusion.fuse_sdpa`); only the graph
+    changes, so weights in a sidecar stay where they are."""
+    import onnx
+
+    from triton_sam.export.attention_fusion import fuse_sdpa
+
+    model = onnx.load(str(path), load_external_data=False)
+    fused = fuse_sdpa(model)
+    if not fused:
+        raise ExportError(
+            f"fuse_attention: found no Softmax(MatMul(q, Transpose(k)) * scale) @ v attention "
+            f"to fuse in {path.name}; the exported pattern changed"
+        )
+    _save_graph_only(model, path)
+    return {"MultiHeadAttention": fused}
 
 
 def quantize_int8(path: Path) -> None:
