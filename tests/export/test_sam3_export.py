@@ -91,7 +91,7 @@ def test_fused_attention_export_keeps_fp32_parity(sam3_small_checkpoint, exporte
     import onnx
 
     fused = export_model(SPEC, sam3_small_checkpoint, tmp_path, ExportOptions(fuse_attention=True))
-    assert fused.fused_operators == {"MultiHeadAttention": 2}
+    assert fused.fused_operators == {"MultiHeadAttention": 2, "FoldedConv": 2}
     ops = [n.op_type for n in onnx.load(str(fused.encoder), load_external_data=False).graph.node]
     assert ops.count("MultiHeadAttention") == 2
     assert "Softmax" not in ops
