@@ -7,10 +7,11 @@ q, k, v of shape [..., N, D] (e.g. SAM3's ViT after its rotary embedding, [B, he
 
 (c1 = c2 = sqrt(1/sqrt(D)); a single scale on the scores, on either operand or none at all is
 matched too). onnxruntime runs it as written: the [..., N, N] score matrix is materialised,
-then softmaxed, then multiplied, about 3x the time torch's flash attention takes for SAM3's
-global block (5184 tokens). :func:`fuse_sdpa` replaces each match by one
+then softmaxed, then multiplied (small SAM3 tracker, 2 threads, onnxruntime's profiler:
+~100 ms of MatMul/Softmax kernels for the 5184-token global block, against 29 ms for
+torch's flash attention). :func:`fuse_sdpa` replaces each match by one
 ``com.microsoft.MultiHeadAttention``, which on CPU runs MLAS's flash attention (tiles of the
-score matrix, never the whole of it).
+score matrix, never the whole of it): 27 ms for both blocks in the same profile.
 
 The op wants [batch, sequence, hidden] inputs. Every leading dim of q, k and v (batch,
 heads, windows...) is folded into that batch and the op is told ``num_heads=1``: the
@@ -19,8 +20,9 @@ number of heads need not be known (ONNX shape inference leaves it symbolic in th
 The output [-1, N, Dv] is reshaped back to q's leading dims + [N, Dv] under the name the last
 MatMul had, so its consumers are untouched. Same math up to float reassociation (the scale
 is applied once, c1*c2, instead of on each operand). q, k and v must have the same leading
-dims (no broadcasting), as SDPA's export has; a graph where they differ fails loudly at run
-time (the op checks that key's batch equals query's), it cannot compute something else.
+dims (no broadcasting), as SDPA's export has; where a graph broadcasts them instead, the
+folded batches differ and the op refuses at run time (it checks key's batch against
+query's) unless the broadcast dims are 1, where the result is the same.
 """
 
 from __future__ import annotations
