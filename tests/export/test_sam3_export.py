@@ -84,6 +84,26 @@ def test_no_memory_embedding_is_applied_to_the_lowest_level(sam3_small_checkpoin
     np.testing.assert_allclose(ours["image_embeddings.2"], raw + added, atol=1e-4)
 
 
+def test_fused_attention_export_keeps_fp32_parity(sam3_small_checkpoint, exported, tmp_path):
+    """``fuse_attention=True``: our SDPA rewrite (optimize.fuse_attention(path, "sam3")) turns
+    the windowed (layer 0) and global (layer 1) attentions into MultiHeadAttention, and the
+    export's own check against torch passes at the fp32 tolerance."""
+    import onnx
+
+    fused = export_model(SPEC, sam3_small_checkpoint, tmp_path, ExportOptions(fuse_attention=True))
+    assert fused.fused_operators == {"MultiHeadAttention": 2, "FoldedConv": 2}
+    ops = [n.op_type for n in onnx.load(str(fused.encoder), load_external_data=False).graph.node]
+    assert ops.count("MultiHeadAttention") == 2
+    assert "Softmax" not in ops
+    assert fused.encoder_tolerance == (1e-4, 1e-4)
+    assert max(fused.max_abs_error.values()) < 1e-4
+    pixels = np.random.default_rng(2).standard_normal((1, 3, 1008, 1008)).astype(np.float32)
+    ours = onnx_utils.run_onnx(fused.encoder, {"pixel_values": pixels})
+    plain = onnx_utils.run_onnx(exported.encoder, {"pixel_values": pixels})
+    for name, value in plain.items():
+        np.testing.assert_allclose(ours[name], value, atol=1e-4, rtol=1e-4, err_msg=name)
+
+
 def test_not_a_model_directory_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="config.json"):
         export_model(SPEC, tmp_path, tmp_path / "out", ExportOptions(verify=False))
