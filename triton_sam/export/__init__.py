@@ -40,8 +40,9 @@ class ExportOptions:
         external_data: force weights into a ``.onnx_data`` sidecar (automatic above 2 GiB).
         seed: seed for the synthetic verification inputs.
         fuse_attention: fuse the encoder's attention into onnxruntime's
-            ``MultiHeadAttention`` (SAM2; faster on CPU, needs onnxruntime to run; see
-            ``export/optimize.py``). Same results within the fp32 tolerance.
+            ``MultiHeadAttention`` (SAM2.1, SAM3 tracker; faster on CPU, needs onnxruntime to
+            run; see ``export/optimize.py``). Same results within the fp32 tolerance. The
+            embedded CPU twin does this to a copy anyway (``repository/cpu_graphs.py``).
         quantize: ``"none"`` or ``"int8"``: int8 weights for the encoder's MatMuls
             (onnxruntime dynamic quantization). Changes results: never the default; the
             check then uses ``optimize.INT8_TOLERANCE`` for the encoder.
