@@ -644,27 +644,32 @@ def bench_one_model(
 
     Returns:
         ``{"series": [Series], "agreement": {variant: ...}, "memory": {...}, "wall_s": s}``;
-        ``memory`` (MiB): ``bench_process`` = this process's peak RSS (``ru_maxrss``);
+        ``memory`` (MiB): ``bench_process`` = this process's highest sampled RSS;
         ``servers_peak`` = the highest sampled PSS of its descendants (tritonserver and its
         stubs) together; ``tree_peak`` = the highest sampled PSS of this process plus all its
-        descendants at once. Sampled every 2 s. (The kernel's ``RUSAGE_CHILDREN`` peak is
-        not used: a server forked from this process inherits its high-water mark.)
+        descendants at once. Sampled every 2 s. (The kernel's high-water marks are not used:
+        ``ru_maxrss`` of a process spawned for one model keeps its parent's mark from the
+        fork, and a server forked from this process inherits this one's.)
     """
     from triton_sam.bench.soak import process_tree_rss
 
     t0 = time.perf_counter()
-    peak = {"tree": 0, "servers": 0}
+    peak = {"tree": 0, "servers": 0, "own": 0}
     stop = threading.Event()
 
     def sample() -> None:
         import psutil
 
         own = psutil.Process()
-        while not stop.wait(2.0):
+        while True:  # every 2 s, and once when stopped (a short run still gets one)
+            stopped = stop.wait(2.0)
             tree = process_tree_rss(own.pid) or 0
             mine = getattr(own.memory_full_info(), "pss", 0)
             peak["tree"] = max(peak["tree"], tree)
             peak["servers"] = max(peak["servers"], tree - mine)
+            peak["own"] = max(peak["own"], own.memory_info().rss)
+            if stopped:
+                return
 
     sampler = threading.Thread(target=sample, name="bench-memory", daemon=True)
     sampler.start()
@@ -695,9 +700,8 @@ def bench_one_model(
     finally:
         stop.set()
         sampler.join()
-    mib = 1024.0  # ru_maxrss is in KiB on Linux
     memory = {
-        "bench_process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / mib,
+        "bench_process": peak["own"] / 2**20,
         "servers_peak": peak["servers"] / 2**20,
         "tree_peak": peak["tree"] / 2**20,
     }
