@@ -356,6 +356,20 @@ def test_a_busy_decoder_has_one_single_thread_instance_per_core(
     assert busy.input == twin.input and busy.output == twin.output  # the same graph's contract
 
 
+def test_a_warmed_decoder_runs_one_zero_request_per_instance_with_its_contract() -> None:
+    twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions()))
+    warm = cfg.with_warmup(twin)
+    (warmup,) = warm.model_warmup
+    assert warmup.batch_size == 1 and warmup.count == 1
+    assert set(warmup.inputs) == {t.name for t in twin.input}
+    for tensor in twin.input:  # variable dims (the number of points) warm with 1
+        spec = warmup.inputs[tensor.name]
+        assert spec.data_type == tensor.data_type and spec.zero_data
+        assert list(spec.dims) == [1 if d == -1 else d for d in tensor.dims]
+    assert cfg.with_warmup(warm) == warm  # once
+    assert not twin.model_warmup  # a copy
+
+
 def test_a_decoder_with_its_own_thread_count_is_not_resized() -> None:
     twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions(intra_op_threads=3)))
     assert cfg.size_cpu_decoder(twin, 16) == twin

@@ -20,6 +20,7 @@ from triton_sam.repository.config import (
     parse_config,
     render_config,
     to_cpu_twin,
+    with_warmup,
 )
 from triton_sam.repository.writer import (
     embedded_repository,
@@ -468,8 +469,8 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
     }
     served = {n: parse_config(twin / n / "config.pbtxt") for n in production}
     assert served["tiny_encoder"] == to_cpu_twin(production["tiny_encoder"])  # mechanical only
-    assert served["tiny_decoder"] == size_cpu_decoder(
-        to_cpu_twin(production["tiny_decoder"]), cores
+    assert served["tiny_decoder"] == with_warmup(
+        size_cpu_decoder(to_cpu_twin(production["tiny_decoder"]), cores)
     )
     assert served["tiny_decoder"].parameters["intra_op_thread_count"].string_value
     # Clicks that overlap go to the busy twin (same files) where the host's sizing has one.
@@ -479,7 +480,7 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
         assert "decoder_model_busy" not in session.parameters
     else:
         assert session.parameters["decoder_model_busy"].string_value == "tiny_decoder_busy"
-        assert parse_config(twin / "tiny_decoder_busy" / "config.pbtxt") == busy
+        assert parse_config(twin / "tiny_decoder_busy" / "config.pbtxt") == with_warmup(busy)
         assert (twin / "tiny_decoder_busy" / "1" / "model.onnx").resolve() == (
             repo / "tiny_decoder" / "1" / "model.onnx"
         ).resolve()

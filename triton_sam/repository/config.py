@@ -456,6 +456,26 @@ def size_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig:
 
 
 BUSY_DECODER_SUFFIX = "_busy"
+WARMUP_NAME = "zeros"
+
+
+def with_warmup(config: ModelConfig) -> ModelConfig:
+    """``config`` with one warm-up request (batch 1, every input zeros, variable dims 1) that
+    Triton runs on each instance as it loads, so the first clicks an instance serves do not
+    pay onnxruntime's first-run allocations. A session model sends a click to its busy
+    decoder only when clicks overlap, so without this those instances stay cold until then
+    (seen: the first overlapping clicks of a burst 2-3x slower). Already warmed: unchanged."""
+    if any(w.name == WARMUP_NAME for w in config.model_warmup):
+        return config
+    warm = ModelConfig()
+    warm.CopyFrom(config)
+    warmup = warm.model_warmup.add(name=WARMUP_NAME, batch_size=1, count=1)
+    for tensor in config.input:
+        spec = warmup.inputs[tensor.name]
+        spec.data_type = tensor.data_type
+        spec.dims.extend(max(int(d), 1) for d in tensor.dims)
+        spec.zero_data = True
+    return warm
 
 
 def busy_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig | None:

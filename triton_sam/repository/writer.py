@@ -44,6 +44,7 @@ from triton_sam.repository.config import (
     size_cpu_decoder,
     to_cpu_twin,
     to_python_target,
+    with_warmup,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
 from triton_sam.serving import protocol
@@ -436,11 +437,12 @@ def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFil
     for t, c in zip(twins, configs, strict=True):
         extra = busy_cpu_decoder(c, cores) if t.name in decoders else None
         if extra is not None and extra.name not in taken:
-            busy[t.name] = ModelFiles(extra.name, config_to_text(extra), t.files)
+            busy[t.name] = ModelFiles(extra.name, config_to_text(with_warmup(extra)), t.files)
     out = []
     for t, c in zip(twins, configs, strict=True):
         if t.name in decoders:
-            out.append(ModelFiles(t.name, config_to_text(size_cpu_decoder(c, cores)), t.files))
+            sized = with_warmup(size_cpu_decoder(c, cores))
+            out.append(ModelFiles(t.name, config_to_text(sized), t.files))
         elif model_kind(c) == protocol.KIND_EMBEDDING_CACHE and c.parameters.get(
             embedding_cache.PARAM_DECODER_MODEL
         ):
