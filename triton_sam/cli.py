@@ -629,7 +629,9 @@ def bench_cmd(
         str, typer.Option(help="Comma-separated variants, e.g. sam1_vit_b,sam2.1_hiera_tiny.")
     ] = "sam2.1_hiera_tiny",
     n_encode: Annotated[int, typer.Option(min=1, help="Timed encodes per path.")] = 3,
-    n_decode: Annotated[int, typer.Option(min=1, help="Timed calls per prompt kind.")] = 30,
+    n_decode: Annotated[
+        int, typer.Option(min=1, help="Timed calls per prompt kind and caller (c=4: 4x).")
+    ] = 30,
     concurrency: Annotated[str, typer.Option(help="Comma-separated concurrency levels.")] = "1,4",
     protocols: Annotated[str, typer.Option(help="Comma-separated: grpc, http.")] = "grpc,http",
     official: Annotated[

@@ -222,7 +222,8 @@ def bench_model(
             and/or ``"python"`` (the runner twins; its first protocol only).
         image: HxWx3 uint8 RGB.
         concurrency: concurrent callers per level (encode: the first level only, see below).
-        n_encode / n_decode: timed calls per series (at least one per caller).
+        n_encode: timed encodes per series; n_decode: timed prompt calls per caller (a
+            series at concurrency c makes ``n_decode * c``).
         official: include the official predictor (c=1).
         baseline: include in-process onnxruntime (the ``x_ort`` baseline).
         during_encode: add a ``click-during-encode`` series per session protocol of the
@@ -428,7 +429,10 @@ def _bench_paths(
                             for caller in group:
                                 caller.click()
                         call = _prompt_call(group, op)
-                        n = max(n_decode, c)
+                        # n_decode calls per caller: a throughput over 4 callers needs a
+                        # window longer than the ramp-up and tail (40 calls at c=4 read
+                        # 0.74x where 100 read 0.92x, same server, minutes apart).
+                        n = n_decode * c
                     samples, wall = measure(call, n, c, f"{model} {op} {path} c={c}")
                     out.append(Series(op, path, c, samples, wall, group[0].request_bytes()))
             if OFFICIAL in callers:  # c=1 only: free the predictor before the next level
