@@ -448,8 +448,16 @@ def _bench_paths(
 def _encode_call(
     callers: Sequence[bench_paths.Path], variants: Iterator[np.ndarray]
 ) -> Callable[[int], object]:
-    """Caller i encodes an image no one has encoded before."""
-    return lambda i: callers[i].encode(next(variants))
+    """Caller i encodes an image no one has encoded before (callers run in threads when
+    the first level is concurrent: the generator is advanced under a lock)."""
+    lock = threading.Lock()
+
+    def call(i: int) -> object:
+        with lock:
+            image = next(variants)
+        return callers[i].encode(image)
+
+    return call
 
 
 def _prompt_call(callers: Sequence[bench_paths.Path], op: str) -> Callable[[int], object]:

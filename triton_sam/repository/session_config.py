@@ -65,6 +65,7 @@ SHIPPED_MODULES = (
     "protocol/__init__",
     "protocol/embedding_cache",
     "bounds",
+    "decoder_routing",
     "images",
     "intake",
     "masks",

@@ -88,10 +88,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     from triton_sam_serving import bounds, images, intake, masks, prompt_frame
     from triton_sam_serving import protocol as envelope
+    from triton_sam_serving.decoder_routing import DecoderRouter
     from triton_sam_serving.protocol import embedding_cache as protocol
 except ImportError:  # imported from the triton_sam source tree (unit tests)
     from triton_sam.serving import bounds, images, intake, masks, prompt_frame
     from triton_sam.serving import protocol as envelope
+    from triton_sam.serving.decoder_routing import DecoderRouter
     from triton_sam.serving.protocol import embedding_cache as protocol
 
 IMAGE_ID = protocol.IMAGE_ID
@@ -224,9 +226,10 @@ class TritonPythonModel:
         self.name = args["model_name"]
         self.encoder_model = params[protocol.PARAM_ENCODER_MODEL]
         self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
-        # Clicks whose decoder run is in flight (only touched on the event loop's thread).
-        self.busy_decoder_model = params.get(protocol.PARAM_DECODER_MODEL_BUSY) or ""
-        self.decoding = 0
+        # Main decoder or its busy twin, per click (driven from the event loop's thread).
+        self.router = DecoderRouter(
+            self.decoder_model, params.get(protocol.PARAM_DECODER_MODEL_BUSY) or ""
+        )
         self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
         self.embedding_bytes = int(params.get(protocol.PARAM_EMBEDDING_BYTES) or 0)
         limit = params.get(protocol.PARAM_LOW_RES_LOGIT_LIMIT) or ""
@@ -613,11 +616,9 @@ class TritonPythonModel:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
         skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
         names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
-        # A lone click gets the decoder with all the threads; one that overlaps another's
-        # run goes to the single-thread instances, where concurrent runs do not wait on each
-        # other's threads (see protocol.PARAM_DECODER_MODEL_BUSY).
-        busy = self.decoding and self.busy_decoder_model
-        decoder = self.busy_decoder_model if busy else self.decoder_model
+        # A lone user's click gets the decoder with all the threads; clicks that overlap, or
+        # come while other users are active, the single-thread instances (decoder_routing).
+        decoder = self.router.start(image_id)
         bls = pb_utils.InferenceRequest(
             model_name=decoder,
             inputs=feeds,
@@ -625,11 +626,10 @@ class TritonPythonModel:
             **self._preferred_memory(gpu=False),  # small, and kept logits are clipped on CPU
         )
         clock.mark("feeds")
-        self.decoding += 1
         try:
             response = await bls.async_exec()
         finally:
-            self.decoding -= 1
+            self.router.finish(image_id)
         clock.mark("bls")
         clock.decoded = True
         if decoder != self.decoder_model:
