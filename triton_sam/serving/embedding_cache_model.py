@@ -616,9 +616,9 @@ class TritonPythonModel:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
         skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
         names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
-        # A lone user's click gets the decoder with all the threads; clicks that overlap, or
-        # come while other users are active, the single-thread instances (decoder_routing).
-        decoder = self.router.start(image_id)
+        # A lone click gets the decoder with all the threads; one that overlaps another's
+        # run, the single-thread instances (decoder_routing).
+        decoder = self.router.start()
         bls = pb_utils.InferenceRequest(
             model_name=decoder,
             inputs=feeds,
@@ -629,7 +629,7 @@ class TritonPythonModel:
         try:
             response = await bls.async_exec()
         finally:
-            self.router.finish(image_id)
+            self.router.finish()
         clock.mark("bls")
         clock.decoded = True
         if decoder != self.decoder_model:
