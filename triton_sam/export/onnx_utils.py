@@ -173,16 +173,24 @@ def convert_to_fp16(path: Path) -> None:
     finally:
         inferred.unlink(missing_ok=True)
     model16 = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
-    if had_external:
+    save_model(model16, path, external=had_external)
+
+
+def save_model(model: Any, path: Path, *, external: bool) -> None:
+    """Save ``model`` at ``path``, its weights in one ``<stem>.onnx_data`` sidecar when
+    ``external``, else inline."""
+    import onnx
+
+    if external:
         onnx.save_model(
-            model16,
+            model,
             str(path),
             save_as_external_data=True,
             all_tensors_to_one_file=True,
             location=path.stem + EXTERNAL_DATA_SUFFIX,
         )
     else:
-        onnx.save_model(model16, str(path))
+        onnx.save_model(model, str(path))
 
 
 def set_output_dims(path: Path, outputs: Sequence[TensorSpec]) -> None:

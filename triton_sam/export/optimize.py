@@ -34,9 +34,9 @@ from pathlib import Path
 
 from triton_sam.errors import ExportError
 from triton_sam.export.onnx_utils import (
-    EXTERNAL_DATA_SUFFIX,
     Tolerance,
     external_data_files,
+    save_model,
     save_with_external_data,
 )
 
@@ -122,19 +122,7 @@ def _fuse_sdpa(path: Path) -> dict[str, int]:
     counts = {"MultiHeadAttention": fused, "FoldedConv": fold_pointwise_convs(model)}
     model.metadata_props.add(key=FUSED_METADATA_KEY, value=json.dumps(counts))
 
-    def write(tmp: Path) -> None:
-        if external:
-            onnx.save_model(
-                model,
-                str(tmp),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=tmp.stem + EXTERNAL_DATA_SUFFIX,
-            )
-        else:
-            onnx.save_model(model, str(tmp))
-
-    _replace(path, external, write)
+    _replace(path, external, lambda tmp: save_model(model, tmp, external=external))
     return counts
 
 

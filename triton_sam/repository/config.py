@@ -445,14 +445,25 @@ def size_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig:
     check_int("cores", cores, minimum=1)
     if ORT_INTRA_OP_PARAM in config.parameters:
         return config
-    instances = max(1, min(cores // CPU_DECODER_CORES_PER_INSTANCE, CPU_DECODER_MAX_INSTANCES))
-    twin = ModelConfig()
-    twin.CopyFrom(config)
-    for group in twin.instance_group:
+    instances = _decoder_instances(cores)
+    return _cpu_sized(config, instances, max(1, cores // instances))
+
+
+def _decoder_instances(cores: int) -> int:
+    """:func:`size_cpu_decoder`'s instance count: one per 4 cores, 1 to 4."""
+    return max(1, min(cores // CPU_DECODER_CORES_PER_INSTANCE, CPU_DECODER_MAX_INSTANCES))
+
+
+def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig:
+    """A copy of ``config`` with ``instances`` per CPU instance group of ``threads``
+    intra-op threads each."""
+    sized = ModelConfig()
+    sized.CopyFrom(config)
+    for group in sized.instance_group:
         if group.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU:
             group.count = instances
-    twin.parameters[ORT_INTRA_OP_PARAM].string_value = str(max(1, cores // instances))
-    return twin
+    sized.parameters[ORT_INTRA_OP_PARAM].string_value = str(threads)
+    return sized
 
 
 BUSY_DECODER_SUFFIX = "_busy"
@@ -498,16 +509,10 @@ def busy_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig | None:
     check_int("cores", cores, minimum=1)
     if ORT_INTRA_OP_PARAM in config.parameters:
         return None
-    instances = max(1, min(cores // CPU_DECODER_CORES_PER_INSTANCE, CPU_DECODER_MAX_INSTANCES))
-    if instances > 1 or cores < 2:
+    if _decoder_instances(cores) > 1 or cores < 2:
         return None
-    busy = ModelConfig()
-    busy.CopyFrom(config)
+    busy = _cpu_sized(config, cores, 1)
     busy.name = config.name + BUSY_DECODER_SUFFIX
-    for group in busy.instance_group:
-        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU:
-            group.count = cores
-    busy.parameters[ORT_INTRA_OP_PARAM].string_value = "1"
     return busy
 
 
