@@ -31,7 +31,13 @@ from triton_sam.client import SAM2TritonClient
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.models import get_family
-from triton_sam.repository.config import parse_config, size_cpu_decoder, to_cpu_twin
+from triton_sam.repository.config import (
+    busy_cpu_decoder,
+    parse_config,
+    size_cpu_decoder,
+    to_cpu_twin,
+    with_warmup,
+)
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.sample import sample_image
 
@@ -159,10 +165,17 @@ def test_committed_configs_load_with_only_the_mechanical_cpu_changes(
     for model in ("sam2_encoder", "sam2_decoder"):
         expected = to_cpu_twin(parse_config(COMMITTED / model / "config.pbtxt"))
         if model == "sam2_decoder":  # the session model's decoder: sized for this host
-            expected = size_cpu_decoder(expected, cores)
+            expected = with_warmup(size_cpu_decoder(expected, cores))
         assert parse_config(twin_dir / model / "config.pbtxt") == expected
+    busy = busy_cpu_decoder(
+        to_cpu_twin(parse_config(COMMITTED / "sam2_decoder" / "config.pbtxt")), cores
+    )
+    served = ["sam2_encoder", "sam2_decoder", "sam2_session"]
+    if busy is not None:  # 2-7 cores: clicks that overlap go to the busy twin
+        assert parse_config(twin_dir / busy.name / "config.pbtxt") == with_warmup(busy)
+        served.append(busy.name)
     server = embedded_triton(twin_dir)
-    for model in ("sam2_encoder", "sam2_decoder", "sam2_session"):
+    for model in served:
         assert _served_config(server, model)["instance_group"][0]["kind"] == "KIND_CPU"
     with SAM2TritonClient(server.grpc_url, protocol="grpc") as client:
         assert client.uses_server_embeddings  # the session model's BLS on the real backend
