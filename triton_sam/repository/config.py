@@ -490,7 +490,7 @@ def with_warmup(config: ModelConfig) -> ModelConfig:
 
 
 def busy_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig | None:
-    """The decoder a session model calls while another click's decoder run is in flight
+    """The decoder a session model calls while a click on another image is being decoded
     (``protocol.embedding_cache.PARAM_DECODER_MODEL_BUSY``): ``config`` renamed
     ``<name>_busy`` with one single-thread instance per core, or None where
     :func:`size_cpu_decoder` already gives several instances (8 cores and more) or the config
@@ -501,7 +501,8 @@ def busy_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig | None:
     the front end) takes a core. Measured on SAM2.1-tiny, 2 quiet cores (`triton-sam
     bench-click --decoder-sizing 2x1,1x2 --concurrency 4`): 1 x 2 gave a single click 1.20x
     in-process ORT but 0.58-0.76x its clicks/s at c=4; 2 x 1 gave 1.88x and 0.89-0.93x. The
-    session model uses this one only while a run is in flight, so a lone click keeps 1 x 2.
+    session model uses this one only while another image's click is being decoded
+    (``serving.decoder_routing``), so a lone user keeps 1 x 2.
 
     Raises:
         InputValidationError: ``cores`` < 1.

@@ -616,9 +616,9 @@ class TritonPythonModel:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
         skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
         names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
-        # A lone click gets the decoder with all the threads; one that overlaps another's
-        # run, the single-thread instances (decoder_routing).
-        decoder = self.router.start()
+        # One user's click gets the decoder with all the threads; one that overlaps another
+        # image's run (other users), the single-thread instances (decoder_routing).
+        decoder = self.router.start(image_id)
         bls = pb_utils.InferenceRequest(
             model_name=decoder,
             inputs=feeds,
@@ -629,7 +629,7 @@ class TritonPythonModel:
         try:
             response = await bls.async_exec()
         finally:
-            self.router.finish()
+            self.router.finish(image_id)
         clock.mark("bls")
         clock.decoded = True
         if decoder != self.decoder_model:
