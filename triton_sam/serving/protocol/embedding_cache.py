@@ -103,10 +103,11 @@ PARAM_PAD_WITH_BOX = "pad_with_box"
 PARAM_CPU_FEATURES = "cpu_features"
 CPU_FEATURES = ("process", "shared_memory")  # the first is the default
 # CPU twin only (written by the embedded repository, never by the renderer): the decoder to
-# call while a click on another image is being decoded (other users are clicking). The twin's main decoder is one
-# instance with all the cores' threads (a lone click's latency); this one has one
-# single-thread instance per core (throughput when clicks overlap: a run's threads then
-# wait on each other behind the other processes). Absent: always ``decoder_model``.
+# call while a click on another image is being decoded (other users are clicking). The
+# twin's main decoder is one instance with all the cores' threads (a lone user's latency);
+# this one has one single-thread instance per core (throughput when users' clicks overlap: a
+# 2-thread run's threads wait on each other behind the other processes). Absent: always
+# ``decoder_model``. See serving/decoder_routing.py.
 PARAM_DECODER_MODEL_BUSY = "decoder_model_busy"
 PARAM_KEYS = (
     PARAM_KIND,
