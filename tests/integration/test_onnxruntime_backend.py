@@ -32,6 +32,7 @@ from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.models import get_family
 from triton_sam.repository.config import (
+    BUSY_DECODER_SUFFIX,
     busy_cpu_decoder,
     parse_config,
     size_cpu_decoder,
@@ -170,6 +171,8 @@ def test_committed_configs_load_with_only_the_mechanical_cpu_changes(
     busy = busy_cpu_decoder(
         to_cpu_twin(parse_config(COMMITTED / "sam2_decoder" / "config.pbtxt")), cores
     )
+    assert not (twin_dir / f"sam2_decoder{BUSY_DECODER_SUFFIX}").exists()  # opt-in
+    twin_dir = embedded_repository(committed_repository, busy_decoder=True)
     served = ["sam2_encoder", "sam2_decoder", "sam2_session"]
     if busy is not None:  # 2-7 cores: clicks that overlap go to the busy twin
         assert parse_config(twin_dir / busy.name / "config.pbtxt") == with_warmup(busy)

@@ -194,7 +194,7 @@ def test_serve_takes_the_configurations_serve_section_and_its_options_override_i
         raise Stop
 
     monkeypatch.setattr(server, "EmbeddedTriton", fake_server)
-    monkeypatch.setattr(writer, "embedded_repository", lambda repo, target, fuse_attention: repo)
+    monkeypatch.setattr(writer, "embedded_repository", lambda repo, **_: repo)
     with pytest.raises(Stop):
         cli.serve_cmd(repository=tmp_path, http_port=0, target="onnxruntime")
     expected = section(load_config(), "serve") | {"http_port": 0}

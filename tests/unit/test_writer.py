@@ -16,7 +16,6 @@ from triton_sam.models.spec import TensorSpec
 from triton_sam.repository import writer
 from triton_sam.repository.config import (
     RepositoryOptions,
-    busy_cpu_decoder,
     parse_config,
     render_config,
     to_cpu_twin,
@@ -475,7 +474,7 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
     assert served["tiny_decoder"].parameters["intra_op_thread_count"].string_value
     # Clicks that overlap go to the busy twin (same files) where the host's sizing has one.
     session = parse_config(twin / "tiny_session" / "config.pbtxt")
-    busy = busy_cpu_decoder(to_cpu_twin(production["tiny_decoder"]), cores)
+    busy = None  # opt-in (test_overlapping_clicks_get_a_busy_decoder_on_two_cores)
     if busy is None:
         assert "decoder_model_busy" not in session.parameters
     else:
@@ -493,7 +492,8 @@ def test_overlapping_clicks_get_a_busy_decoder_on_two_cores(tmp_path: Path, monk
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     repo = _gpu_pair(tmp_path)
     write_session(repo, TINY, GPU_TRT, SessionOptions())
-    twin = embedded_repository(repo)
+    assert "tiny_decoder_busy" not in list_models(embedded_repository(repo))  # opt-in
+    twin = embedded_repository(repo, busy_decoder=True)
     assert list_models(twin) == sorted([*list_models(repo), "tiny_decoder_busy"])
     busy = parse_config(twin / "tiny_decoder_busy" / "config.pbtxt")
     assert [g.count for g in busy.instance_group] == [2]
@@ -504,7 +504,7 @@ def test_overlapping_clicks_get_a_busy_decoder_on_two_cores(tmp_path: Path, monk
     session = parse_config(twin / "tiny_session" / "config.pbtxt")
     assert session.parameters["decoder_model_busy"].string_value == "tiny_decoder_busy"
     (tmp_path / "bare").mkdir()
-    bare = embedded_repository(_gpu_pair(tmp_path / "bare"))
+    bare = embedded_repository(_gpu_pair(tmp_path / "bare"), busy_decoder=True)
     assert "tiny_decoder_busy" not in list_models(bare)
     # The python runner fallback keeps its decoder as the production config has it.
     runner = parse_config(

@@ -380,6 +380,7 @@ def embedded_repository(
     *,
     target: Target = "onnxruntime",
     fuse_attention: bool = True,
+    busy_decoder: bool = False,
 ) -> Path:
     """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
@@ -391,7 +392,11 @@ def embedded_repository(
     unless its config sets ``intra_op_thread_count`` itself; and with ``fuse_attention``
     the encoder it calls is served as a copy with fused attention where its family has a
     fusion (:mod:`~triton_sam.repository.cpu_graphs`; faster on CPU, fp32 parity). The
-    production repository's graphs are never changed. When nothing changes,
+    production repository's graphs are never changed. ``busy_decoder`` (opt-in) adds the
+    decoder's busy twin (:func:`~.config.busy_cpu_decoder`) for clicks on other images that
+    overlap; off by default: on a long-running shared server in the fresh-clone CI a single
+    user's drag then got its masks 7x a decoder run late at p95 (cause not found yet). When
+    nothing changes,
     ``repo_dir`` itself is returned; otherwise the twins are written to ``twin_dir``
     (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to the original
     ONNX files, so nothing large is copied; models no longer in ``repo_dir`` are removed from
@@ -413,7 +418,7 @@ def embedded_repository(
     twins = [embedded_twin(model, target) for model in models]
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
-        twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
+        twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)), busy_decoder)
         if fuse_attention:
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
     if len(twins) == len(models) and all(
@@ -426,7 +431,9 @@ def embedded_repository(
     return twin_dir
 
 
-def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
+def _size_session_decoders(
+    twins: list[ModelFiles], cores: int, busy_decoder: bool = False
+) -> list[ModelFiles]:
     """``twins`` with the decoders their session models call sized for ``cores``, plus a
     busy twin of each where :func:`~.config.busy_cpu_decoder` gives one (same files), named
     in the session models' ``decoder_model_busy`` parameter."""
@@ -435,7 +442,7 @@ def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFil
     taken = {t.name for t in twins}
     busy: dict[str, ModelFiles] = {}
     for t, c in zip(twins, configs, strict=True):
-        extra = busy_cpu_decoder(c, cores) if t.name in decoders else None
+        extra = busy_cpu_decoder(c, cores) if busy_decoder and t.name in decoders else None
         if extra is not None and extra.name not in taken:
             busy[t.name] = ModelFiles(extra.name, config_to_text(with_warmup(extra)), t.files)
     out = []
