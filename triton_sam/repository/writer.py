@@ -438,9 +438,10 @@ def _size_session_decoders(
     busy twin of each where :func:`~.config.busy_cpu_decoder` gives one (same files), named
     in the session models' ``decoder_model_busy`` parameter."""
     configs = [parse_config(t.config_text) for t in twins]
-    decoders = _session_callees(configs, embedding_cache.PARAM_DECODER_MODEL)
+    key, busy_key = embedding_cache.PARAM_DECODER_MODEL, embedding_cache.PARAM_DECODER_MODEL_BUSY
+    decoders = _session_callees(configs, key)
     taken = {t.name for t in twins}
-    busy: dict[str, ModelFiles] = {}
+    busy: dict[str, ModelFiles] = {}  # decoder name -> its busy twin
     for t, c in zip(twins, configs, strict=True):
         extra = busy_cpu_decoder(c, cores) if busy_decoder and t.name in decoders else None
         if extra is not None and extra.name not in taken:
@@ -448,20 +449,17 @@ def _size_session_decoders(
     out = []
     for t, c in zip(twins, configs, strict=True):
         if t.name in decoders:
-            sized = with_warmup(size_cpu_decoder(c, cores))
-            out.append(ModelFiles(t.name, config_to_text(sized), t.files))
-        elif model_kind(c) == protocol.KIND_EMBEDDING_CACHE and c.parameters.get(
-            embedding_cache.PARAM_DECODER_MODEL
-        ):
-            decoder = c.parameters[embedding_cache.PARAM_DECODER_MODEL].string_value
-            if decoder in busy:
-                c.parameters[embedding_cache.PARAM_DECODER_MODEL_BUSY].string_value = busy[
-                    decoder
-                ].name
-                t = ModelFiles(t.name, config_to_text(c), t.files)
-            out.append(t)
+            c = with_warmup(size_cpu_decoder(c, cores))
+        elif model_kind(c) == protocol.KIND_EMBEDDING_CACHE and key in c.parameters:
+            twin = busy.get(c.parameters[key].string_value)
+            if twin is None:
+                out.append(t)
+                continue
+            c.parameters[busy_key].string_value = twin.name
         else:
             out.append(t)
+            continue
+        out.append(ModelFiles(t.name, config_to_text(c), t.files))
     return out + list(busy.values())
 
 
