@@ -619,17 +619,19 @@ class TritonPythonModel:
         # One user's click gets the decoder with all the threads; one that overlaps another
         # image's run (other users), the single-thread instances (decoder_routing).
         decoder = self.router.start(image_id)
-        bls = pb_utils.InferenceRequest(
-            model_name=decoder,
-            inputs=feeds,
-            requested_output_names=names,
-            **self._preferred_memory(gpu=False),  # small, and kept logits are clipped on CPU
-        )
-        clock.mark("feeds")
-        try:
+        self.metrics.in_flight(self.router)
+        try:  # counted until it comes back, whatever happens (a leak would misroute clicks)
+            bls = pb_utils.InferenceRequest(
+                model_name=decoder,
+                inputs=feeds,
+                requested_output_names=names,
+                **self._preferred_memory(gpu=False),  # small; kept logits are clipped on CPU
+            )
+            clock.mark("feeds")
             response = await bls.async_exec()
         finally:
             self.router.finish(image_id)
+            self.metrics.in_flight(self.router)
         clock.mark("bls")
         clock.decoded = True
         if decoder != self.decoder_model:
@@ -699,7 +701,12 @@ class _Metrics:
             ("hits", "COUNTER", "Predictions answered from cached features"),
             ("misses", "COUNTER", "Requests for an image id (or logits key) not cached"),
             ("evictions", "COUNTER", "Images evicted by the LRU bound"),
-            ("busy_decodes", "COUNTER", "Clicks decoded while another click's run was in flight"),
+            (
+                "busy_decodes",
+                "COUNTER",
+                "Clicks sent to the busy decoder (another image's click ran)",
+            ),
+            ("decodes_in_flight", "GAUGE", "Clicks whose decoder run has not come back"),
         )
         try:
             for name, kind, description in specs:
@@ -740,6 +747,11 @@ class _Metrics:
         metric = self._metrics.get(name)
         if metric is not None and value:
             metric.increment(value)
+
+    def in_flight(self, router):
+        metric = self._metrics.get("decodes_in_flight")
+        if metric is not None:
+            metric.set(router.in_flight)
 
     def publish(self, cache):
         if "cached_images" in self._metrics:
