@@ -444,14 +444,6 @@ def serve_cmd(
             "results to 1e-5); a copy beside the CPU twin, the repository's graphs unchanged.",
         ),
     ] = True,
-    busy_decoder: Annotated[
-        bool,
-        typer.Option(
-            "--busy-decoder/--no-busy-decoder",
-            help="Opt-in: a single-thread twin of each session decoder takes clicks on other "
-            "images that overlap (several users: more clicks/s; see docs/cpu-performance.md).",
-        ),
-    ] = False,
     self_heal: Annotated[
         bool,
         typer.Option(
@@ -482,7 +474,6 @@ def serve_cmd(
         repository or Path(cfg.paths.repository),
         target=target,  # type: ignore[arg-type]
         fuse_attention=fuse_attention,
-        busy_decoder=busy_decoder,
     )
     if self_heal:
         serve["model_control"] = "explicit"  # the watchdog unloads and loads a dead model
@@ -660,9 +651,6 @@ def bench_cmd(
     during_encode: Annotated[
         bool, typer.Option(help="Time a session click sent during another image's encode.")
     ] = True,
-    busy_decoder: Annotated[
-        bool, typer.Option(help="Serve with the opt-in busy decoder twin (serve --busy-decoder).")
-    ] = False,
     isolate: Annotated[
         bool, typer.Option(help="Each model in its own child process (bounds the run's memory).")
     ] = True,
@@ -695,12 +683,7 @@ def bench_cmd(
         )
     if BASE_VARIANT not in variants:
         variants.insert(0, BASE_VARIANT)  # the other variants are compared with it
-    models = [
-        prepare_model(
-            n, work_dir, runner=runner, encoder_variants=variants, busy_decoder=busy_decoder
-        )
-        for n in names
-    ]
+    models = [prepare_model(n, work_dir, runner=runner, encoder_variants=variants) for n in names]
     report = run_user_benchmark(
         models,
         sample_image(),

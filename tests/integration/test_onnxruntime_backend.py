@@ -32,11 +32,10 @@ from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.models import get_family
 from triton_sam.repository.config import (
-    BUSY_DECODER_SUFFIX,
-    busy_cpu_decoder,
     parse_config,
     size_cpu_decoder,
     to_cpu_twin,
+    unbatched_cpu_decoder,
     with_warmup,
 )
 from triton_sam.repository.writer import embedded_repository
@@ -168,15 +167,10 @@ def test_committed_configs_load_with_only_the_mechanical_cpu_changes(
         if model == "sam2_decoder":  # the session model's decoder: sized for this host
             expected = with_warmup(size_cpu_decoder(expected, cores))
         assert parse_config(twin_dir / model / "config.pbtxt") == expected
-    busy = busy_cpu_decoder(
-        to_cpu_twin(parse_config(COMMITTED / "sam2_decoder" / "config.pbtxt")), cores
-    )
-    assert not (twin_dir / f"sam2_decoder{BUSY_DECODER_SUFFIX}").exists()  # opt-in
-    twin_dir = embedded_repository(committed_repository, busy_decoder=True)
-    served = ["sam2_encoder", "sam2_decoder", "sam2_session"]
-    if busy is not None:  # 2-7 cores: clicks that overlap go to the busy twin
-        assert parse_config(twin_dir / busy.name / "config.pbtxt") == with_warmup(busy)
-        served.append(busy.name)
+    # The session model's clicks run on an unbatched copy of its decoder.
+    unbatched = unbatched_cpu_decoder(parse_config(twin_dir / "sam2_decoder" / "config.pbtxt"))
+    assert parse_config(twin_dir / unbatched.name / "config.pbtxt") == unbatched
+    served = ["sam2_encoder", "sam2_decoder", "sam2_session", unbatched.name]
     server = embedded_triton(twin_dir)
     for model in served:
         assert _served_config(server, model)["instance_group"][0]["kind"] == "KIND_CPU"

@@ -199,11 +199,9 @@ def test_click_latency_stateless_vs_session(pair):
 
 
 # -- 8 sessions, interleaved -------------------------------------------------------------------
-def test_eight_sessions_on_eight_images_interleaved(sam2_tiny_server, sam2_tiny_repository):
-    """Also: every click's decoder run is counted back (the ``decodes_in_flight`` gauge is 0
-    once all are answered: a click left counted would send other users' clicks to the busy
-    twin), and where the served repository has the opt-in busy decoder twin, clicks that
-    overlap go to it, with the lone click's masks (within 1e-5)."""
+def test_eight_sessions_on_eight_images_interleaved(sam2_tiny_server):
+    """Also: every click's decoder slot comes back (the ``decodes_in_flight`` gauge is 0 once
+    all are answered: a lost slot would stall every later click)."""
     images = [other_image(seed) for seed in range(8)]
     clicks = [[[10 + 9 * i, 20 + 4 * i]] for i in range(8)]
 
@@ -241,17 +239,6 @@ def test_eight_sessions_on_eight_images_interleaved(sam2_tiny_server, sam2_tiny_
     firsts = [r[0] for r in rounds[0]]
     assert len({m.tobytes() for m in firsts}) == 8  # eight different answers
     assert metrics(sam2_tiny_server)["decodes_in_flight"] == 0
-    busy = "sam2_decoder_busy"
-    if (sam2_tiny_repository / busy).is_dir():  # hosts with 2 to 7 cores (CI: 2)
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(sam2_tiny_server.http_url.split("://")[-1])
-        try:
-            stats = client.get_inference_statistics(busy)["model_stats"][0]
-        finally:
-            client.close()
-        # 8 clicks in flight at once, 3 rounds: all but the first of a round overlap one.
-        assert int(stats["inference_stats"]["success"]["count"]) >= 3
 
 
 # -- a click does not wait for another image's encode ------------------------------------------

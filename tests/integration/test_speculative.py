@@ -8,7 +8,9 @@ server's own counters (``/v2/models/sam2_decoder/stats``, ``/metrics``) say what
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import urllib.request
 
 import numpy as np
 import pytest
@@ -192,6 +194,50 @@ def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server,
     assert delta.executed + delta.canceled <= n
 
 
+def _session_decoder_and_cancelled(server) -> tuple[str, float]:
+    """The decoder the session model's clicks run on (its config) and its count of clicks
+    answered unrun (``/metrics``)."""
+    config = json.loads(_get(f"{server.http_url}/v2/models/sam2_session/config"))
+    decoder = config["parameters"]["decoder_model"]["string_value"]
+    cancelled = 0.0
+    for line in _get(f"{server.metrics_url}/metrics").splitlines():
+        if line.startswith("triton_sam_session_cancelled_clicks{"):
+            cancelled += float(line.rsplit(" ", 1)[1])
+    return decoder, cancelled
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def test_cancelling_session_clicks_answers_them_unrun_in_the_session_model(sam2_tiny_server):
+    """The session path (the server holds the features): on the CPU twin the session model's
+    clicks run on an unbatched decoder, so the session model holds the clicks beyond its
+    decoder slots and answers one cancelled meanwhile unrun, by its own counter."""
+    decoder, before = _session_decoder_and_cancelled(sam2_tiny_server)
+    assert decoder == "sam2_decoder_unbatched"  # what the embedded twin serves
+
+    async def main():
+        async with SpeculativeSAM2Client(sam2_tiny_server.grpc_url) as client:
+            await client.set_image_async(IMAGE)
+            assert client.uses_server_embeddings
+            counters = server_counters(sam2_tiny_server.http_url, None, decoder)
+            return await _flood(client, counters)
+
+    n, tasks, cancelled, result, delta = asyncio.run(main())
+    _, after = _session_decoder_and_cancelled(sam2_tiny_server)
+    print(
+        f"session: cancelled {cancelled} of {n}; decoder: {delta.as_dict()}; "
+        f"answered unrun by the session model: {after - before:.0f}"
+    )
+    assert result is not None and cancelled >= n // 2
+    assert sum(task.cancelled() for _, task in tasks) == cancelled  # client side
+    assert after - before >= n // 4  # the server's own count
+    assert delta.executed <= n // 2, delta  # the decoder ran only the rest
+    assert delta.executed + (after - before) <= n
+
+
 def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embedding):
     """Documented limitation: Triton's HTTP endpoint has no cancellation."""
 
@@ -202,7 +248,12 @@ def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embeddin
     print(f"http: cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= 1
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # the client stopped waiting
-    assert delta.executed == n and delta.cancelled == 0  # yet the server ran every request
+    # Yet the server took every request and cancelled none. A few (0-3 of ~26 in runs with
+    # and without this stop's changes) end counted as failed rather than run, their client
+    # having closed the connection; none is dropped as cancelled.
+    assert delta.cancelled == 0, delta
+    assert delta.executed + delta.fail >= n, delta
+    assert delta.executed > n // 2, delta  # the gRPC test's bound, the other way round
 
 
 def test_read_counters_sees_the_decoder(sam2_tiny_server):

@@ -340,20 +340,22 @@ def test_a_cpu_decoder_is_sized_by_cores(cores: int, instances: int, threads: st
     assert twin.instance_group[0].count == 1  # a copy; the twin is untouched
 
 
-@pytest.mark.parametrize(("cores", "instances"), [(1, None), (2, 2), (4, 4), (7, 7), (8, None)])
-def test_a_busy_decoder_has_one_single_thread_instance_per_core(
-    cores: int, instances: int | None
+@pytest.mark.parametrize("cores", [1, 2, 8, 16])
+def test_the_session_models_decoder_is_an_unbatched_copy_with_a_slot_per_instance(
+    cores: int,
 ) -> None:
-    twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions()))
-    busy = cfg.busy_cpu_decoder(twin, cores)
-    if instances is None:  # one core, or size_cpu_decoder already has several instances
-        assert busy is None
-        return
-    assert busy is not None and busy.name == twin.name + "_busy"
-    assert [g.count for g in busy.instance_group] == [instances]
-    assert busy.parameters[cfg.ORT_INTRA_OP_PARAM].string_value == "1"
-    check_onnxruntime_parameters(busy)
-    assert busy.input == twin.input and busy.output == twin.output  # the same graph's contract
+    twin = cfg.size_cpu_decoder(
+        to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions())), cores
+    )
+    unbatched = cfg.unbatched_cpu_decoder(twin)
+    assert unbatched.name == twin.name + "_unbatched"
+    assert twin.HasField("dynamic_batching") and not unbatched.HasField("dynamic_batching")
+    check_onnxruntime_parameters(unbatched)
+    rest = (unbatched.input, unbatched.output, unbatched.instance_group, unbatched.parameters)
+    assert rest == (twin.input, twin.output, twin.instance_group, twin.parameters)
+    assert unbatched.max_batch_size == twin.max_batch_size  # batched requests still run
+    instances = twin.instance_group[0].count
+    assert cfg.decoder_slots(unbatched) == instances + 1
 
 
 def test_a_warmed_decoder_runs_one_zero_request_per_instance_with_its_contract() -> None:
@@ -373,6 +375,5 @@ def test_a_warmed_decoder_runs_one_zero_request_per_instance_with_its_contract()
 def test_a_decoder_with_its_own_thread_count_is_not_resized() -> None:
     twin = to_cpu_twin(build_config(SAM2_FAMILY, "decoder", RepositoryOptions(intra_op_threads=3)))
     assert cfg.size_cpu_decoder(twin, 16) == twin
-    assert cfg.busy_cpu_decoder(twin, 2) is None  # a deliberate choice: no second sizing
     with pytest.raises(InputValidationError, match="cores"):
         cfg.size_cpu_decoder(twin, 0)

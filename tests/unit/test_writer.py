@@ -19,6 +19,7 @@ from triton_sam.repository.config import (
     parse_config,
     render_config,
     to_cpu_twin,
+    unbatched_cpu_decoder,
     with_warmup,
 )
 from triton_sam.repository.writer import (
@@ -472,42 +473,44 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
         size_cpu_decoder(to_cpu_twin(production["tiny_decoder"]), cores)
     )
     assert served["tiny_decoder"].parameters["intra_op_thread_count"].string_value
-    # Clicks that overlap go to the busy twin (same files) where the host's sizing has one.
+    # The session model's clicks run on an unbatched copy (same files); clients calling the
+    # decoder directly keep its batcher.
+    assert served["tiny_decoder"].HasField("dynamic_batching")
     session = parse_config(twin / "tiny_session" / "config.pbtxt")
-    busy = None  # opt-in (test_overlapping_clicks_get_a_busy_decoder_on_two_cores)
-    if busy is None:
-        assert "decoder_model_busy" not in session.parameters
-    else:
-        assert session.parameters["decoder_model_busy"].string_value == "tiny_decoder_busy"
-        assert parse_config(twin / "tiny_decoder_busy" / "config.pbtxt") == with_warmup(busy)
-        assert (twin / "tiny_decoder_busy" / "1" / "model.onnx").resolve() == (
-            repo / "tiny_decoder" / "1" / "model.onnx"
-        ).resolve()
+    assert session.parameters["decoder_model"].string_value == "tiny_decoder_unbatched"
+    unbatched = parse_config(twin / "tiny_decoder_unbatched" / "config.pbtxt")
+    assert unbatched == unbatched_cpu_decoder(served["tiny_decoder"])
+    assert not unbatched.HasField("dynamic_batching")
+    instances = sum(g.count for g in unbatched.instance_group)
+    assert session.parameters["decoder_slots"].string_value == str(instances + 1)
+    assert (twin / "tiny_decoder_unbatched" / "1" / "model.onnx").resolve() == (
+        repo / "tiny_decoder" / "1" / "model.onnx"
+    ).resolve()
     assert embedded_repository(twin) == twin  # a twin is served as it is
 
 
-def test_overlapping_clicks_get_a_busy_decoder_on_two_cores(tmp_path: Path, monkeypatch) -> None:
+def test_only_a_decoder_a_session_model_calls_gets_an_unbatched_copy(
+    tmp_path: Path, monkeypatch
+) -> None:
     from triton_sam.repository.session_config import SessionOptions, write_session
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     repo = _gpu_pair(tmp_path)
     write_session(repo, TINY, GPU_TRT, SessionOptions())
-    assert "tiny_decoder_busy" not in list_models(embedded_repository(repo))  # opt-in
-    twin = embedded_repository(repo, busy_decoder=True)
-    assert list_models(twin) == sorted([*list_models(repo), "tiny_decoder_busy"])
-    busy = parse_config(twin / "tiny_decoder_busy" / "config.pbtxt")
-    assert [g.count for g in busy.instance_group] == [2]
-    main = parse_config(twin / "tiny_decoder" / "config.pbtxt")
-    assert [g.count for g in main.instance_group] == [1]
-    assert main.parameters["intra_op_thread_count"].string_value == "2"
-    # The session model names it; without a session model nothing calls it, so none is made.
+    twin = embedded_repository(repo)
+    assert list_models(twin) == sorted([*list_models(repo), "tiny_decoder_unbatched"])
+    for name in ("tiny_decoder", "tiny_decoder_unbatched"):  # 2 cores: 1 instance x 2 threads
+        config = parse_config(twin / name / "config.pbtxt")
+        assert [g.count for g in config.instance_group] == [1]
+        assert config.parameters["intra_op_thread_count"].string_value == "2"
     session = parse_config(twin / "tiny_session" / "config.pbtxt")
-    assert session.parameters["decoder_model_busy"].string_value == "tiny_decoder_busy"
+    assert session.parameters["decoder_slots"].string_value == "2"
+    # Without a session model nothing calls it, so none is made.
     (tmp_path / "bare").mkdir()
-    bare = embedded_repository(_gpu_pair(tmp_path / "bare"), busy_decoder=True)
-    assert "tiny_decoder_busy" not in list_models(bare)
+    bare = embedded_repository(_gpu_pair(tmp_path / "bare"))
+    assert "tiny_decoder_unbatched" not in list_models(bare)
     # The python runner fallback keeps its decoder as the production config has it.
-    runner = parse_config(
-        embedded_repository(repo, target="python") / "tiny_decoder" / "config.pbtxt"
-    )
+    runner_dir = embedded_repository(repo, target="python")
+    runner = parse_config(runner_dir / "tiny_decoder" / "config.pbtxt")
     assert runner.instance_group[0].count == 2
+    assert "tiny_decoder_unbatched" not in list_models(runner_dir)

@@ -127,6 +127,17 @@ class _Server:
             stats = json.loads(r.read())["model_stats"][0].get("inference_stats", {})
         return {s: (int(stats[s]["count"]), int(stats[s]["ns"])) for s in STAT_STAGES}
 
+    def session_decoder(self, session_model: str) -> str | None:
+        """The decoder the session model's clicks run on (its ``decoder_model`` parameter:
+        on the CPU twin, the unbatched copy), None when its config does not say."""
+        import json
+
+        url = f"{self.http_url}/v2/models/{session_model}/config"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            parameters = json.loads(r.read()).get("parameters", {})
+        value = parameters.get(embedding_cache.PARAM_DECODER_MODEL, {}).get("string_value")
+        return value or None
+
     def stages(self, model: str) -> dict[str, tuple[float, float]]:
         """stage -> (count, microseconds) cumulated, from the session model's counters."""
         with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=10) as r:
@@ -196,8 +207,8 @@ def run_breakdown(
     module, client = transport._module, transport._client  # noqa: SLF001 (stage timing)
     http = protocol == "http"
     hw = (int(image.shape[0]), int(image.shape[1]))
-    session_model, decoder_model = family.session_model, family.decoder_model
-    encoder_model = family.encoder_model
+    session_model, encoder_model = family.session_model, family.encoder_model
+    decoder_model = server.session_decoder(session_model) or family.decoder_model
     try:
         picture = embedding_path.CachedImage.of(image, family, encoder_model, session_model)
         flow.run(flow.embed(picture, family, session_model), flow.sender(transport))
@@ -348,24 +359,26 @@ def variant_repository(
 ) -> Path:
     """A copy of the embedded repository ``served`` (files linked) whose session model keeps
     its features as ``cpu_features`` says, with ``model.py`` from this source tree, and,
-    with ``decoder_sizing`` = (instances, intra-op threads), the decoder sized so and every
-    click sent to it (for measuring sizings; the served default is ``size_cpu_decoder``'s,
-    with overlapping clicks sent to ``busy_cpu_decoder``'s twin)."""
+    with ``decoder_sizing`` = (instances, intra-op threads), the decoder its clicks run on
+    sized so (for measuring sizings; the served default is ``size_cpu_decoder``'s)."""
     from triton_sam.repository.config import ORT_INTRA_OP_PARAM, config_to_text, parse_config
     from triton_sam.repository.session_config import session_variant
     from triton_sam.repository.writer import ModelFiles, list_models, read_model, write_models
 
+    session = parse_config(read_model(served, family.session_model).config_text)
+    clicks_decoder = session.parameters[embedding_cache.PARAM_DECODER_MODEL].string_value
     models = []
     for name in list_models(served):
         model = read_model(served, name)
         if name == family.session_model:
             model = session_variant(model, cpu_features=cpu_features)
-            if decoder_sizing is not None:  # a fixed sizing: every click on that decoder
+            slots = embedding_cache.PARAM_DECODER_SLOTS
+            if decoder_sizing is not None:
                 config = parse_config(model.config_text)
-                if embedding_cache.PARAM_DECODER_MODEL_BUSY in config.parameters:
-                    del config.parameters[embedding_cache.PARAM_DECODER_MODEL_BUSY]
+                if slots in config.parameters:  # one per instance, plus one queued
+                    config.parameters[slots].string_value = str(decoder_sizing[0] + 1)
                 model = ModelFiles(name, config_to_text(config), model.files)
-        elif name == family.decoder_model and decoder_sizing is not None:
+        elif name == clicks_decoder and decoder_sizing is not None:
             config = parse_config(model.config_text)
             for group in config.instance_group:
                 group.count = decoder_sizing[0]

@@ -475,7 +475,6 @@ def prepare_model(
     checkpoints_dir: Path = Path("checkpoints"),
     runner: bool = True,
     encoder_variants: Sequence[str] = (),
-    busy_decoder: bool = False,
 ) -> ServedModel:
     """Export ``name`` once into ``work_dir/<name>`` (reused when its build finished before)
     and write its embedded repositories.
@@ -517,9 +516,7 @@ def prepare_model(
         done.write_text(json.dumps({"checkpoint": str(checkpoint)}))
     # fp32: the graphs as exported; `triton-sam serve`'s default twin is the ``fused`` variant
     # where the family has an attention fusion (the same twin as the served path otherwise).
-    served = embedded_repository(
-        repo, root / "embedded", fuse_attention=False, busy_decoder=busy_decoder
-    )
+    served = embedded_repository(repo, root / "embedded", fuse_attention=False)
     runner_repo = embedded_repository(repo, root / "runner", target="python") if runner else None
     variants: dict[str, Path] = {}
     skipped: dict[str, str] = {}

@@ -466,16 +466,15 @@ def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig
     return sized
 
 
-BUSY_DECODER_SUFFIX = "_busy"
+UNBATCHED_DECODER_SUFFIX = "_unbatched"
 WARMUP_NAME = "zeros"
 
 
 def with_warmup(config: ModelConfig) -> ModelConfig:
     """``config`` with one warm-up request (batch 1, every input zeros, variable dims 1) that
     Triton runs on each instance as it loads, so the first clicks an instance serves do not
-    pay onnxruntime's first-run allocations. A session model sends a click to its busy
-    decoder only when clicks overlap, so without this those instances stay cold until then
-    (seen: the first overlapping clicks of a burst 2-3x slower). Already warmed: unchanged."""
+    pay onnxruntime's first-run allocations (seen: the first clicks on a cold instance 2-3x
+    slower). Already warmed: unchanged."""
     if any(w.name == WARMUP_NAME for w in config.model_warmup):
         return config
     warm = ModelConfig()
@@ -489,32 +488,32 @@ def with_warmup(config: ModelConfig) -> ModelConfig:
     return warm
 
 
-def busy_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig | None:
-    """The decoder a session model calls while a click on another image is being decoded
-    (``protocol.embedding_cache.PARAM_DECODER_MODEL_BUSY``): ``config`` renamed
-    ``<name>_busy`` with one single-thread instance per core, or None where
-    :func:`size_cpu_decoder` already gives several instances (8 cores and more) or the config
-    sets ``intra_op_thread_count`` itself.
+def unbatched_cpu_decoder(config: ModelConfig) -> ModelConfig:
+    """The decoder a session model's clicks run on, on a CPU host: ``config`` (sized by
+    :func:`size_cpu_decoder`) renamed ``<name>_unbatched``, without a dynamic batcher, so
+    Triton's default scheduler queues its requests at the instance. The session model bounds
+    and cancels its clicks itself (``serving.click_queue``, given :func:`decoder_slots`); the
+    decoder ``config`` itself, which clients call directly (the stateless path, whose
+    speculative clients rely on the batcher dropping cancelled requests), keeps its batcher.
 
-    Why: with the cores in one instance, clicks that overlap queue for it, and each run's
-    threads wait on each other whenever another process (the clients, the session model,
-    the front end) takes a core. Measured on SAM2.1-tiny, 2 quiet cores (`triton-sam
-    bench-click --decoder-sizing 2x1,1x2 --concurrency 4`): 1 x 2 gave a single click 1.20x
-    in-process ORT but 0.58-0.76x its clicks/s at c=4; 2 x 1 gave 1.88x and 0.89-0.93x. The
-    session model uses this one only while another image's click is being decoded
-    (``serving.decoder_routing``), so a lone user keeps 1 x 2.
-
-    Raises:
-        InputValidationError: ``cores`` < 1.
+    Why: a batch costs a CPU decoder as much per click as single runs (SAM2.1-tiny, 2
+    threads: 30.5 ms per click at batch 4, 31.8 at batch 1, in process), while Triton's
+    batcher forms the next batch only once the instance is free, so the cores idled between
+    runs. Measured on SAM2.1-tiny, 2 quiet cores, 4 callers on 4 images, 100 session clicks
+    over gRPC: 20.1 clicks/s with the batcher (16.3-19.5 with batch-1 runs), 24.3-25.3
+    without (in-process onnxruntime 25.2-27.7), docs/cpu-performance.md.
     """
-    check_int("cores", cores, minimum=1)
-    if ORT_INTRA_OP_PARAM in config.parameters:
-        return None
-    if _decoder_instances(cores) > 1 or cores < 2:
-        return None
-    busy = _cpu_sized(config, cores, 1)
-    busy.name = config.name + BUSY_DECODER_SUFFIX
-    return busy
+    unbatched = ModelConfig()
+    unbatched.CopyFrom(config)
+    unbatched.name = config.name + UNBATCHED_DECODER_SUFFIX
+    unbatched.ClearField("dynamic_batching")
+    return unbatched
+
+
+def decoder_slots(config: ModelConfig) -> int:
+    """Clicks a session model keeps at the decoder ``config`` at once: one per instance, plus
+    one queued at the instances so that the next run starts as one ends."""
+    return sum(g.count for g in config.instance_group) + 1
 
 
 def check_accelerators(config: ModelConfig) -> None:

@@ -65,7 +65,7 @@ SHIPPED_MODULES = (
     "protocol/__init__",
     "protocol/embedding_cache",
     "bounds",
-    "decoder_routing",
+    "click_queue",
     "images",
     "intake",
     "masks",

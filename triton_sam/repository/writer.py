@@ -34,9 +34,9 @@ from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
     Target,
-    busy_cpu_decoder,
     check_model_name,
     config_to_text,
+    decoder_slots,
     graph_config,
     model_config_pb2,
     model_kind,
@@ -44,6 +44,7 @@ from triton_sam.repository.config import (
     size_cpu_decoder,
     to_cpu_twin,
     to_python_target,
+    unbatched_cpu_decoder,
     with_warmup,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
@@ -380,27 +381,24 @@ def embedded_repository(
     *,
     target: Target = "onnxruntime",
     fuse_attention: bool = True,
-    busy_decoder: bool = False,
 ) -> Path:
     """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
     Reads every model as an artifact (:func:`read_model`), maps each through
     :func:`embedded_twin` (the one place that decides a model's twin, by its kind) and writes
-    the result. One change on top is a CPU choice, not a CPU limit: on the onnxruntime
-    backend, the decoder a session model calls gets instances and threads sized for this
-    host's cores (:func:`~triton_sam.repository.config.size_cpu_decoder`, measured there),
-    unless its config sets ``intra_op_thread_count`` itself; and with ``fuse_attention``
-    the encoder it calls is served as a copy with fused attention where its family has a
-    fusion (:mod:`~triton_sam.repository.cpu_graphs`; faster on CPU, fp32 parity). The
-    production repository's graphs are never changed. ``busy_decoder`` (opt-in) adds the
-    decoder's busy twin (:func:`~.config.busy_cpu_decoder`) for clicks on other images that
-    overlap; off by default: on a long-running shared server in the fresh-clone CI a single
-    user's drag then got its masks 7x a decoder run late at p95 (cause not found yet). When
-    nothing changes,
-    ``repo_dir`` itself is returned; otherwise the twins are written to ``twin_dir``
-    (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to the original
-    ONNX files, so nothing large is copied; models no longer in ``repo_dir`` are removed from
-    it.
+    the result. The changes on top are CPU choices, not CPU limits, all measured (on the
+    onnxruntime backend): the decoder a session model calls gets instances and threads sized
+    for this host's cores (:func:`~triton_sam.repository.config.size_cpu_decoder`), unless
+    its config sets ``intra_op_thread_count`` itself; the session model's clicks run on an
+    unbatched copy of it (:func:`~.config.unbatched_cpu_decoder`, same files; the session
+    model bounds and cancels them itself), while clients calling the decoder keep its
+    batcher; and with ``fuse_attention`` the encoder it calls is served as a copy with fused
+    attention where its family has a fusion (:mod:`~triton_sam.repository.cpu_graphs`;
+    faster on CPU, fp32 parity). The production repository's graphs are never changed.
+    When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
+    ``twin_dir`` (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to
+    the original ONNX files, so nothing large is copied; models no longer in ``repo_dir`` are
+    removed from it.
 
     Raises:
         InputValidationError: an unknown ``target``.
@@ -418,7 +416,7 @@ def embedded_repository(
     twins = [embedded_twin(model, target) for model in models]
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
-        twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)), busy_decoder)
+        twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
         if fuse_attention:
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
     if len(twins) == len(models) and all(
@@ -431,36 +429,41 @@ def embedded_repository(
     return twin_dir
 
 
-def _size_session_decoders(
-    twins: list[ModelFiles], cores: int, busy_decoder: bool = False
-) -> list[ModelFiles]:
-    """``twins`` with the decoders their session models call sized for ``cores``, plus a
-    busy twin of each where :func:`~.config.busy_cpu_decoder` gives one (same files), named
-    in the session models' ``decoder_model_busy`` parameter."""
+def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
+    """``twins`` with the decoders their session models call sized for ``cores``, plus an
+    unbatched copy of each (same files) that the session models call instead, with their
+    ``decoder_slots``. A decoder without a dynamic batcher (a twin's copy, served again) is
+    called as it is."""
     configs = [parse_config(t.config_text) for t in twins]
-    key, busy_key = embedding_cache.PARAM_DECODER_MODEL, embedding_cache.PARAM_DECODER_MODEL_BUSY
+    key, slots = embedding_cache.PARAM_DECODER_MODEL, embedding_cache.PARAM_DECODER_SLOTS
     decoders = _session_callees(configs, key)
     taken = {t.name for t in twins}
-    busy: dict[str, ModelFiles] = {}  # decoder name -> its busy twin
+    out, clicks = [], {}  # decoder name -> the config of the model its clicks run on
     for t, c in zip(twins, configs, strict=True):
-        extra = busy_cpu_decoder(c, cores) if busy_decoder and t.name in decoders else None
-        if extra is not None and extra.name not in taken:
-            busy[t.name] = ModelFiles(extra.name, config_to_text(with_warmup(extra)), t.files)
-    out = []
-    for t, c in zip(twins, configs, strict=True):
-        if t.name in decoders:
-            c = with_warmup(size_cpu_decoder(c, cores))
-        elif model_kind(c) == protocol.KIND_EMBEDDING_CACHE and key in c.parameters:
-            twin = busy.get(c.parameters[key].string_value)
-            if twin is None:
-                out.append(t)
-                continue
-            c.parameters[busy_key].string_value = twin.name
-        else:
+        if t.name not in decoders:
             out.append(t)
             continue
+        c = with_warmup(size_cpu_decoder(c, cores))
         out.append(ModelFiles(t.name, config_to_text(c), t.files))
-    return out + list(busy.values())
+        clicks[t.name] = c
+        if c.HasField("dynamic_batching"):
+            copy = unbatched_cpu_decoder(c)
+            if copy.name not in taken:
+                clicks[t.name] = copy
+                out.append(ModelFiles(copy.name, config_to_text(copy), t.files))
+    for t, c in zip(twins, configs, strict=True):
+        if model_kind(c) != protocol.KIND_EMBEDDING_CACHE or key not in c.parameters:
+            continue
+        decoder = clicks.get(c.parameters[key].string_value)
+        if decoder is None or decoder.HasField("dynamic_batching"):
+            continue
+        before = config_to_text(c)
+        c.parameters[key].string_value = decoder.name
+        if slots not in c.parameters:
+            c.parameters[slots].string_value = str(decoder_slots(decoder))
+        if config_to_text(c) != before:
+            out[out.index(t)] = ModelFiles(t.name, config_to_text(c), t.files)
+    return out
 
 
 def _session_callees(configs: list[ModelConfig], key: str) -> set[str]:

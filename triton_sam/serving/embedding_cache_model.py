@@ -88,12 +88,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     from triton_sam_serving import bounds, images, intake, masks, prompt_frame
     from triton_sam_serving import protocol as envelope
-    from triton_sam_serving.decoder_routing import DecoderRouter
+    from triton_sam_serving.click_queue import ClickQueue, QueueFull
     from triton_sam_serving.protocol import embedding_cache as protocol
 except ImportError:  # imported from the triton_sam source tree (unit tests)
     from triton_sam.serving import bounds, images, intake, masks, prompt_frame
     from triton_sam.serving import protocol as envelope
-    from triton_sam.serving.decoder_routing import DecoderRouter
+    from triton_sam.serving.click_queue import ClickQueue, QueueFull
     from triton_sam.serving.protocol import embedding_cache as protocol
 
 IMAGE_ID = protocol.IMAGE_ID
@@ -226,9 +226,12 @@ class TritonPythonModel:
         self.name = args["model_name"]
         self.encoder_model = params[protocol.PARAM_ENCODER_MODEL]
         self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
-        # Main decoder or its busy twin, per click (driven from the event loop's thread).
-        self.router = DecoderRouter(
-            self.decoder_model, params.get(protocol.PARAM_DECODER_MODEL_BUSY) or ""
+        # Clicks at the decoder at once, and waiting for it (driven from the event loop).
+        self.clicks = ClickQueue(
+            int(params.get(protocol.PARAM_DECODER_SLOTS) or 0),
+            int(
+                params.get(protocol.PARAM_MAX_WAITING_CLICKS) or protocol.DEFAULT_MAX_WAITING_CLICKS
+            ),
         )
         self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
         self.embedding_bytes = int(params.get(protocol.PARAM_EMBEDDING_BYTES) or 0)
@@ -316,7 +319,7 @@ class TritonPythonModel:
     # -- one request -----------------------------------------------------------------------
     async def _answer(self, request, embeds, clock):
         try:
-            if hasattr(request, "is_cancelled") and request.is_cancelled():
+            if _cancelled(request):
                 return envelope.error_response(
                     pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
                 )
@@ -370,6 +373,13 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(output_tensors=outputs)
         except bounds.RequestError as e:
             return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
+        except QueueFull as e:
+            return envelope.error_response(pb_utils, envelope.ERR_OVERLOADED, str(e))
+        except _CancelledWhileWaiting:
+            self.metrics.count("cancelled_clicks")
+            return envelope.error_response(
+                pb_utils, envelope.ERR_CANCELLED, "request cancelled while waiting for the decoder"
+            )
         except EmbeddingMiss as e:
             self.metrics.count("misses")
             return envelope.error_response(
@@ -616,11 +626,12 @@ class TritonPythonModel:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
         skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
         names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
-        # One user's click gets the decoder with all the threads; one that overlaps another
-        # image's run (other users), the single-thread instances (decoder_routing).
-        decoder = self.router.start(image_id)
-        self.metrics.in_flight(self.router)
-        try:  # counted until it comes back, whatever happens (a leak would misroute clicks)
+        decoder = self.decoder_model
+        waited = await self.clicks.acquire()  # QueueFull: refused at once
+        self.metrics.in_flight(self.clicks)
+        try:  # the slot goes back whatever happens (a lost one would stall every click)
+            if waited and _cancelled(request):  # a stale click: answered unrun
+                raise _CancelledWhileWaiting
             bls = pb_utils.InferenceRequest(
                 model_name=decoder,
                 inputs=feeds,
@@ -630,12 +641,10 @@ class TritonPythonModel:
             clock.mark("feeds")
             response = await bls.async_exec()
         finally:
-            self.router.finish(image_id)
-            self.metrics.in_flight(self.router)
+            self.clicks.release()
+            self.metrics.in_flight(self.clicks)
         clock.mark("bls")
         clock.decoded = True
-        if decoder != self.decoder_model:
-            self.metrics.count("busy_decodes")
         if response.has_error():
             raise RuntimeError(f"{decoder}: {response.error().message()}")
         outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in names]
@@ -701,12 +710,8 @@ class _Metrics:
             ("hits", "COUNTER", "Predictions answered from cached features"),
             ("misses", "COUNTER", "Requests for an image id (or logits key) not cached"),
             ("evictions", "COUNTER", "Images evicted by the LRU bound"),
-            (
-                "busy_decodes",
-                "COUNTER",
-                "Clicks sent to the busy decoder (another image's click ran)",
-            ),
-            ("decodes_in_flight", "GAUGE", "Clicks whose decoder run has not come back"),
+            ("cancelled_clicks", "COUNTER", "Clicks cancelled while waiting for the decoder"),
+            ("decodes_in_flight", "GAUGE", "Clicks at the decoder (sent, not come back)"),
         )
         try:
             for name, kind, description in specs:
@@ -748,10 +753,10 @@ class _Metrics:
         if metric is not None and value:
             metric.increment(value)
 
-    def in_flight(self, router):
+    def in_flight(self, clicks):
         metric = self._metrics.get("decodes_in_flight")
         if metric is not None:
-            metric.set(router.in_flight)
+            metric.set(clicks.at_decoder)
 
     def publish(self, cache):
         if "cached_images" in self._metrics:
@@ -781,6 +786,15 @@ class _Clock:
 
     def totals(self):
         return {**self.spent, "total": self.last - self.start}
+
+
+class _CancelledWhileWaiting(Exception):
+    """The click's request was cancelled while it waited for a decoder slot."""
+
+
+def _cancelled(request):
+    # is_cancelled() arrived in Triton 23.10's stub; older stubs cannot tell.
+    return hasattr(request, "is_cancelled") and request.is_cancelled()
 
 
 def _input(request, name):

@@ -53,6 +53,8 @@ ERR_OBJECT_NOT_FOUND = "ObjectNotFound"
 ERR_LIMIT = "LimitExceeded"  # larger than the server's bounds: not retried, it would fail again
 ERR_NO_PROMPTS = "NoPrompts"  # propagation before any prompt
 ERR_CANCELLED = "Cancelled"  # cancelled while queued: answered unrun
+# a full queue: retry later (its message says "exceeds maximum queue size", as Triton's does)
+ERR_OVERLOADED = "Overloaded"
 ERR_INTERNAL = "Internal"
 # code -> the python backend's TritonError code it is answered with
 ERROR_STATUS = {
@@ -65,6 +67,7 @@ ERROR_STATUS = {
     ERR_LIMIT: "INVALID_ARG",
     ERR_NO_PROMPTS: "INVALID_ARG",
     ERR_CANCELLED: "CANCELLED",
+    ERR_OVERLOADED: "UNAVAILABLE",
     ERR_INTERNAL: "INTERNAL",
 }
 # how a client library reports each TritonError code (tritonclient's status(): the HTTP status
@@ -74,6 +77,7 @@ TRANSPORT_STATUS = {
     "NOT_FOUND": ("404", "StatusCode.NOT_FOUND"),
     "INTERNAL": ("500", "StatusCode.INTERNAL"),
     "CANCELLED": ("400", "StatusCode.CANCELLED"),
+    "UNAVAILABLE": ("503", "StatusCode.UNAVAILABLE"),
 }
 
 

@@ -102,13 +102,15 @@ PARAM_PAD_WITH_BOX = "pad_with_box"
 # images). GPU instances keep device tensors either way.
 PARAM_CPU_FEATURES = "cpu_features"
 CPU_FEATURES = ("process", "shared_memory")  # the first is the default
-# CPU twin only (written by the embedded repository, never by the renderer): the decoder to
-# call while a click on another image is being decoded (other users are clicking). The
-# twin's main decoder is one instance with all the cores' threads (a lone user's latency);
-# this one has one single-thread instance per core (throughput when users' clicks overlap: a
-# 2-thread run's threads wait on each other behind the other processes). Absent: always
-# ``decoder_model``. See serving/decoder_routing.py.
-PARAM_DECODER_MODEL_BUSY = "decoder_model_busy"
+# CPU twin only (written by the embedded repository, never by the renderer): clicks the
+# session model keeps at its decoder at once; the rest wait in the session model (at most
+# max_waiting_clicks), where one cancelled meanwhile is answered unrun. The twin's decoder for
+# clicks has no dynamic batcher (measured: its hand-off between runs idled the cores), so
+# these do its bounding and cancelling. Absent or 0: no limit (the decoder's batcher does
+# both, as on a GPU). See serving/click_queue.py.
+PARAM_DECODER_SLOTS = "decoder_slots"
+PARAM_MAX_WAITING_CLICKS = "max_waiting_clicks"
+DEFAULT_MAX_WAITING_CLICKS = 64  # as the decoder's own queue bound (max_queue_size)
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_ENCODER_MODEL,
