@@ -160,6 +160,17 @@ def test_insecure_tls_context_skips_verification():
         ),
         ("Exceeds maximum queue size", "StatusCode.UNAVAILABLE", ServerOverloadedError),
         ("Request timeout expired", "503", ServerOverloadedError),
+        # the session model's own queue of clicks (serving/click_queue.py), both transports
+        (
+            "triton_sam.Overloaded: exceeds maximum queue size: 64 clicks wait for the decoder",
+            "StatusCode.UNAVAILABLE",
+            ServerOverloadedError,
+        ),
+        (
+            "triton_sam.Overloaded: exceeds maximum queue size: 64 clicks wait for the decoder",
+            "503",
+            ServerOverloadedError,
+        ),
         ("unexpected datatype TYPE_INT32 for inference input 'p'", "400", InvalidRequestError),
         ("failed to connect to all addresses", "StatusCode.UNAVAILABLE", ServerUnavailableError),
     ],
