@@ -528,3 +528,74 @@ def test_service_answers_a_prompt_with_masks_and_scores():
     assert order.tolist() == [0, 1, 2, 3]
     info = status(svc, sid)["session"]
     assert info["frames_uploaded"] == 1 and info["objects"] == [3]
+
+
+# -- the video client against the service, in-process ----------------------------------------
+class ServiceTransport:
+    """Stands in for the client's Transport: runs the service in-process as one tenant,
+    answers errors in the protocol's envelope, records what each request carried."""
+
+    def __init__(self, svc, tenant="") -> None:
+        self.svc, self.tenant = svc, tenant
+        self.requests: list[tuple[dict[str, np.ndarray], str | None]] = []
+
+    def infer(self, model, inputs, outputs, *, idempotent=False, routing_key=None):
+        from triton_sam.errors import ServerError
+
+        self.requests.append((dict(inputs), routing_key))
+        try:
+            out = self.svc.handle({k: v[0] for k, v in inputs.items()}, self.tenant)
+        except TrackingError as e:
+            raise ServerError(protocol.error_message(e.code, str(e))) from e
+        return {n: np.asarray(out[n])[None] for n in outputs if n in out}
+
+    def commands(self) -> list[tuple[str, str | None]]:
+        """(command, session id sent or None) of every request."""
+        return [
+            (
+                inputs["command"].reshape(-1)[0].decode(),
+                inputs["session_id"].reshape(-1)[0].decode() if "session_id" in inputs else None,
+            )
+            for inputs, _ in self.requests
+        ]
+
+
+def video_client(transport):
+    from triton_sam.client.video import SAM2VideoTritonClient
+
+    client = object.__new__(SAM2VideoTritonClient)  # no server to check for readiness
+    client.model, client.transport, client.bytes_sent = protocol.TRACKER_MODEL, transport, 0
+    return client
+
+
+def test_the_video_client_uses_the_issued_id_and_recovers_from_an_eviction():
+    clock = Clock()
+    svc = service(max_sessions=1, clock=clock, evict_idle_s=60)
+    transport = ServiceTransport(svc)
+    client = video_client(transport)
+    state = client.init_state(np.zeros((3, 8, 8), np.uint8))
+    first = state.session_id
+    assert first in svc.store.tenant_sessions("")
+    client.add_new_points_or_box(state, 0, 1, points=[[4, 4]], labels=[1])
+    clock.now += 61  # idle: another tenant's init may take its place
+    other = init(svc, "b")
+    assert svc.store.tenant_sessions("") == [] and svc.store.tenant_sessions("b") == [other]
+    clock.now += 61
+    frame, ids, masks = client.get_frame_masks(state, 0)  # lost: re-created, replayed
+    assert state.resets == 1 and state.session_id not in (first, "")
+    assert (frame, ids, masks.shape) == (0, [1], (1, 1, 8, 8))
+    sent = transport.commands()
+    assert all(sid is None for command, sid in sent if command == "init")
+    assert {sid for command, sid in sent if command != "init"} == {first, state.session_id}
+    assert {key for _, key in transport.requests} == {state.routing_key}  # never the id
+    assert first not in state.routing_key and state.session_id not in state.routing_key
+
+
+def test_the_video_client_maps_overloaded_to_a_retryable_error():
+    from triton_sam.errors import ServerOverloadedError
+
+    svc = service(max_sessions=1, evict_idle_s=60)
+    init(svc, "")
+    with pytest.raises(ServerOverloadedError) as info:
+        video_client(ServiceTransport(svc)).init_state(np.zeros((2, 8, 8), np.uint8))
+    assert "retry later" in str(info.value)
