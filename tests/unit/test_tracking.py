@@ -575,7 +575,7 @@ def test_the_video_client_uses_the_issued_id_and_recovers_from_an_eviction():
     client = video_client(transport)
     state = client.init_state(np.zeros((3, 8, 8), np.uint8))
     first = state.session_id
-    assert first in svc.store.tenant_sessions("")
+    assert first in svc.store.tenant_sessions("") and first not in repr(state)
     client.add_new_points_or_box(state, 0, 1, points=[[4, 4]], labels=[1])
     clock.now += 61  # idle: another tenant's init may take its place
     other = init(svc, "b")

@@ -59,7 +59,7 @@ class VideoState:
     """
 
     source: VideoSource
-    session_id: str = ""
+    session_id: str = field(default="", repr=False)  # a secret: not in reprs or logs
     obj_ids: list[int] = field(default_factory=list)
     uploaded: set[int] = field(default_factory=set)
     log: list[tuple[str, dict[str, np.ndarray]]] = field(default_factory=list)
