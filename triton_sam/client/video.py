@@ -425,7 +425,8 @@ class SAM2VideoTritonClient:
 
 # commands whose effect the server keeps (replayed after a lost session), those that need
 # their frame on the server, and those safe to retry (init too: a session whose answer was
-# lost is never used again, sits idle, and is the first its tenant's next init evicts)
+# lost is never used again; it sits idle and is evicted when its tenant or the server needs
+# the room)
 _LOGGED = {
     p.CMD_ADD_POINTS,
     p.CMD_ADD_MASK,
