@@ -168,6 +168,10 @@ class EmbeddedTriton(Service):
         for field, value in numbers:
             if not isinstance(value, int) or value < 0:
                 raise InputValidationError(field, f"got {value!r}, expected an integer >= 0")
+        if repository_poll_s < 1:  # 0 would turn Triton's scans off: no self-heal
+            raise InputValidationError(
+                "repository_poll_s", f"got {repository_poll_s}, expected an integer >= 1"
+            )
         self.host = host
         self.log_verbose = log_verbose
         self.startup_timeout_s = startup_timeout_s

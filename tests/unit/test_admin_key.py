@@ -97,6 +97,8 @@ def test_every_embedded_server_is_restricted_and_forwards_the_tenant(tmp_path):
     assert {"--model-control-mode=poll", "--repository-poll-secs=1"} <= set(given._args(tmp_path))
     with pytest.raises(InputValidationError, match="published default"):
         EmbeddedTriton(tmp_path, admin_key="change-me")
+    with pytest.raises(InputValidationError, match="repository_poll_s"):  # no scans: no heal
+        EmbeddedTriton(tmp_path, model_control="poll", repository_poll_s=0)
     with pytest.raises(InputValidationError, match="extra_args"):  # ours only: no open API
         EmbeddedTriton(tmp_path, extra_args=["--http-restricted-api=inference:k=v"])
 
