@@ -450,17 +450,28 @@ def serve_cmd(
             "--self-heal/--no-self-heal",
             help="Probe the session models every 5 s and reload one whose python stub died "
             "(Triton 2.51 keeps such a model READY while every request fails). Runs the "
-            "server with explicit model control, every model loaded at start.",
+            "server in poll mode: it reloads a model whose files change, and refuses every "
+            "load/unload request.",
         ),
     ] = True,
+    admin_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File of the admin key that unlocks the model-repository, shared-memory, "
+            "trace and logging APIs (created owner-only on first use; $TRITON_ADMIN_KEY "
+            "overrides it). Default: $XDG_CONFIG_HOME/triton-sam/admin-key.",
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
 
     A repository written for the GPU container (onnxruntime target) is served with its own
     configs on Triton's onnxruntime backend, changed only in what a CPU host cannot do
     (KIND_GPU -> KIND_CPU, no TensorRT); the twins are written next to it and use the same
-    ONNX files.
+    ONNX files. The control APIs need the admin key (`triton-sam admin-key`); inference,
+    health, metadata and statistics are open to whoever reaches the ports.
     """
+    from triton_sam.admin_key import HTTP_HEADER, load_or_create
     from triton_sam.config import load_config, section
     from triton_sam.health import Watchdog, session_models
     from triton_sam.repository.writer import embedded_repository
@@ -475,15 +486,21 @@ def serve_cmd(
         target=target,  # type: ignore[arg-type]
         fuse_attention=fuse_attention,
     )
-    if self_heal:
-        serve["model_control"] = "explicit"  # the watchdog unloads and loads a dead model
-    server = EmbeddedTriton(repo, onnxruntime_backend=onnxruntime_backend, **serve)
+    # Self-heal: poll mode, the watchdog touches a dead model's folders and Triton reloads it.
+    serve["model_control"] = "poll" if self_heal else "none"
+    key = load_or_create(admin_key_file)
+    server = EmbeddedTriton(
+        repo, onnxruntime_backend=onnxruntime_backend, admin_key=key.value, **serve
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
         typer.echo(f"HTTP    {server.http_url}\ngRPC    {server.grpc_url}")
         typer.echo(f"metrics {server.metrics_url}/metrics\nlog     {server.log_path}")
+        typer.echo(f"admin   header {HTTP_HEADER}: the key in {key.source}")
         watched = session_models(repo) if self_heal else []
-        watchdog = Watchdog(server.http_address, watched).start() if watched else None
+        watchdog = (
+            Watchdog(server.http_address, watched, repository=repo).start() if watched else None
+        )
         if watchdog is not None:
             typer.echo(f"self-heal: watching {', '.join(watched)}")
         typer.echo("ready; Ctrl-C to stop")
@@ -494,6 +511,41 @@ def serve_cmd(
         finally:
             if watchdog is not None:
                 watchdog.stop()
+
+
+@app.command("admin-key")
+def admin_key_cmd(
+    env_file: Annotated[
+        Path | None,
+        typer.Option(help="Also set TRITON_ADMIN_KEY in this dotenv file (0600), for compose."),
+    ] = None,
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Replace the key with a fresh one.")
+    ] = False,
+    key_file: Annotated[
+        Path | None, typer.Option(help="Key file (default $XDG_CONFIG_HOME/triton-sam/admin-key).")
+    ] = None,
+) -> None:
+    """Create (first use) or rotate the admin key, and say where it is; it is never printed.
+
+    `triton-sam serve` reads it at start (restart it after --rotate); compose reads
+    TRITON_ADMIN_KEY from .env: `triton-sam admin-key --env-file .env`.
+    """
+    from triton_sam.admin_key import (
+        default_key_path,
+        generate_key,
+        load_or_create,
+        write_env_file,
+        write_key_file,
+    )
+
+    path = key_file or default_key_path()
+    if rotate:
+        write_key_file(path, generate_key())
+    key = load_or_create(path)
+    typer.echo(f"admin key: {key.source}")
+    if env_file is not None:
+        typer.echo(f"TRITON_ADMIN_KEY set in {write_env_file(env_file, key.value)} (mode 0600)")
 
 
 @app.command("check")

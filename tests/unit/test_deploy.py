@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +312,81 @@ def test_compose_proxy_config_is_the_rendered_one():
     assert all(p.startswith("${TRITON_BIND:-127.0.0.1}:") for p in proxy["ports"])
     for name in tritons:
         assert "ports" not in compose["services"][name]  # reached through the proxy only
+
+
+# -- the admin key -----------------------------------------------------------------------------
+ENTRYPOINT = DEPLOY.parent / "scripts" / "triton_entrypoint.sh"
+
+
+def _triton_container(objects: list[dict]) -> dict:
+    (triton,) = _one(objects, "Deployment", "triton-sam")["spec"]["template"]["spec"]["containers"]
+    return triton
+
+
+def _kubelet_args(triton: dict, env: dict[str, str]) -> list[str]:
+    """The container's command + args after the kubelet's ``$(VAR)`` expansion."""
+    expand = lambda a: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), a)  # noqa: E731
+    return [expand(a) for a in triton["command"] + triton["args"]]
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda p: p.name)
+def test_control_apis_need_the_key_from_a_secret_checked_at_start(layer):
+    from triton_sam.admin_key import restriction_args
+    from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
+
+    objects = render(layer)
+    triton = _triton_container(objects)
+    (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
+    ref = env["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "triton-sam-admin", "key": "key", "optional": False}
+    key = "s" * 40
+    args = _kubelet_args(triton, {"TRITON_ADMIN_KEY": key})
+    assert set(restriction_args(key)) <= set(args)
+    assert f"--http-header-forward-pattern={FORWARD_PATTERN}" in args
+    assert f"--grpc-header-forward-pattern={FORWARD_PATTERN}" in args
+    assert "--model-control-mode=none" in args
+    # the entrypoint: the ConfigMap holding scripts/triton_entrypoint.sh, mounted where
+    # the command runs it
+    assert triton["command"] == ["/bin/bash", "/opt/triton-sam/entrypoint.sh"]
+    mount = next(m for m in triton["volumeMounts"] if m["mountPath"] == "/opt/triton-sam")
+    pod = _one(objects, "Deployment", "triton-sam")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config_map = _one(objects, "ConfigMap", volume["configMap"]["name"])
+    assert config_map["data"]["entrypoint.sh"] == ENTRYPOINT.read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "code"), [("s" * 40, 0), ("change-me", 64), ("short", 64), (None, 64)]
+)
+def test_the_deployment_refuses_the_published_or_a_missing_key(key, code):
+    """The entrypoint run with the Deployment's own args as the kubelet expands them (an
+    unset variable stays ``$(TRITON_ADMIN_KEY)``), on a command that prints them."""
+    triton = _triton_container(render(K8S / "base"))
+    args = _kubelet_args(triton, {"TRITON_ADMIN_KEY": key} if key else {})
+    script = K8S / "base" / "triton-entrypoint.sh"
+    assert args[:2] == ["/bin/bash", "/opt/triton-sam/entrypoint.sh"]
+    assert args[2] == "tritonserver"
+    done = subprocess.run(
+        ["bash", str(script), "echo", *args[3:]], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == code, done.stderr
+    assert ("--model-repository=/models" in done.stdout) == (code == 0)
+
+
+def test_compose_replicas_run_the_entrypoint_and_forward_the_tenant():
+    from deploy_args import compose_services
+
+    from triton_sam.admin_key import restriction_args
+    from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
+
+    key = "r" * 40
+    services = compose_services("deploy/compose/docker-compose.yml", {"TRITON_ADMIN_KEY": key})
+    for name in [s for s in services if s.startswith("triton-")]:
+        service = services[name]
+        assert service["entrypoint"] == ["/bin/bash", "/opt/triton-sam/entrypoint.sh"]
+        assert (
+            "../../scripts/triton_entrypoint.sh:/opt/triton-sam/entrypoint.sh:ro"
+            in (service["volumes"])
+        )
+        assert set(restriction_args(key)) <= set(service["command"])
+        assert f"--grpc-header-forward-pattern={FORWARD_PATTERN}" in service["command"]
