@@ -293,13 +293,20 @@ def test_dashboard_covers_latency_queue_gpu_and_session_cache():
 
 
 def test_compose_proxy_config_is_the_rendered_one():
-    from triton_sam.scaleout.nginx import compose_config, render_nginx_conf
+    from triton_sam.scaleout.nginx import COMPOSE_TOKENS_FILE, compose_config, render_nginx_conf
 
     compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
     tritons = sorted(s for s in compose["services"] if s.startswith("triton-"))
     assert tritons == [f"triton-{i}" for i in range(len(tritons))]
     conf = (DEPLOY / "compose" / "nginx.conf").read_text()
     assert conf == render_nginx_conf(compose_config(len(tritons)))
+    # tokens on: the same proxy, reading the tokens from the mounted, git-ignored directory
+    tokens_conf = (DEPLOY / "compose" / "nginx-tokens.conf").read_text()
+    assert tokens_conf == render_nginx_conf(
+        compose_config(len(tritons), tokens_file=COMPOSE_TOKENS_FILE)
+    )
+    ignored = (DEPLOY / "compose" / "tokens" / ".gitignore").read_text().split("\n")
+    assert "*" in ignored and "!.gitignore" in ignored
     devices = [
         compose["services"][t]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
         for t in tritons
@@ -307,6 +314,10 @@ def test_compose_proxy_config_is_the_rendered_one():
     assert devices == [[str(i)] for i in range(len(tritons))]  # one GPU each
     proxy = compose["services"]["proxy"]
     assert "./nginx.conf:/etc/nginx/nginx.conf:ro" in proxy["volumes"]
+    assert "./nginx-tokens.conf:/etc/nginx/nginx-tokens.conf:ro" in proxy["volumes"]
+    assert "./tokens:" + COMPOSE_TOKENS_FILE.rsplit("/", 1)[0] + ":ro" in proxy["volumes"]
+    # tokens are off unless the operator picks the tokens configuration
+    assert proxy["command"] == ["nginx", "-c", "/etc/nginx/${TRITON_SAM_PROXY_CONF:-nginx.conf}"]
     assert set(proxy["depends_on"]) == set(tritons)
     assert all(p.startswith("${TRITON_BIND:-127.0.0.1}:") for p in proxy["ports"])
     for name in tritons:
