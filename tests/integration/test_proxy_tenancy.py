@@ -248,3 +248,88 @@ def test_tokens_off_a_client_cannot_name_a_tenant_through_the_proxy(open_proxy):
     assert status == 200 and tenant_keys(seen) == []
     seen = echo_grpc(open_proxy.grpc_address, headers={TENANT_HEADER: "team-b"})
     assert tenant_keys(seen) == [] and tenant_from_parameters(seen) == ""
+
+
+@pytest.fixture(scope="module")
+def auth_check(tmp_path_factory):
+    """The Kubernetes overlay's token check (``render_auth_conf``) in a real nginx."""
+    import socket
+    import subprocess
+    import time
+
+    from triton_sam.scaleout.nginx import render_auth_conf, write_tokens_file
+
+    prefix = tmp_path_factory.mktemp("auth_check")
+    prefix.chmod(0o755)
+    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (prefix / sub).mkdir(mode=0o777)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tokens = write_tokens_file(prefix / "tokens.map", TOKENS)
+    conf = prefix / "nginx.conf"
+    conf.write_text(render_auth_conf(str(tokens), listen=f"127.0.0.1:{port}", prefix=str(prefix)))
+    process = subprocess.Popen(
+        [str(find_nginx()), "-p", str(prefix), "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def check(address: str, url: str, headers=None) -> tuple[int, str]:
+    """What the token check answers ingress-nginx about a request for ``url``."""
+    request = urllib.request.Request(
+        f"http://{address}/auth", headers={"X-Original-URL": url, **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers.get(TENANT_HEADER, "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get(TENANT_HEADER, "")
+
+
+def test_the_ingress_token_check_answers_the_tenant_of_a_valid_token_only(auth_check):
+    infer = "https://sam.example.com/v2/models/sam2_session/infer"
+    assert check(auth_check, infer) == (401, "")
+    assert check(auth_check, infer, bearer(new_token())) == (401, "")
+    assert check(auth_check, infer, {TENANT_HEADER: "team-a"}) == (401, "")
+    assert check(auth_check, infer, bearer(TOKEN_A)) == (204, "team-a")
+    grpc_infer = "https://grpc.sam.example.com/inference.GRPCInferenceService/ModelInfer"
+    assert check(auth_check, grpc_infer, {"authorization": f"bearer {TOKEN_B}"}) == (
+        204,
+        "team-b",
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/repository/index",
+        "/v2/repository/models/x/load",
+        "//v2//repository/index",
+        "/V2/Repository/index",
+        "/v2/%72epository/index",
+        "/v2/models/../repository/index",
+        "/v2/systemsharedmemory/status",
+        "/v2/cudasharedmemory/status",
+        "/v2/logging?x=1",
+        "/v2/trace/setting",
+        "/v2/models/m/versions/1/trace/setting",
+        "/inference.GRPCInferenceService/RepositoryModelLoad",
+        "/inference.GRPCInferenceService/LogSettings",
+    ],
+)
+def test_the_ingress_token_check_refuses_the_admin_apis_with_any_token(auth_check, path):
+    assert check(auth_check, "https://sam.example.com" + path, bearer(TOKEN_A))[0] == 403

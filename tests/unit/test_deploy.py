@@ -124,7 +124,7 @@ def _one(objects: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-LAYERS = [K8S / "base", K8S / "overlays" / "init-container"]
+LAYERS = [K8S / "base", K8S / "overlays" / "init-container", K8S / "overlays" / "tenancy"]
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda p: p.name)
@@ -322,3 +322,41 @@ def test_compose_proxy_config_is_the_rendered_one():
     assert all(p.startswith("${TRITON_BIND:-127.0.0.1}:") for p in proxy["ports"])
     for name in tritons:
         assert "ports" not in compose["services"][name]  # reached through the proxy only
+
+
+def test_the_tenancy_overlay_checks_every_ingress_request_with_the_rendered_token_check():
+    from triton_sam.scaleout.nginx import AUTH_PATH, AUTH_PORT, render_auth_conf
+    from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+
+    layer = K8S / "overlays" / "tenancy"
+    objects = render(layer)
+    auth = _one(objects, "Deployment", "triton-sam-auth")
+    service = _one(objects, "Service", "triton-sam-auth")
+    container = auth["spec"]["template"]["spec"]["containers"][0]
+    volumes = {v["name"]: v for v in auth["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config = _one(objects, "ConfigMap", volumes["config"]["configMap"]["name"])
+    tokens_file = mounts["tokens"] + "/tokens.map"
+    assert config["data"]["nginx.conf"] == render_auth_conf(tokens_file)
+    assert container["command"] == ["nginx", "-c", mounts["config"] + "/nginx.conf"]
+    assert volumes["tokens"]["secret"]["secretName"] == "triton-sam-tokens"
+    assert "optional" not in volumes["tokens"]["secret"]  # no secret, no check: closed
+    assert service["spec"]["ports"][0]["port"] == AUTH_PORT
+    assert service["spec"]["selector"] == auth["spec"]["selector"]["matchLabels"]
+    url = (
+        f"http://{service['metadata']['name']}.{service['metadata']['namespace']}"
+        f".svc.cluster.local:{AUTH_PORT}{AUTH_PATH}"
+    )
+    prefix = "nginx.ingress.kubernetes.io/"
+    ingresses = [o for o in objects if o["kind"] == "Ingress"]
+    assert len(ingresses) == 2
+    for ingress in ingresses:
+        annotations = ingress["metadata"]["annotations"]
+        assert annotations[prefix + "auth-url"] == url
+        assert annotations[prefix + "auth-response-headers"] == TENANT_HEADER
+    # the base stays tokens-off
+    assert not any(
+        prefix + "auth-url" in o["metadata"]["annotations"]
+        for o in render(K8S / "base")
+        if o["kind"] == "Ingress"
+    )

@@ -422,3 +422,75 @@ def write_tokens_file(path: str | os.PathLike[str], tokens: Mapping[str, str]) -
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+# The in-cluster token check (deploy/kubernetes/overlays/tenancy): ingress-nginx asks it about
+# every request (``auth-url``) and copies its ``triton-sam-tenant`` answer onto the request it
+# passes on (``auth-response-headers``; ``proxy_set_header`` or, for gRPC, ``grpc_set_header``,
+# which replace the client's header of that name).
+AUTH_PATH = "/auth"
+AUTH_PORT = 8080
+# ingress-nginx tells the check which request it is about: the URL as the client sent it.
+_ORIGINAL_URL = "$http_x_original_url"
+
+
+def render_auth_conf(
+    tokens_file: str, *, listen: str = str(AUTH_PORT), prefix: str = "/var/cache/nginx"
+) -> str:
+    """The ``nginx.conf`` of the token check behind ingress-nginx's ``auth-url``.
+
+    ``GET /auth`` with the client's headers: 204 with ``triton-sam-tenant: <tenant>`` for a
+    valid bearer token, 401 without one, 403 for Triton's admin APIs (judged from the
+    ``X-Original-URL`` ingress-nginx sends, as the client spelled it: defence in depth, Triton's
+    admin key is the guard). ingress-nginx answers the client with the same status (a gRPC
+    client reads 401 as UNAUTHENTICATED, 403 as PERMISSION_DENIED).
+    """
+    ProxyConfig(http_backends=("check:1",), tokens_file=tokens_file)  # validates the path
+    # The URL is raw here (nginx normalises only its own request's path): refuse the
+    # spellings nginx would normalise (escapes, dot segments), allow repeated slashes.
+    url = r"^[a-z][a-z0-9+.-]*://[^/]*"
+    admin = [
+        url + r"/+v2/+(repository|systemsharedmemory|cudasharedmemory|logging)(/|\?|$)",
+        url + r"/+v2/+(models/+[^/?]+/+(versions/+[^/?]+/+)?)?trace(/|\?|$)",
+        url + rf"/+{re.escape(_GRPC_SERVICE[1:])}({'|'.join(GRPC_ADMIN_METHODS)})$",
+        url + r"[^?]*%",
+        url + r"[^?]*/\.\.?(/|\?|$)",
+    ]
+    lines = [
+        "# Bearer-token check for ingress-nginx's auth-url (triton_sam.scaleout.nginx).",
+        "daemon off;",
+        "worker_processes 1;",
+        f"pid {prefix}/nginx.pid;",
+        "error_log stderr warn;",
+        "events { worker_connections 1024; }",
+        "http {",
+        f"  client_body_temp_path {prefix}/client_body;",
+        f"  proxy_temp_path {prefix}/proxy;",
+        f"  fastcgi_temp_path {prefix}/fastcgi;",
+        f"  uwsgi_temp_path {prefix}/uwsgi;",
+        f"  scgi_temp_path {prefix}/scgi;",
+        "  access_log off;",
+        *_token_maps(tokens_file),
+        f"  map {_ORIGINAL_URL} $sam_admin {{",
+        "    default 0;",
+        *(f'    "~*{pattern}" 1;' for pattern in admin),
+        "  }",
+        "  server {",
+        f"    listen {listen};",
+        f"    location = {AUTH_PATH} {{",
+        "      if ($sam_admin) {",
+        "        return 403;",
+        "      }",
+        f'      if ({_TENANT_VARIABLE} = "") {{',
+        "        return 401;",
+        "      }",
+        f"      add_header {TENANT_HEADER} {_TENANT_VARIABLE} always;",
+        "      return 204;",
+        "    }",
+        "    location / {",
+        "      return 404;",
+        "    }",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
