@@ -1223,12 +1223,35 @@ def proxy_config_cmd(
     host_pattern: Annotated[
         str, typer.Option(help="Replica host names; {i} is the replica index.")
     ] = "triton-{i}",
+    tokens_file: Annotated[
+        str | None,
+        typer.Option(help="Bearer tokens on: the tokens file's path as nginx sees it."),
+    ] = None,
 ) -> None:
     """Print the image-affine nginx configuration of deploy/compose for N replicas
-    (consistent hash of the clients' x-sam-image-id header, HTTP and gRPC)."""
+    (consistent hash of the clients' x-sam-image-id header, HTTP and gRPC); with
+    --tokens-file, requests need a bearer token and carry its tenant."""
     from triton_sam.scaleout.nginx import compose_config, render_nginx_conf
 
-    typer.echo(render_nginx_conf(compose_config(replicas, host_pattern=host_pattern)), nl=False)
+    config = compose_config(replicas, host_pattern=host_pattern, tokens_file=tokens_file)
+    typer.echo(render_nginx_conf(config), nl=False)
+
+
+@app.command("proxy-token")
+def proxy_token_cmd(
+    tenant: Annotated[str, typer.Argument(help="The tenant (team) the new token stands for.")],
+    file: Annotated[
+        Path, typer.Option(help="The proxy's tokens file (created owner-only if missing).")
+    ] = Path("deploy/compose/tokens/tokens.map"),
+) -> None:
+    """Add a bearer token for TENANT to the proxy's tokens file and print it (once: only the
+    file keeps it). Restart or reload the proxy to use it."""
+    from triton_sam.scaleout.nginx import new_token, read_tokens_file, write_tokens_file
+
+    tokens = read_tokens_file(file) if file.exists() else {}
+    token = new_token()
+    write_tokens_file(file, {**tokens, token: tenant})
+    typer.echo(token)
 
 
 def main() -> None:

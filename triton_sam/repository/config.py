@@ -27,7 +27,7 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import Batching, FamilySpec, GraphSpec, TensorSpec
-from triton_sam.serving import protocol
+from triton_sam.serving import bounds, protocol
 from triton_sam.serving.protocol import runner as runner_protocol
 
 Target = Literal["onnxruntime", "python"]
@@ -147,7 +147,10 @@ class RepositoryOptions:
         encoder_max_batch_size: Triton ``max_batch_size`` of the encoder and of every graph
             served like it (``GraphSpec.batching == "encoder"``: images per run).
         decoder_max_batch_size: same for the decoder and graphs served like it (prompts per
-            run).
+            run). At most ``GRAPH_MAX_BATCH_POINTS / MAX_POINTS`` (16): the decoder graphs
+            refuse a batch of more prompt points than ``GRAPH_MAX_BATCH_POINTS``
+            (``serving.bounds``), and a full batch of the largest requests the clients send
+            must fit, or Triton's dynamic batcher would form batches the graph refuses.
         instance_count: model instances per device.
         instance_kind: ``"gpu"`` or ``"cpu"``; None picks the target's default
             (GPU for onnxruntime, CPU for python; python on ``"gpu"`` uses ORT's CUDA provider).
@@ -187,6 +190,14 @@ class RepositoryOptions:
         _check_choice("instance_kind", self.instance_kind, ("cpu", "gpu", None))
         for field in ("encoder_max_batch_size", "decoder_max_batch_size", "instance_count"):
             check_int(field, getattr(self, field), minimum=1)
+        most = bounds.GRAPH_MAX_BATCH_POINTS // bounds.MAX_POINTS
+        if self.decoder_max_batch_size > most:
+            raise InputValidationError(
+                "decoder_max_batch_size",
+                f"got {self.decoder_max_batch_size}, expected at most {most}: the decoder "
+                f"graphs refuse a batch of more than {bounds.GRAPH_MAX_BATCH_POINTS} prompt "
+                f"points, and a full batch of {bounds.MAX_POINTS}-point requests must fit",
+            )
         check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
         check_int("intra_op_threads", self.intra_op_threads, minimum=0)
         for batching in BATCHINGS:
