@@ -5,7 +5,6 @@ User errors (TritonSamError) print their message and exit 1, without a traceback
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -1254,9 +1253,25 @@ def proxy_token_cmd(
     typer.echo(token)
 
 
+@app.callback()
+def _global_options(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Also show other libraries' INFO logs and warnings (onnxruntime's "
+            "optimizer, onnx, torch's exporter).",
+        ),
+    ] = False,
+) -> None:
+    from triton_sam.logs import setup_logging
+
+    setup_logging(verbose=verbose)
+
+
 def main() -> None:
     """Console-script entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except TritonSamError as e:

@@ -413,19 +413,25 @@ def to_cpu_twin(config: ModelConfig) -> ModelConfig:
     check_accelerators(config)
     if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
         check_onnxruntime_parameters(config)
-    twin = ModelConfig()
-    twin.CopyFrom(config)
-    cpu = model_config_pb2.ModelInstanceGroup.KIND_CPU
-    for group in twin.instance_group:
-        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
-            group.kind = cpu
-            del group.gpus[:]
+    twin = with_cpu_instances(config)
     accelerators = twin.optimization.execution_accelerators
     accelerators.ClearField("gpu_execution_accelerator")
     if not accelerators.ListFields():
         twin.optimization.ClearField("execution_accelerators")
     if not twin.optimization.ListFields():
         twin.ClearField("optimization")
+    return twin
+
+
+def with_cpu_instances(config: ModelConfig) -> ModelConfig:
+    """``config`` with its ``KIND_GPU`` instance groups made ``KIND_CPU``, same counts, no
+    ``gpus``; nothing else changed (a copy)."""
+    twin = ModelConfig()
+    twin.CopyFrom(config)
+    for group in twin.instance_group:
+        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
+            group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+            del group.gpus[:]
     return twin
 
 
