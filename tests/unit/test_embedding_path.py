@@ -301,3 +301,15 @@ def test_the_miss_error_is_typed():
         status="StatusCode.NOT_FOUND",
     )
     assert isinstance(translate_error(e, what="infer on sam2_session"), EmbeddingNotFoundError)
+
+
+def test_the_embed_admission_bounds_are_rendered_and_checked():
+    session = SessionOptions(max_concurrent_embeds=2, max_waiting_embeds=5)
+    config = build_session_config(SAM2, RepositoryOptions(), session)
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params[protocol.PARAM_MAX_CONCURRENT_EMBEDS] == "2"
+    assert params[protocol.PARAM_MAX_WAITING_EMBEDS] == "5"
+    with pytest.raises(InputValidationError, match="max_concurrent_embeds"):
+        SessionOptions(max_concurrent_embeds=0)  # 0 would mean no bound at all
+    with pytest.raises(InputValidationError, match="max_waiting_embeds"):
+        SessionOptions(max_waiting_embeds=-1)

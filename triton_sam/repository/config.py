@@ -466,6 +466,33 @@ def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig
     return sized
 
 
+# What a CPU host admits of a session model's embeds (``writer.embedded_repository`` lowers
+# the production values to these): one image encoded at a time, since one encode already
+# takes every core (two at once run as a batch of 2: no faster per image, twice the memory),
+# and a short line, since each waiting embed waits for every encode before it.
+CPU_MAX_CONCURRENT_EMBEDS = 1
+CPU_MAX_WAITING_EMBEDS = 4
+# The encoder's onnxruntime CPU memory arena: off on a CPU host. With it, the arena keeps
+# its high-water mark for good and grows by doubling (kNextPowerOfTwo) to the largest batch
+# it has run, so a burst of embeds left the server gigabytes larger; without it, each run's
+# buffers go back to the allocator when it ends. Measured with ``triton-sam bench-storm``.
+ORT_CPU_ARENA_PARAM = "enable_mem_arena"
+
+
+def bounded_cpu_encoder(config: ModelConfig) -> ModelConfig:
+    """A session model's encoder on a CPU host, with onnxruntime's CPU memory arena off
+    (:data:`ORT_CPU_ARENA_PARAM`), so its memory after a burst of embeds returns to what
+    one run needs. A config that sets the arena itself is left as it is (a deliberate
+    choice). GPU configs are not touched: there the CPU arena holds only host-side copies,
+    and the CUDA arena is bounded by ``max_batch_size`` already."""
+    if ORT_CPU_ARENA_PARAM in config.parameters:
+        return config
+    bounded = ModelConfig()
+    bounded.CopyFrom(config)
+    bounded.parameters[ORT_CPU_ARENA_PARAM].string_value = "false"
+    return bounded
+
+
 UNBATCHED_DECODER_SUFFIX = "_unbatched"
 WARMUP_NAME = "zeros"
 
