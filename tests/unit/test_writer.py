@@ -468,7 +468,7 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
         n: parse_config(repo / n / "config.pbtxt") for n in ("tiny_encoder", "tiny_decoder")
     }
     served = {n: parse_config(twin / n / "config.pbtxt") for n in production}
-    # mechanical, but for the CPU memory arena (bounded_cpu_encoder)
+    # mechanical, but for its batch (bounded_cpu_encoder)
     assert served["tiny_encoder"] == bounded_cpu_encoder(to_cpu_twin(production["tiny_encoder"]))
     assert served["tiny_decoder"] == with_warmup(
         size_cpu_decoder(to_cpu_twin(production["tiny_decoder"]), cores)
@@ -491,7 +491,7 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
 
 
 @pytest.mark.parametrize(("given", "served"), [((4, 16), ("1", "4")), ((1, 2), ("1", "2"))])
-def test_a_cpu_host_encodes_one_image_at_a_time_without_an_encoder_arena(
+def test_a_cpu_host_encodes_one_image_at_a_time(
     tmp_path: Path, given: tuple[int, int], served: tuple[str, str]
 ) -> None:
     from triton_sam.repository.session_config import SessionOptions, write_session
@@ -505,12 +505,11 @@ def test_a_cpu_host_encodes_one_image_at_a_time_without_an_encoder_arena(
         session["max_concurrent_embeds"].string_value,
         session["max_waiting_embeds"].string_value,
     ) == served  # lowered to the CPU's bounds, never raised
-    encoder = parse_config(twin / "tiny_encoder" / "config.pbtxt").parameters
-    assert encoder["enable_mem_arena"].string_value == "false"
-    production = parse_config(repo / "tiny_encoder" / "config.pbtxt").parameters
-    assert "enable_mem_arena" not in production  # the GPU configs are not changed
-    decoder = parse_config(twin / "tiny_decoder" / "config.pbtxt").parameters
-    assert "enable_mem_arena" not in decoder
+    assert parse_config(twin / "tiny_encoder" / "config.pbtxt").max_batch_size == 1
+    production = parse_config(repo / "tiny_encoder" / "config.pbtxt")
+    assert production.max_batch_size == GPU_TRT.encoder_max_batch_size  # GPU: not changed
+    decoder = parse_config(twin / "tiny_decoder" / "config.pbtxt")
+    assert decoder.max_batch_size == GPU_TRT.decoder_max_batch_size
 
 
 def test_only_a_decoder_a_session_model_calls_gets_an_unbatched_copy(

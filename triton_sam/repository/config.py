@@ -472,24 +472,26 @@ def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig
 # and a short line, since each waiting embed waits for every encode before it.
 CPU_MAX_CONCURRENT_EMBEDS = 1
 CPU_MAX_WAITING_EMBEDS = 4
-# The encoder's onnxruntime CPU memory arena: off on a CPU host. With it, the arena keeps
-# its high-water mark for good and grows by doubling (kNextPowerOfTwo) to the largest batch
-# it has run, so a burst of embeds left the server gigabytes larger; without it, each run's
-# buffers go back to the allocator when it ends. Measured with ``triton-sam bench-storm``.
-ORT_CPU_ARENA_PARAM = "enable_mem_arena"
+# The batch a session model's encoder runs on a CPU host. Onnxruntime's CPU memory arena
+# keeps its high-water mark and extends by doubling: measured on SAM2.1-tiny (2 cores, one
+# server, interleaved), batch-4 runs grew the server by 2.0 GiB, and again by 1.7 GiB on the
+# next ones, while batch-1 runs settle after the first; a batch costs a CPU as much per image
+# as single runs (9.6 against 8.7 s per image). Turning the arena off instead bounds it too
+# (+0.05 GiB on the second batch-4 run) but made each image 1.6x slower (14.1 s).
+CPU_ENCODER_MAX_BATCH_SIZE = 1
 
 
 def bounded_cpu_encoder(config: ModelConfig) -> ModelConfig:
-    """A session model's encoder on a CPU host, with onnxruntime's CPU memory arena off
-    (:data:`ORT_CPU_ARENA_PARAM`), so its memory after a burst of embeds returns to what
-    one run needs. A config that sets the arena itself is left as it is (a deliberate
-    choice). GPU configs are not touched: there the CPU arena holds only host-side copies,
-    and the CUDA arena is bounded by ``max_batch_size`` already."""
-    if ORT_CPU_ARENA_PARAM in config.parameters:
+    """A session model's encoder on a CPU host: ``max_batch_size``
+    :data:`CPU_ENCODER_MAX_BATCH_SIZE`, so onnxruntime's arena settles at what one image
+    needs (a larger batch, from any client, is refused as a shape error). GPU configs are
+    not touched: there the CUDA arena is bounded by ``max_batch_size`` already and batches
+    are what make a GPU fast."""
+    if 0 < config.max_batch_size <= CPU_ENCODER_MAX_BATCH_SIZE:
         return config
     bounded = ModelConfig()
     bounded.CopyFrom(config)
-    bounded.parameters[ORT_CPU_ARENA_PARAM].string_value = "false"
+    bounded.max_batch_size = CPU_ENCODER_MAX_BATCH_SIZE
     return bounded
 
 

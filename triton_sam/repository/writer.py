@@ -474,7 +474,7 @@ def _bound_session_embeds(twins: list[ModelFiles]) -> list[ModelFiles]:
     """``twins`` with the session models' embed admission lowered to what a CPU host
     serves (:data:`~.config.CPU_MAX_CONCURRENT_EMBEDS` at once, at most
     :data:`~.config.CPU_MAX_WAITING_EMBEDS` waiting) and the onnxruntime encoders they call
-    without a CPU memory arena (:func:`~.config.bounded_cpu_encoder`)."""
+    at batch 1 (:func:`~.config.bounded_cpu_encoder`)."""
     configs = [parse_config(t.config_text) for t in twins]
     encoders = _session_callees(configs, embedding_cache.PARAM_ENCODER_MODEL)
     limits = {
