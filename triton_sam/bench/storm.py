@@ -134,6 +134,15 @@ class StormReport:
     idle: Tally = field(default_factory=Tally)
     runs: list[StormRun] = field(default_factory=list)
     loaded_mib: float = math.nan  # the server tree after the clickers' image was embedded
+    request_bytes: int = 0  # the largest file the storms sent
+
+    @property
+    def sam2_tiny_cpu_bound_mib(self) -> float:
+        """:func:`sam2_cpu_bound` from the loaded server (SAM2.1-tiny, CPU defaults)."""
+        if math.isnan(self.loaded_mib):
+            return math.nan
+        bound = sam2_cpu_bound(self.loaded_mib * MIB, request_bytes=self.request_bytes)
+        return bound / MIB
 
     @property
     def transport_errors(self) -> int:
@@ -156,6 +165,7 @@ class StormReport:
             "model": self.model,
             "settings": asdict(self.settings),
             "loaded_mib": round(self.loaded_mib, 1),
+            "sam2_tiny_cpu_bound_mib": round(self.sam2_tiny_cpu_bound_mib, 1),
             "idle_clicks": self.idle.summary(),
             "runs": runs,
             "growth_mib": {n: round(self.growth_mib(n), 1) for n in self.settings.embeds},
@@ -229,10 +239,12 @@ def memory_bound(
     )
 
 
-# SAM2.1-tiny on the embedded (CPU) server, measured with this benchmark (2 cores, onnxruntime
-# backend, encoder arena off, one embed at a time): one encoder run (batch 1) took 0.7-0.9 GiB
-# above the loaded server at its peak; an admitted embed holds its 1024 x 1024 x 3 float32
-# input twice (12 MiB in the stub, 12 MiB in the shared-memory pool) and its 16 MiB of features.
+# SAM2.1-tiny on the embedded (CPU) server, measured with this benchmark and an interleaved
+# encoder-only run (2 shared cores, onnxruntime backend, the encoder at batch 1 with its arena,
+# one embed at a time): the encoder's arena holds about 0.55 GiB from its first run on, and a
+# run's peak stayed within 0.45 GiB above the loaded server; an admitted embed holds its
+# 1024 x 1024 x 3 float32 input twice (12 MiB in the stub, 12 MiB in the shared-memory pool)
+# and its 16 MiB of features.
 SAM2_TINY_CPU_ENCODER_RUN = 2**30
 SAM2_TINY_EMBED = 48 * MIB
 SAM2_TINY_FEATURES = 16 * MIB
@@ -349,6 +361,7 @@ async def run_storm(
             for n in settings.embeds:
                 for round_ in (1, 2):
                     files = storm_images(n, settings.image_hw, seed=seed)
+                    report.request_bytes = max(report.request_bytes, *map(len, files))
                     seed += n
                     run = StormRun(n, round_)
                     start = len(sampler.samples)
@@ -414,6 +427,10 @@ def write_report(report: StormReport, out_dir: Path) -> dict[str, Path]:
         "",
         f"Peak growth, second storm minus first: {growth}. "
         f"Transport errors: {report.transport_errors}.",
+        "",
+        f"Memory bound (SAM2.1-tiny on the embedded server, its defaults; docs/"
+        f"server-side-embeddings.md): {report.sam2_tiny_cpu_bound_mib:.0f} MiB from the "
+        f"loaded server's {report.loaded_mib:.0f} MiB.",
     ]
     paths["md"].write_text("\n".join(lines) + "\n")
     return paths
