@@ -1103,6 +1103,39 @@ def soak_cmd(
         run(s.url, s.family, s.name, s.pid)
 
 
+@app.command("bench-storm")
+def bench_storm_cmd(
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    url: RunningUrlOpt = None,
+    model_type: ModelTypeOpt = "sam2",
+    embeds: Annotated[
+        str, typer.Option(help="Storm sizes (concurrent embeds), comma-separated.")
+    ] = "64,256",
+    clickers: Annotated[int, typer.Option(min=1, help="Users clicking meanwhile.")] = 16,
+    think: Annotated[float, typer.Option(min=0, help="Clickers' pause between clicks (s).")] = 0.5,
+    output: ReportDirOpt = Path("outputs/storm"),
+) -> None:
+    """Storms of concurrent embeds (distinct PNGs) while users click: typed refusals, zero
+    transport errors, the server's peak memory twice per size, the clicks' p95 against their
+    idle p95 (JSON + markdown). Exits 1 on any transport error."""
+    from triton_sam.bench.storm import StormSettings, run_storm_on_server, write_report
+
+    sizes = tuple(int(n) for n in embeds.split(",") if n.strip())
+    settings = StormSettings(embeds=sizes, clickers=clickers, think_s=think)
+    work = Path(".storm")
+    with _served(url, protocol="grpc", model=model, model_type=model_type, work=work) as s:
+        report = run_storm_on_server(
+            s.url,
+            model=f"{s.family}_session",
+            settings=settings,
+            server_pid=s.pid,
+            progress=typer.echo,
+        )
+    _echo_report(write_report(report, output))
+    if report.transport_errors:
+        raise typer.Exit(1)
+
+
 @dataclass(frozen=True)
 class _Served:
     """The server a measuring command talks to.

@@ -483,6 +483,35 @@ def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig
     return sized
 
 
+# What a CPU host admits of a session model's embeds (``writer.embedded_repository`` lowers
+# the production values to these): one image encoded at a time, since one encode already
+# takes every core (two at once run as a batch of 2: no faster per image, twice the memory),
+# and a short line, since each waiting embed waits for every encode before it.
+CPU_MAX_CONCURRENT_EMBEDS = 1
+CPU_MAX_WAITING_EMBEDS = 4
+# The batch a session model's encoder runs on a CPU host. Onnxruntime's CPU memory arena
+# keeps its high-water mark and extends by doubling: measured on SAM2.1-tiny (2 cores, one
+# server, interleaved), batch-4 runs grew the server by 2.0 GiB, and again by 1.7 GiB on the
+# next ones, while batch-1 runs settle after the first; a batch costs a CPU as much per image
+# as single runs (9.6 against 8.7 s per image). Turning the arena off instead bounds it too
+# (+0.05 GiB on the second batch-4 run) but made each image 1.6x slower (14.1 s).
+CPU_ENCODER_MAX_BATCH_SIZE = 1
+
+
+def bounded_cpu_encoder(config: ModelConfig) -> ModelConfig:
+    """A session model's encoder on a CPU host: ``max_batch_size``
+    :data:`CPU_ENCODER_MAX_BATCH_SIZE`, so onnxruntime's arena settles at what one image
+    needs (a larger batch, from any client, is refused as a shape error). GPU configs are
+    not touched: there the CUDA arena is bounded by ``max_batch_size`` already and batches
+    are what make a GPU fast."""
+    if 0 < config.max_batch_size <= CPU_ENCODER_MAX_BATCH_SIZE:
+        return config
+    bounded = ModelConfig()
+    bounded.CopyFrom(config)
+    bounded.max_batch_size = CPU_ENCODER_MAX_BATCH_SIZE
+    return bounded
+
+
 UNBATCHED_DECODER_SUFFIX = "_unbatched"
 WARMUP_NAME = "zeros"
 

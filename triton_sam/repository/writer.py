@@ -28,12 +28,15 @@ from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec, GraphSpec
 from triton_sam.repository import cpu_graphs
 from triton_sam.repository.config import (
+    CPU_MAX_CONCURRENT_EMBEDS,
+    CPU_MAX_WAITING_EMBEDS,
     ONNX_FILE_PARAM,
     ONNX_FILENAME,
     TARGETS,
     ModelConfig,
     RepositoryOptions,
     Target,
+    bounded_cpu_encoder,
     check_model_name,
     config_to_text,
     decoder_slots,
@@ -436,6 +439,7 @@ def embedded_repository(
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
         twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
+        twins = _bound_session_embeds(twins)
         if fuse_attention:
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
     if len(twins) == len(models) and all(
@@ -482,6 +486,33 @@ def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFil
             c.parameters[slots].string_value = str(decoder_slots(decoder))
         if config_to_text(c) != before:
             out[out.index(t)] = ModelFiles(t.name, config_to_text(c), t.files)
+    return out
+
+
+def _bound_session_embeds(twins: list[ModelFiles]) -> list[ModelFiles]:
+    """``twins`` with the session models' embed admission lowered to what a CPU host
+    serves (:data:`~.config.CPU_MAX_CONCURRENT_EMBEDS` at once, at most
+    :data:`~.config.CPU_MAX_WAITING_EMBEDS` waiting) and the onnxruntime encoders they call
+    at batch 1 (:func:`~.config.bounded_cpu_encoder`)."""
+    configs = [parse_config(t.config_text) for t in twins]
+    encoders = _session_callees(configs, embedding_cache.PARAM_ENCODER_MODEL)
+    limits = {
+        embedding_cache.PARAM_MAX_CONCURRENT_EMBEDS: CPU_MAX_CONCURRENT_EMBEDS,
+        embedding_cache.PARAM_MAX_WAITING_EMBEDS: CPU_MAX_WAITING_EMBEDS,
+    }
+    out = []
+    for t, c in zip(twins, configs, strict=True):
+        before = config_to_text(c)
+        if model_kind(c) == protocol.KIND_EMBEDDING_CACHE:
+            for key, limit in limits.items():
+                value = c.parameters[key].string_value if key in c.parameters else ""
+                lowest = 1 if key == embedding_cache.PARAM_MAX_CONCURRENT_EMBEDS else 0
+                if not value.isdigit() or not lowest <= int(value) <= limit:  # 0 slots: no bound
+                    c.parameters[key].string_value = str(limit)
+        elif t.name in encoders and _is_onnxruntime(c):
+            c = bounded_cpu_encoder(c)
+        text = config_to_text(c)
+        out.append(t if text == before else ModelFiles(t.name, text, t.files))
     return out
 
 
