@@ -19,3 +19,8 @@ RUN python3 -m pip install --no-cache-dir \
 # alive; Triton 2.51 keeps a model READY after its stub died (triton_sam/health.py).
 COPY scripts/health_check.sh /opt/triton-sam/health_check.sh
 RUN chmod 0755 /opt/triton-sam/health_check.sh
+# Refuses to start a tritonserver whose control APIs are open or keyed by a guessable secret
+# (the published "change-me", a short key), then runs NVIDIA's entrypoint.
+COPY scripts/triton_entrypoint.sh /opt/triton-sam/entrypoint.sh
+RUN chmod 0755 /opt/triton-sam/entrypoint.sh
+ENTRYPOINT ["/opt/triton-sam/entrypoint.sh"]

@@ -5,7 +5,6 @@ User errors (TritonSamError) print their message and exit 1, without a traceback
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -450,17 +449,28 @@ def serve_cmd(
             "--self-heal/--no-self-heal",
             help="Probe the session models every 5 s and reload one whose python stub died "
             "(Triton 2.51 keeps such a model READY while every request fails). Runs the "
-            "server with explicit model control, every model loaded at start.",
+            "server in poll mode: it reloads a model whose files change, and refuses every "
+            "load/unload request.",
         ),
     ] = True,
+    admin_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File of the admin key that unlocks the model-repository, shared-memory, "
+            "trace and logging APIs (created owner-only on first use; $TRITON_ADMIN_KEY "
+            "overrides it). Default: $XDG_CONFIG_HOME/triton-sam/admin-key.",
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
 
     A repository written for the GPU container (onnxruntime target) is served with its own
     configs on Triton's onnxruntime backend, changed only in what a CPU host cannot do
     (KIND_GPU -> KIND_CPU, no TensorRT); the twins are written next to it and use the same
-    ONNX files.
+    ONNX files. The control APIs need the admin key (`triton-sam admin-key`); inference,
+    health, metadata and statistics are open to whoever reaches the ports.
     """
+    from triton_sam.admin_key import HTTP_HEADER, load_or_create
     from triton_sam.config import load_config, section
     from triton_sam.health import Watchdog, session_models
     from triton_sam.repository.writer import embedded_repository
@@ -475,15 +485,21 @@ def serve_cmd(
         target=target,  # type: ignore[arg-type]
         fuse_attention=fuse_attention,
     )
-    if self_heal:
-        serve["model_control"] = "explicit"  # the watchdog unloads and loads a dead model
-    server = EmbeddedTriton(repo, onnxruntime_backend=onnxruntime_backend, **serve)
+    # Self-heal: poll mode, the watchdog touches a dead model's folders and Triton reloads it.
+    serve["model_control"] = "poll" if self_heal else "none"
+    key = load_or_create(admin_key_file)
+    server = EmbeddedTriton(
+        repo, onnxruntime_backend=onnxruntime_backend, admin_key=key.value, **serve
+    )
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with server:
         typer.echo(f"HTTP    {server.http_url}\ngRPC    {server.grpc_url}")
         typer.echo(f"metrics {server.metrics_url}/metrics\nlog     {server.log_path}")
+        typer.echo(f"admin   header {HTTP_HEADER}: the key in {key.source}")
         watched = session_models(repo) if self_heal else []
-        watchdog = Watchdog(server.http_address, watched).start() if watched else None
+        watchdog = (
+            Watchdog(server.http_address, watched, repository=repo).start() if watched else None
+        )
         if watchdog is not None:
             typer.echo(f"self-heal: watching {', '.join(watched)}")
         typer.echo("ready; Ctrl-C to stop")
@@ -494,6 +510,41 @@ def serve_cmd(
         finally:
             if watchdog is not None:
                 watchdog.stop()
+
+
+@app.command("admin-key")
+def admin_key_cmd(
+    env_file: Annotated[
+        Path | None,
+        typer.Option(help="Also set TRITON_ADMIN_KEY in this dotenv file (0600), for compose."),
+    ] = None,
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Replace the key with a fresh one.")
+    ] = False,
+    key_file: Annotated[
+        Path | None, typer.Option(help="Key file (default $XDG_CONFIG_HOME/triton-sam/admin-key).")
+    ] = None,
+) -> None:
+    """Create (first use) or rotate the admin key, and say where it is; it is never printed.
+
+    `triton-sam serve` reads it at start (restart it after --rotate); compose reads
+    TRITON_ADMIN_KEY from .env: `triton-sam admin-key --env-file .env`.
+    """
+    from triton_sam.admin_key import (
+        default_key_path,
+        generate_key,
+        load_or_create,
+        write_env_file,
+        write_key_file,
+    )
+
+    path = key_file or default_key_path()
+    if rotate:
+        write_key_file(path, generate_key())
+    key = load_or_create(path)
+    typer.echo(f"admin key: {key.source}")
+    if env_file is not None:
+        typer.echo(f"TRITON_ADMIN_KEY set in {write_env_file(env_file, key.value)} (mode 0600)")
 
 
 @app.command("check")
@@ -1052,6 +1103,39 @@ def soak_cmd(
         run(s.url, s.family, s.name, s.pid)
 
 
+@app.command("bench-storm")
+def bench_storm_cmd(
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    url: RunningUrlOpt = None,
+    model_type: ModelTypeOpt = "sam2",
+    embeds: Annotated[
+        str, typer.Option(help="Storm sizes (concurrent embeds), comma-separated.")
+    ] = "64,256",
+    clickers: Annotated[int, typer.Option(min=1, help="Users clicking meanwhile.")] = 16,
+    think: Annotated[float, typer.Option(min=0, help="Clickers' pause between clicks (s).")] = 0.5,
+    output: ReportDirOpt = Path("outputs/storm"),
+) -> None:
+    """Storms of concurrent embeds (distinct PNGs) while users click: typed refusals, zero
+    transport errors, the server's peak memory twice per size, the clicks' p95 against their
+    idle p95 (JSON + markdown). Exits 1 on any transport error."""
+    from triton_sam.bench.storm import StormSettings, run_storm_on_server, write_report
+
+    sizes = tuple(int(n) for n in embeds.split(",") if n.strip())
+    settings = StormSettings(embeds=sizes, clickers=clickers, think_s=think)
+    work = Path(".storm")
+    with _served(url, protocol="grpc", model=model, model_type=model_type, work=work) as s:
+        report = run_storm_on_server(
+            s.url,
+            model=f"{s.family}_session",
+            settings=settings,
+            server_pid=s.pid,
+            progress=typer.echo,
+        )
+    _echo_report(write_report(report, output))
+    if report.transport_errors:
+        raise typer.Exit(1)
+
+
 @dataclass(frozen=True)
 class _Served:
     """The server a measuring command talks to.
@@ -1171,17 +1255,56 @@ def proxy_config_cmd(
     host_pattern: Annotated[
         str, typer.Option(help="Replica host names; {i} is the replica index.")
     ] = "triton-{i}",
+    tokens_file: Annotated[
+        str | None,
+        typer.Option(help="Bearer tokens on: the tokens file's path as nginx sees it."),
+    ] = None,
 ) -> None:
     """Print the image-affine nginx configuration of deploy/compose for N replicas
-    (consistent hash of the clients' x-sam-image-id header, HTTP and gRPC)."""
+    (consistent hash of the clients' x-sam-image-id header, HTTP and gRPC); with
+    --tokens-file, requests need a bearer token and carry its tenant."""
     from triton_sam.scaleout.nginx import compose_config, render_nginx_conf
 
-    typer.echo(render_nginx_conf(compose_config(replicas, host_pattern=host_pattern)), nl=False)
+    config = compose_config(replicas, host_pattern=host_pattern, tokens_file=tokens_file)
+    typer.echo(render_nginx_conf(config), nl=False)
+
+
+@app.command("proxy-token")
+def proxy_token_cmd(
+    tenant: Annotated[str, typer.Argument(help="The tenant (team) the new token stands for.")],
+    file: Annotated[
+        Path, typer.Option(help="The proxy's tokens file (created owner-only if missing).")
+    ] = Path("deploy/compose/tokens/tokens.map"),
+) -> None:
+    """Add a bearer token for TENANT to the proxy's tokens file and print it (once: only the
+    file keeps it). Restart or reload the proxy to use it."""
+    from triton_sam.scaleout.nginx import new_token, read_tokens_file, write_tokens_file
+
+    tokens = read_tokens_file(file) if file.exists() else {}
+    token = new_token()
+    write_tokens_file(file, {**tokens, token: tenant})
+    typer.echo(token)
+
+
+@app.callback()
+def _global_options(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Also show other libraries' INFO logs and warnings (onnxruntime's "
+            "optimizer, onnx, torch's exporter).",
+        ),
+    ] = False,
+) -> None:
+    from triton_sam.logs import setup_logging
+
+    setup_logging(verbose=verbose)
 
 
 def main() -> None:
     """Console-script entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except TritonSamError as e:

@@ -12,10 +12,16 @@ So liveness is asked of the model itself: a probe request for an image id nobody
 NOT_FOUND miss; a dead stub answers the "not healthy" error. Recovery, by what the
 deployment allows:
 
-- model control ``explicit`` (the embedded server with ``self_heal``, or a container whose
-  health check runs on localhost): :func:`heal` unloads and loads the dead model, which
-  starts a new stub (0.5 s measured for SAM2.1-tiny's session model; its cache is empty, and
-  clients re-embed on their next click, as after a restart);
+- model control ``poll`` (``triton-sam serve`` with self-heal): :func:`touch` marks the dead
+  model's folders as modified, and Triton's next scan of the repository loads it again with a
+  new stub (2 s measured for SAM2.1-tiny's session model with a 1 s scan). Poll mode refuses
+  every load/unload request, so no client can load a model of its own, key or not. Touching
+  the config alone does not do it: Triton then only updates the config and keeps the dead
+  instance (measured on 2.51);
+- model control ``explicit`` (a container whose health check runs on localhost with the admin
+  key): :func:`heal` unloads and loads the dead model, which starts a new stub (0.5 s
+  measured). Either way its cache is empty, and clients re-embed on their next click, as
+  after a restart;
 - otherwise ``scripts/health_check.sh`` fails, so compose's healthcheck marks the container
   unhealthy and a Kubernetes liveness probe restarts the pod.
 """
@@ -30,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from triton_sam.errors import InputValidationError
 from triton_sam.serving import protocol as envelope
 
 LIVENESS_ID = "triton-sam-liveness"
@@ -78,28 +85,89 @@ def session_models(repo_dir: str | os.PathLike[str]) -> list[str]:
     ]
 
 
-def heal(client: object, model: str) -> float:
+def heal(client: object, model: str, *, admin_key: str) -> float:
     """Reload ``model`` (needs model control ``explicit``); returns the seconds it took.
 
     A ``load`` of a model whose files did not change is a no-op in Triton, so it is unloaded
-    first: the load then starts a fresh stub.
+    first: the load then starts a fresh stub. The repository API is restricted: ``admin_key``
+    unlocks it.
+    """
+    from triton_sam.admin_key import HTTP_HEADER
+
+    headers = {HTTP_HEADER: admin_key}
+    start = time.perf_counter()
+    client.unload_model(model, headers=headers)
+    client.load_model(model, headers=headers)
+    return time.perf_counter() - start
+
+
+def touch(repository: str | os.PathLike[str], model: str) -> None:
+    """Mark ``model``'s folder and its version folders as modified, so that Triton in poll
+    mode loads it again (a new stub) at its next scan of ``repository``.
+
+    Only folders: touching ``model.py`` would make its compiled ``__pycache__`` stale, and
+    the stub's rewrite of it would modify the folder once more (a second reload).
+    """
+    folder = Path(repository) / model
+    for path in (folder, *sorted(p for p in folder.iterdir() if p.name.isdigit())):
+        os.utime(path)
+
+
+def heal_by_touch(
+    client: object, repository: str | os.PathLike[str], model: str, *, timeout_s: float = 300.0
+) -> float:
+    """:func:`touch` ``model``, then wait until it answers a probe; returns the seconds it took.
+
+    Waiting keeps a watchdog from touching it again while the reload runs (which would
+    queue another one).
+
+    Raises:
+        TimeoutError: still dead after ``timeout_s``.
     """
     start = time.perf_counter()
-    client.unload_model(model)
-    client.load_model(model)
-    return time.perf_counter() - start
+    touch(repository, model)
+    while time.perf_counter() - start < timeout_s:
+        time.sleep(0.25)
+        if probe(client, model) == "alive":
+            return time.perf_counter() - start
+    raise TimeoutError(f"{model}: still dead {timeout_s:.0f} s after touching its files")
 
 
 class Watchdog:
     """Probes session models every ``interval_s`` and reloads the dead ones (a thread).
 
+    Args:
+        address: ``host:port`` of the server's HTTP endpoint.
+        models: the session models to watch.
+        repository: the served repository, for a server in poll mode: a dead model is
+            reloaded by :func:`heal_by_touch`.
+        admin_key: for a server in explicit mode: a dead model is reloaded by :func:`heal`.
+        interval_s: seconds between probes.
+
     Attributes:
         reloads: (model, seconds the reload took) of every recovery, in order.
     """
 
-    def __init__(self, address: str, models: Sequence[str], *, interval_s: float = 5.0) -> None:
+    def __repr__(self) -> str:  # the admin key stays out of logs and tracebacks
+        return f"Watchdog({self.address!r}, {list(self.models)})"
+
+    def __init__(
+        self,
+        address: str,
+        models: Sequence[str],
+        *,
+        repository: str | os.PathLike[str] | None = None,
+        admin_key: str | None = None,
+        interval_s: float = 5.0,
+    ) -> None:
+        if (repository is None) == (admin_key is None):
+            raise InputValidationError(
+                "repository", "give repository (poll mode) or admin_key (explicit), one of them"
+            )
         self.address = address
         self.models = tuple(models)
+        self.repository = Path(repository) if repository is not None else None
+        self.admin_key = admin_key
         self.interval_s = float(interval_s)
         self.reloads: list[tuple[str, float]] = []
         self._stop = threading.Event()
@@ -113,8 +181,13 @@ class Watchdog:
         try:
             found = {m: probe(client, m) for m in self.models}
             for model, status in found.items():
-                if status == "dead":
-                    self.reloads.append((model, heal(client, model)))
+                if status != "dead":
+                    continue
+                if self.repository is not None:
+                    seconds = heal_by_touch(client, self.repository, model)
+                else:
+                    seconds = heal(client, model, admin_key=self.admin_key)
+                self.reloads.append((model, seconds))
             return found
         finally:
             client.close()

@@ -15,6 +15,7 @@ what loads here is exactly what the config says.
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import importlib.util
 import os
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Literal
 
+from triton_sam import admin_key as admin
 from triton_sam.errors import (
     BackendNotFoundError,
     InputValidationError,
@@ -42,8 +44,10 @@ from triton_sam.errors import (
     ServerStartError,
 )
 from triton_sam.lifecycle import Service
+from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
 
-ModelControl = Literal["none", "explicit"]
+ModelControl = Literal["none", "explicit", "poll"]
+MODEL_CONTROLS = ("none", "explicit", "poll")
 STUB_NAME = "triton_python_backend_stub"
 # Python backend shared memory per model instance: start small, grow in steps big enough
 # for a SAM2 embedding set (~16 MiB) so one encoder response needs at most one growth.
@@ -60,6 +64,7 @@ BUILT_ORT_BACKEND = Path("tools") / "triton-onnxruntime-backend" / "onnxruntime"
 SHARED_ORT_BACKEND = Path("shared") / "triton-onnxruntime-backend" / "onnxruntime"
 MACHINE_ORT_BACKEND = Path("/work") / SHARED_ORT_BACKEND
 _ELF_MAGIC = b"\x7fELF"
+_RESTRICTION_FLAGS = ("--http-restricted-api", "--grpc-restricted-protocol")
 
 
 def find_tritonserver() -> Path:
@@ -87,17 +92,26 @@ class EmbeddedTriton(Service):
             ``triton_sam.repository.writer.embedded_repository``, which derives one from a
             GPU repository).
         http_port / grpc_port / metrics_port: ports to bind; 0 picks a free one at start.
-        host: address to bind; localhost by default so model control stays off the network.
+        host: address to bind; localhost by default.
         log_verbose: Triton ``--log-verbose`` level (0 = info only).
         startup_timeout_s: how long :meth:`start` waits for ``/v2/health/ready``.
-        model_control: ``"none"`` (load everything, fixed) or ``"explicit"`` (load
-            ``load_models`` at start, then load/unload through the repository API).
+        model_control: ``"none"`` (load everything, fixed), ``"poll"`` (load everything,
+            reload a model whose files change; the repository API refuses every load and
+            unload, so no request can bring a model of its own) or ``"explicit"`` (load
+            ``load_models`` at start, then load/unload through the repository API, with
+            the admin key).
         load_models: models loaded at start in ``"explicit"`` mode (``"*"`` = all).
+        repository_poll_s: in ``"poll"`` mode, seconds between Triton's scans of the
+            repository.
+        admin_key: the secret that unlocks the model-repository, shared-memory, trace and
+            logging APIs (:mod:`triton_sam.admin_key`); default: a fresh random key, so no
+            server started here is ever unrestricted (read it back as :attr:`admin_key`).
         log_path: where server output goes; default: a temp file, deleted by :meth:`stop`
             unless the start-up failed (the error message names it).
         exit_timeout_s: on stop, how long Triton waits for in-flight requests and open client
             connections (an idle keep-alive connection holds it for the full time).
-        extra_args: more ``tritonserver`` flags, appended after ours.
+        extra_args: more ``tritonserver`` flags, appended after ours (not the restriction
+            flags: those are ours, from ``admin_key``).
         onnxruntime_backend: folder of Triton's onnxruntime backend; default: found by
             :func:`find_onnxruntime_backend` at start, when the repository needs it.
         strict_config: load configs as written (``--disable-auto-complete-config``), so a
@@ -117,6 +131,8 @@ class EmbeddedTriton(Service):
         startup_timeout_s: float = 120.0,
         model_control: ModelControl = "none",
         load_models: Sequence[str] = ("*",),
+        repository_poll_s: int = 1,
+        admin_key: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
         exit_timeout_s: int = 10,
         extra_args: Sequence[str] = (),
@@ -126,9 +142,16 @@ class EmbeddedTriton(Service):
         self.repository = Path(repository)
         if not self.repository.is_dir():
             raise RepositoryError(f"{self.repository}: model repository not found")
-        if model_control not in ("none", "explicit"):
+        if model_control not in MODEL_CONTROLS:
             raise InputValidationError(
-                "model_control", f"got {model_control!r}, expected 'none' or 'explicit'"
+                "model_control", f"got {model_control!r}, expected one of {MODEL_CONTROLS}"
+            )
+        restricting = [a for a in extra_args if a.startswith(_RESTRICTION_FLAGS)]
+        if restricting:
+            raise InputValidationError(
+                "extra_args",
+                f"got {len(restricting)} restriction flag(s); the restricted APIs are set "
+                "from admin_key (Triton refuses an API restricted twice)",
             )
         ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
         for field, port in ports.items():
@@ -137,14 +160,27 @@ class EmbeddedTriton(Service):
             raise InputValidationError(
                 "startup_timeout_s", f"got {startup_timeout_s}, expected > 0"
             )
-        for field, value in (("log_verbose", log_verbose), ("exit_timeout_s", exit_timeout_s)):
+        numbers = (
+            ("log_verbose", log_verbose),
+            ("exit_timeout_s", exit_timeout_s),
+            ("repository_poll_s", repository_poll_s),
+        )
+        for field, value in numbers:
             if not isinstance(value, int) or value < 0:
                 raise InputValidationError(field, f"got {value!r}, expected an integer >= 0")
+        if repository_poll_s < 1:  # 0 would turn Triton's scans off: no self-heal
+            raise InputValidationError(
+                "repository_poll_s", f"got {repository_poll_s}, expected an integer >= 1"
+            )
         self.host = host
         self.log_verbose = log_verbose
         self.startup_timeout_s = startup_timeout_s
         self.model_control = model_control
         self.load_models = tuple(load_models)
+        self.repository_poll_s = repository_poll_s
+        self.admin_key = (
+            admin.check_key(admin_key, "admin_key") if admin_key else admin.generate_key()
+        )
         self.exit_timeout_s = exit_timeout_s
         self.extra_args = tuple(extra_args)
         self.onnxruntime_backend = Path(onnxruntime_backend) if onnxruntime_backend else None
@@ -158,6 +194,19 @@ class EmbeddedTriton(Service):
         self._keep_log = False
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize | None = None
+
+    def __repr__(self) -> str:  # the admin key stays out of logs and tracebacks
+        return f"EmbeddedTriton({str(self.repository)!r}, model_control={self.model_control!r})"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """HTTP headers that unlock the restricted APIs (tritonclient.http ``headers=``)."""
+        return {admin.HTTP_HEADER: self.admin_key}
+
+    @property
+    def admin_metadata(self) -> dict[str, str]:
+        """gRPC metadata that unlocks the restricted APIs (tritonclient.grpc ``headers=``)."""
+        return {admin.GRPC_HEADER: self.admin_key}
 
     # -- endpoints --------------------------------------------------------------------------
 
@@ -285,6 +334,8 @@ class EmbeddedTriton(Service):
         self._keep_log = False
         self._log_path = self._user_log_path or _temp_log()
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.model_control == "poll":
+            _precompile(self.repository)
         cmd = [str(binary), *self._args(backends)]
         with open(self._log_path, "wb") as log:
             self._process = _spawn(cmd, log, _server_env())
@@ -315,9 +366,15 @@ class EmbeddedTriton(Service):
             f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
             f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
             f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
+            *admin.restriction_args(self.admin_key),
+            # The proxy's tenant header reaches the models as a request parameter.
+            f"--http-header-forward-pattern={FORWARD_PATTERN}",
+            f"--grpc-header-forward-pattern={FORWARD_PATTERN}",
         ]
         if self.model_control == "explicit":
             args += [f"--load-model={name}" for name in self.load_models]
+        if self.model_control == "poll":
+            args.append(f"--repository-poll-secs={self.repository_poll_s}")
         return args + list(self.extra_args)
 
     def _address(self, endpoint: str) -> str:
@@ -344,6 +401,17 @@ class EmbeddedTriton(Service):
             f"Errors logged:\n  " + "\n  ".join(errors[-8:] or ["(none)"]) + "\n"
             f"Log: {self._log_path}; last lines:\n" + "\n".join(tail)
         )
+
+
+def _precompile(repository: Path) -> None:
+    """Write the ``__pycache__`` of every python-backend model before Triton polls.
+
+    A stub writes it beside the ``model.py`` it imports, on the model's first load; in poll
+    mode Triton sees the version folder change and loads the model again (measured: every
+    python model twice, seconds after start). Compiled first, the stub finds it current and
+    writes nothing. Best effort: a read-only repository is not written by the stub either.
+    """
+    compileall.compile_dir(str(repository), quiet=2, workers=1)
 
 
 def _dist_dir() -> Path:

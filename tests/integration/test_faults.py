@@ -298,7 +298,9 @@ def test_an_unloaded_model_is_a_typed_error_naming_it(embedded_triton, sam2_tiny
     client.set_image(IMAGE)
     client.predict(**CLICK)
     control = f"{server.http_url}/v2/repository/models/sam2_decoder"
-    urllib.request.urlopen(urllib.request.Request(f"{control}/unload", method="POST"), timeout=30)
+    admin = server.admin_headers  # the repository API is restricted to the admin key
+    unload = urllib.request.Request(f"{control}/unload", method="POST", headers=admin)
+    urllib.request.urlopen(unload, timeout=30)
     elapsed, _, error = _timed(lambda: client.predict(**CLICK))
     assert isinstance(error, ModelNotReadyError), repr(error)
     assert error.model == "sam2_decoder" and "'sam2_decoder'" in str(error)
@@ -308,7 +310,8 @@ def test_an_unloaded_model_is_a_typed_error_naming_it(embedded_triton, sam2_tiny
         assert r.status == 200
     with urllib.request.urlopen(f"{server.http_url}/v2/models/sam2_encoder/ready") as r:
         assert r.status == 200
-    urllib.request.urlopen(urllib.request.Request(f"{control}/load", method="POST"), timeout=60)
+    load = urllib.request.Request(f"{control}/load", method="POST", headers=admin)
+    urllib.request.urlopen(load, timeout=60)
     masks, _ = client.predict(**CLICK)
     assert masks.shape == (1, 1, 40, 56)
     client.close()

@@ -3,13 +3,15 @@
 Triton 2.51 on its own keeps the model READY with a dead stub and answers every request
 ``Stub process ... is not healthy`` (asserted here, so a Triton upgrade that changes it shows
 up). The recovery under test: ``scripts/health_check.sh`` (curl) fails while the stub is dead,
-so an orchestrator's liveness probe restarts the server; with model control ``explicit`` the
-:class:`~triton_sam.health.Watchdog` reloads the model and the next click works.
+so an orchestrator's liveness probe restarts the server; the :class:`~triton_sam.health.Watchdog`
+reloads the model (poll mode: by touching its folders; explicit mode: through the repository
+API, with the admin key) and the next click works.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -45,12 +47,16 @@ def stub_pid(server, model: str) -> int:
     raise AssertionError(f"no stub process for {model}")
 
 
-def health_check(server, *args: str) -> subprocess.CompletedProcess:
+def health_check(server, *args: str, env: dict[str, str] | None = None):
+    """Run the script with real curl; no admin key reachable unless ``env`` gives one."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_ADMIN_KEY")}
+    clean["XDG_CONFIG_HOME"] = "/nonexistent"
     return subprocess.run(
         ["bash", str(HEALTH_CHECK), *args, server.http_url],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**clean, **(env or {})},
     )
 
 
@@ -60,8 +66,11 @@ def click(server) -> np.ndarray:
         return client.predict_full(point_coords=[[30, 20]], point_labels=[1]).low_res_logits
 
 
-def test_a_killed_stub_is_detected_and_the_model_recovers(embedded_triton, sam2_tiny_repository):
-    server = embedded_triton(sam2_tiny_repository, model_control="explicit")
+@pytest.mark.parametrize("mode", ["poll", "explicit"])
+def test_a_killed_stub_is_detected_and_the_model_recovers(
+    mode, embedded_triton, sam2_tiny_repository
+):
+    server = embedded_triton(sam2_tiny_repository, model_control=mode)
     before = click(server)
     assert health_check(server).returncode == 0
     raw = httpclient.InferenceServerClient(server.http_address)
@@ -77,7 +86,12 @@ def test_a_killed_stub_is_detected_and_the_model_recovers(embedded_triton, sam2_
         assert failed.returncode == 1 and "not alive" in failed.stderr
         # Recovery: the watchdog reloads the model; the next click re-embeds and works.
         killed_at = time.perf_counter()
-        watchdog = Watchdog(server.http_address, [SESSION], interval_s=1.0).start()
+        heals = (
+            {"repository": sam2_tiny_repository}
+            if mode == "poll"
+            else {"admin_key": server.admin_key}
+        )
+        watchdog = Watchdog(server.http_address, [SESSION], interval_s=1.0, **heals).start()
         try:
             while True:
                 try:
@@ -96,20 +110,35 @@ def test_a_killed_stub_is_detected_and_the_model_recovers(embedded_triton, sam2_
         assert probe(raw, SESSION) == "alive" and health_check(server).returncode == 0
     finally:
         raw.close()
+    if mode == "poll":  # only the dead model was loaded again
+        assert loads(server.log_path) == {**{m: 1 for m in loads(server.log_path)}, SESSION: 2}
 
 
-def test_health_check_heals_a_dead_stub_itself(embedded_triton, sam2_tiny_repository):
+def loads(log: Path) -> dict[str, int]:
+    """How many times the server log says each model was loaded."""
+    names = re.findall(r"successfully loaded '([^']+)'", log.read_text())
+    return {name: names.count(name) for name in names}
+
+
+def test_health_check_heals_a_dead_stub_itself(embedded_triton, sam2_tiny_repository, tmp_path):
     server = embedded_triton(sam2_tiny_repository, model_control="explicit")
     click(server)
     os.kill(stub_pid(server, SESSION), signal.SIGKILL)
     time.sleep(1.0)
-    healed = health_check(server, "--heal")
+    keyless = health_check(server, "--heal")  # the repository API is restricted
+    assert keyless.returncode == 1 and "no admin key" in keyless.stderr, keyless.stderr
+    wrong = health_check(server, "--heal", env={"TRITON_ADMIN_KEY": "w" * 43})
+    assert wrong.returncode == 1 and "restricted" in wrong.stderr, wrong.stderr
+    key_file = tmp_path / "admin-key"
+    key_file.write_text(server.admin_key)
+    key_file.chmod(0o600)
+    healed = health_check(server, "--heal", env={"TRITON_ADMIN_KEY_FILE": str(key_file)})
     assert healed.returncode == 0, healed.stderr
     assert "reloading" in healed.stderr
     click(server)
 
 
-def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export):
+def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export, tmp_path):
     """`triton-sam serve` (self-heal on by default): kill the session model's stub, and a
     click works again without anyone calling anything but the client."""
     import shutil
@@ -117,8 +146,14 @@ def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export):
 
     exe = shutil.which("triton-sam") or str(Path(sys.executable).with_name("triton-sam"))
     cmd = [exe, "serve", "-r", str(sam2_tiny_export), "--http-port", "0", "--grpc-port", "0"]
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}  # its own admin key
+    env.pop("TRITON_ADMIN_KEY", None)
     proc = subprocess.Popen(
-        [*cmd, "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*cmd, "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
         lines = []
@@ -145,6 +180,9 @@ def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export):
                 time.sleep(0.5)
         print(f"serve recovered {time.perf_counter() - killed_at:.1f} s after the kill")
         np.testing.assert_array_equal(after, before)
+        log = Path(next(x.split()[1] for x in lines if x.startswith("log")))
+        counts = loads(log)  # poll mode: only the dead model was loaded again
+        assert counts[SESSION] == 2 and set(counts.values()) == {1, 2}, counts
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)

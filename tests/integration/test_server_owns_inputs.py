@@ -7,7 +7,8 @@ Raw ``tritonclient`` requests bypass our client, as a hostile or foreign client 
   and user A then gets A's masks (exactly the stateless path's);
 - bounds: 20,000 points, NaN, bad labels, several prompt sets, a decompression bomb, bytes
   that are no image are each refused with INVALID_ARG naming the field; the server stays
-  ready and the next good request works;
+  ready and the next good request works; past the session model, the decoder graph refuses
+  too many points per item and per batch, naming the input;
 - images in as bytes: a PNG / JPEG path is sent as the file's bytes, decoded and
   preprocessed by the server, and gives exactly the masks of the client-side (stateless)
   path; a 1-megapixel JPEG's ``set_image`` request shrinks from 12 MiB of float32 to the
@@ -162,32 +163,40 @@ def test_out_of_bounds_clicks_are_refused_and_the_server_stays_ready(sam2_tiny_s
     assert out["masks"].shape == (1, 1, 256, 256) and np.isfinite(out["masks"]).all()
 
 
-def test_a_20000_point_click_sent_straight_to_the_decoder_is_refused_by_its_graph(raw):
-    """Past the session model: Triton cannot bound a variable dim, the decoder graph does
-    (``export.onnx_utils.bound_points``), before any attention is computed."""
-    from triton_sam.serving.bounds import GRAPH_MAX_POINTS
+def test_too_many_points_sent_straight_to_the_decoder_are_refused_per_item_and_per_batch(raw):
+    """Past the session model: Triton bounds the batch dim (``max_batch_size``, its own HTTP
+    400) but cannot bound a variable dim; the decoder graph bounds the points of an item and of
+    the whole batch (``export.onnx_utils.bound_points``) before any attention is computed. On
+    the onnxruntime backend that refusal is HTTP 500 (r24.10 reports every onnxruntime error as
+    INTERNAL); its message names the input."""
+    from triton_sam.serving.bounds import GRAPH_MAX_BATCH_POINTS, GRAPH_MAX_POINTS
 
-    embeddings = {t.name: np.zeros((1, *t.shape), np.float32) for t in FAMILY.encoder_outputs}
-    base = {
-        **embeddings,
-        "mask_input": np.zeros((1, 1, 256, 256), np.float32),
-        "has_mask_input": np.zeros((1, 1), np.float32),
-    }
-
-    def decode(n: int) -> dict[str, np.ndarray]:
+    def decode(batch: int, n: int) -> dict[str, np.ndarray]:
+        inputs = {
+            **{t.name: np.zeros((batch, *t.shape), np.float32) for t in FAMILY.encoder_outputs},
+            "mask_input": np.zeros((batch, 1, 256, 256), np.float32),
+            "has_mask_input": np.zeros((batch, 1), np.float32),
+            "point_coords": np.full((batch, n, 2), 100.0, np.float32),
+            "point_labels": np.ones((batch, n), np.float32),
+        }
         tensors = []
-        for name, value in {**base, **click(n)}.items():
-            tensor = httpclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        for name, value in inputs.items():
+            tensor = httpclient.InferInput(name, list(value.shape), "FP32")
             tensor.set_data_from_numpy(value, binary_data=True)
             tensors.append(tensor)
         result = raw.infer("sam2_decoder", tensors)
         return {"masks": result.as_numpy("masks")}
 
-    with pytest.raises(InferenceServerException, match=f"point_coords: at most {GRAPH_MAX_POINTS}"):
-        decode(20_000)
-    assert raw.is_server_ready() and raw.is_model_ready("sam2_decoder")
-    assert decode(GRAPH_MAX_POINTS)["masks"].shape[0] == 1  # the ceiling itself is served
-    assert np.isfinite(decode(2)["masks"]).all()
+    guard = f"point_coords: at most {GRAPH_MAX_POINTS} points per item and "
+    per_batch = GRAPH_MAX_BATCH_POINTS // GRAPH_MAX_POINTS  # items of the most points
+    for batch, n in [(1, 20_000), (1, GRAPH_MAX_POINTS + 1), (per_batch + 1, GRAPH_MAX_POINTS)]:
+        with pytest.raises(InferenceServerException, match=guard):
+            decode(batch, n)
+        assert raw.is_server_ready() and raw.is_model_ready("sam2_decoder")
+    # the ceilings themselves are served
+    assert decode(1, GRAPH_MAX_POINTS)["masks"].shape[0] == 1
+    assert decode(per_batch, GRAPH_MAX_POINTS)["masks"].shape[0] == per_batch
+    assert np.isfinite(decode(1, 2)["masks"]).all()
 
 
 @pytest.mark.parametrize(

@@ -88,3 +88,27 @@ def test_no_slots_means_no_limit_but_clicks_are_still_counted() -> None:
         assert queue.at_decoder == 0
 
     run(main())
+
+
+def test_the_embed_line_names_itself_in_the_refusal() -> None:
+    async def main():
+        embeds = ClickQueue(slots=1, max_waiting=0, what="embeds wait for an encoder slot")
+        assert await embeds.acquire() is False
+        with pytest.raises(QueueFull, match="exceeds maximum queue size: 0 embeds wait for an"):
+            await embeds.acquire()  # no waiting room: refused at once, nothing queued
+        assert (embeds.at_decoder, embeds.waiting) == (1, 0)
+
+    run(main())
+
+
+def test_clicks_and_embeds_have_separate_lines() -> None:
+    async def main():
+        clicks = ClickQueue(slots=1, max_waiting=4)
+        embeds = ClickQueue(slots=1, max_waiting=4, what="embeds wait for an encoder slot")
+        await embeds.acquire()
+        stuck = asyncio.create_task(embeds.acquire())  # an embed waits for the encoder
+        await asyncio.sleep(0)
+        assert await clicks.acquire() is False  # a click does not wait behind it
+        stuck.cancel()
+
+    run(main())

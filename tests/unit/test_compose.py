@@ -1,65 +1,42 @@
 """Static checks of docker-compose.yml (no Docker engine here, so this is the check).
 
 The file is parsed with pyyaml and interpolated the way ``docker compose`` does
-(``${VAR:-default}``, ``${VAR-default}``, ``${VAR}``, ``$$``), with an empty environment
-unless a test sets variables, so the defaults are what is checked.
-
-Verified once by hand against the real server flags (bundled tritonserver 2.51): with the
-command below, ``POST /v2/repository/index`` and ``/v2/systemsharedmemory/status`` answer 403
-without the ``triton-admin-key`` header and 200 with it; gRPC answers UNAVAILABLE without
-``triton-grpc-protocol-triton-admin-key``; ``/v2/health/ready`` stays open.
+(``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?error}``, ``${VAR}``, ``$$``), with only
+the required admin key set unless a test sets more, so the defaults are what is checked.
+The command itself runs on the embedded server in
+tests/integration/test_admin_lockdown.py (control APIs 403 without the key, an uploaded model
+refused). The image's entrypoint (scripts/triton_entrypoint.sh) runs here with bash.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from deploy_args import interpolate, walk
+
+from triton_sam.admin_key import restriction_args
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 BASE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, as the embedded server
 IMAGE = "triton-sam-server:24.10"
 DOCKERFILE = COMPOSE.with_name("Dockerfile")
 LOCK = COMPOSE.parent / "requirements" / "lock.txt"
-_VAR = re.compile(r"\$(?:\$|\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|(?P<bare>\w+))")
-
-
-def interpolate(value: str, env: Mapping[str, str]) -> str:
-    """Substitute variables in one string as docker compose does."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        name = m.group("name") or m.group("bare")
-        op, arg = m.group("op"), m.group("arg") or ""
-        current = env.get(name)
-        missing = current is None or (op is not None and op.startswith(":") and current == "")
-        if op in (":-", "-") and missing:
-            return arg
-        if op in (":?", "?") and missing:
-            raise ValueError(f"required variable {name}: {arg}")
-        return current or ""
-
-    return _VAR.sub(sub, value)
-
-
-def _walk(node: Any, env: Mapping[str, str]) -> Any:
-    if isinstance(node, str):
-        return interpolate(node, env)
-    if isinstance(node, list):
-        return [_walk(v, env) for v in node]
-    if isinstance(node, dict):
-        return {k: _walk(v, env) for k, v in node.items()}
-    return node
+ENTRYPOINT = COMPOSE.parent / "scripts" / "triton_entrypoint.sh"
+KEY = "a" * 32 + "-compose-test-key"
+REQUIRED = {"TRITON_ADMIN_KEY": KEY}
 
 
 def load(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The ``triton`` service, interpolated with ``env`` (default: nothing set)."""
-    data = _walk(yaml.safe_load(COMPOSE.read_text()), env or {})
+    """The ``triton`` service, interpolated with ``env`` (default: only the admin key set)."""
+    data = walk(yaml.safe_load(COMPOSE.read_text()), {**REQUIRED, **(env or {})})
     return data["services"]["triton"]
 
 
@@ -106,11 +83,23 @@ def test_dockerfile_pins_its_base_and_the_lock_versions_of_what_the_stubs_import
     for package, version in pins.items():
         assert locked[package] == version, package
     assert "COPY scripts/health_check.sh /opt/triton-sam/health_check.sh" in text
+    assert "COPY scripts/triton_entrypoint.sh /opt/triton-sam/entrypoint.sh" in text
+    assert 'ENTRYPOINT ["/opt/triton-sam/entrypoint.sh"]' in text
     assert "COPY model_repository" not in text  # mounted read-only, never baked in
 
 
-def test_all_variables_have_defaults():
-    assert "${" not in yaml.safe_dump(_walk(yaml.safe_load(COMPOSE.read_text()), {}))
+def test_all_variables_but_the_admin_key_have_defaults():
+    assert "${" not in yaml.safe_dump(walk(yaml.safe_load(COMPOSE.read_text()), REQUIRED))
+
+
+@pytest.mark.parametrize("path", [COMPOSE, COMPOSE.parent / "deploy/compose/docker-compose.yml"])
+@pytest.mark.parametrize("value", [None, ""])
+def test_compose_refuses_to_start_without_an_admin_key(path, value):
+    """``${TRITON_ADMIN_KEY:?...}``: compose stops with the message saying how to make one."""
+    env = {} if value is None else {"TRITON_ADMIN_KEY": value}
+    with pytest.raises(ValueError, match="TRITON_ADMIN_KEY.*triton-sam admin-key --env-file"):
+        walk(yaml.safe_load(path.read_text()), env)
+    assert "change-me" not in path.read_text()
 
 
 def test_command_serves_the_mounted_repository_without_model_control():
@@ -122,14 +111,27 @@ def test_command_serves_the_mounted_repository_without_model_control():
 
 @pytest.mark.parametrize("flag", ["--http-restricted-api", "--grpc-restricted-protocol"])
 def test_control_apis_are_restricted_and_inference_is_not(flag):
-    flags = _flags(load({"TRITON_ADMIN_KEY": "s3cret"}))
+    flags = _flags(load())
     (value,) = flags[flag]
     apis, key, secret = _restricted(value)
-    assert {"model-repository", "shared-memory"} <= apis
-    assert not apis & {"inference", "health", "metadata"}
+    assert apis == {"model-repository", "shared-memory", "trace", "logging"}
     assert key == "triton-admin-key"
-    assert secret == "s3cret"
-    assert _restricted(_flags(load())[flag][0])[2], "a default key must be set"
+    assert secret == KEY
+    assert f"{flag}={value}" in restriction_args(KEY)  # the same flags as `triton-sam serve`
+
+
+def test_the_tenant_header_is_forwarded_to_the_models():
+    from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
+
+    flags = _flags(load())
+    assert flags["--http-header-forward-pattern"] == [FORWARD_PATTERN]
+    assert flags["--grpc-header-forward-pattern"] == [FORWARD_PATTERN]
+
+
+def test_the_entrypoint_checks_the_key_before_tritonserver_starts():
+    service = load()
+    assert service["entrypoint"] == ["/opt/triton-sam/entrypoint.sh"]
+    assert "environment" not in service  # the key is in the flags only; health needs none
 
 
 def test_no_misspelled_restriction_flags():
@@ -189,7 +191,7 @@ def test_healthcheck_waits_for_readiness_and_live_stubs():
     # readiness first, failing on HTTP errors ("not ready" must not pass), then the probes
     assert 'curl -fsS -o /dev/null --max-time 5 "$url/v2/health/ready"' in script
     assert "triton-sam-liveness" in script and "kill -TERM 1" in script
-    assert load()["environment"]["TRITON_ADMIN_KEY"] == "change-me"
+    assert '"$url/v2/models/stats"' in script  # lists the models without the admin key
     for key in ("interval", "timeout", "retries", "start_period"):
         assert key in check
 
@@ -206,6 +208,54 @@ def test_shared_memory_limits_and_restart_policy():
     assert service["ulimits"]["memlock"] == -1
     assert service["ulimits"]["stack"] == 67108864
     assert service["restart"] == "unless-stopped"
+
+
+# -- the entrypoint (bash, here) ------------------------------------------------------------
+def entrypoint(*args: str) -> subprocess.CompletedProcess:
+    """Run the entrypoint on a command that prints its arguments instead of tritonserver."""
+    return subprocess.run(
+        ["bash", str(ENTRYPOINT), "printf", "%s\\n", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def _restriction(key: str, apis: str = "model-repository,shared-memory,trace,logging"):
+    value = f"{apis}:triton-admin-key={key}"
+    return [f"--http-restricted-api={value}", f"--grpc-restricted-protocol={value}"]
+
+
+def test_entrypoint_runs_the_command_with_a_good_key():
+    args = [*_restriction(KEY), "--model-control-mode=none"]
+    done = entrypoint(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == args
+    assert os.access(ENTRYPOINT, os.X_OK) and ENTRYPOINT.stat().st_mode & stat.S_IXOTH
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (_restriction("change-me"), "published default"),
+        (_restriction("short-key-1234"), "14 characters"),
+        (_restriction("$(TRITON_ADMIN_KEY)" + "x" * 20), "characters outside"),
+        (_restriction(""), "0 characters"),
+        (_restriction(KEY)[:1], "no --grpc-restricted-protocol"),
+        (_restriction(KEY)[1:], "no --http-restricted-api"),
+        ([], "no --http-restricted-api"),
+        (_restriction(KEY, "model-repository,shared-memory"), "does not restrict trace"),
+        (
+            [_restriction(KEY)[0].replace("triton-admin-key", "x-key"), _restriction(KEY)[1]],
+            "header triton-admin-key",
+        ),
+    ],
+)
+def test_entrypoint_refuses_an_open_or_guessable_server(args, reason):
+    done = entrypoint(*args, "--model-control-mode=none")
+    assert done.returncode == 64 and reason in done.stderr, done.stderr
+    assert done.stdout == ""  # the command never ran
+    assert KEY not in done.stderr
 
 
 def test_interpolation_helper():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def _one(objects: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-LAYERS = [K8S / "base", K8S / "overlays" / "init-container"]
+LAYERS = [K8S / "base", K8S / "overlays" / "init-container", K8S / "overlays" / "tenancy"]
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda p: p.name)
@@ -293,13 +294,20 @@ def test_dashboard_covers_latency_queue_gpu_and_session_cache():
 
 
 def test_compose_proxy_config_is_the_rendered_one():
-    from triton_sam.scaleout.nginx import compose_config, render_nginx_conf
+    from triton_sam.scaleout.nginx import COMPOSE_TOKENS_FILE, compose_config, render_nginx_conf
 
     compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
     tritons = sorted(s for s in compose["services"] if s.startswith("triton-"))
     assert tritons == [f"triton-{i}" for i in range(len(tritons))]
     conf = (DEPLOY / "compose" / "nginx.conf").read_text()
     assert conf == render_nginx_conf(compose_config(len(tritons)))
+    # tokens on: the same proxy, reading the tokens from the mounted, git-ignored directory
+    tokens_conf = (DEPLOY / "compose" / "nginx-tokens.conf").read_text()
+    assert tokens_conf == render_nginx_conf(
+        compose_config(len(tritons), tokens_file=COMPOSE_TOKENS_FILE)
+    )
+    ignored = (DEPLOY / "compose" / "tokens" / ".gitignore").read_text().split("\n")
+    assert "*" in ignored and "!.gitignore" in ignored
     devices = [
         compose["services"][t]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
         for t in tritons
@@ -307,7 +315,127 @@ def test_compose_proxy_config_is_the_rendered_one():
     assert devices == [[str(i)] for i in range(len(tritons))]  # one GPU each
     proxy = compose["services"]["proxy"]
     assert "./nginx.conf:/etc/nginx/nginx.conf:ro" in proxy["volumes"]
+    assert "./nginx-tokens.conf:/etc/nginx/nginx-tokens.conf:ro" in proxy["volumes"]
+    assert "./tokens:" + COMPOSE_TOKENS_FILE.rsplit("/", 1)[0] + ":ro" in proxy["volumes"]
+    # tokens are off unless the operator picks the tokens configuration
+    assert proxy["command"] == ["nginx", "-c", "/etc/nginx/${TRITON_SAM_PROXY_CONF:-nginx.conf}"]
     assert set(proxy["depends_on"]) == set(tritons)
     assert all(p.startswith("${TRITON_BIND:-127.0.0.1}:") for p in proxy["ports"])
     for name in tritons:
         assert "ports" not in compose["services"][name]  # reached through the proxy only
+
+
+# -- the admin key -----------------------------------------------------------------------------
+ENTRYPOINT = DEPLOY.parent / "scripts" / "triton_entrypoint.sh"
+
+
+def _triton_container(objects: list[dict]) -> dict:
+    (triton,) = _one(objects, "Deployment", "triton-sam")["spec"]["template"]["spec"]["containers"]
+    return triton
+
+
+def _kubelet_args(triton: dict, env: dict[str, str]) -> list[str]:
+    """The container's command + args after the kubelet's ``$(VAR)`` expansion."""
+    expand = lambda a: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), a)  # noqa: E731
+    return [expand(a) for a in triton["command"] + triton["args"]]
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda p: p.name)
+def test_control_apis_need_the_key_from_a_secret_checked_at_start(layer):
+    from triton_sam.admin_key import restriction_args
+    from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
+
+    objects = render(layer)
+    triton = _triton_container(objects)
+    (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
+    ref = env["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "triton-sam-admin", "key": "key", "optional": False}
+    key = "s" * 40
+    args = _kubelet_args(triton, {"TRITON_ADMIN_KEY": key})
+    assert set(restriction_args(key)) <= set(args)
+    assert f"--http-header-forward-pattern={FORWARD_PATTERN}" in args
+    assert f"--grpc-header-forward-pattern={FORWARD_PATTERN}" in args
+    assert "--model-control-mode=none" in args
+    # the entrypoint: the ConfigMap holding scripts/triton_entrypoint.sh, mounted where
+    # the command runs it
+    assert triton["command"] == ["/bin/bash", "/opt/triton-sam/entrypoint.sh"]
+    mount = next(m for m in triton["volumeMounts"] if m["mountPath"] == "/opt/triton-sam")
+    pod = _one(objects, "Deployment", "triton-sam")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config_map = _one(objects, "ConfigMap", volume["configMap"]["name"])
+    assert config_map["data"]["entrypoint.sh"] == ENTRYPOINT.read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "code"), [("s" * 40, 0), ("change-me", 64), ("short", 64), (None, 64)]
+)
+def test_the_deployment_refuses_the_published_or_a_missing_key(key, code):
+    """The entrypoint run with the Deployment's own args as the kubelet expands them (an
+    unset variable stays ``$(TRITON_ADMIN_KEY)``), on a command that prints them."""
+    triton = _triton_container(render(K8S / "base"))
+    args = _kubelet_args(triton, {"TRITON_ADMIN_KEY": key} if key else {})
+    script = K8S / "base" / "triton-entrypoint.sh"
+    assert args[:2] == ["/bin/bash", "/opt/triton-sam/entrypoint.sh"]
+    assert args[2] == "tritonserver"
+    done = subprocess.run(
+        ["bash", str(script), "echo", *args[3:]], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == code, done.stderr
+    assert ("--model-repository=/models" in done.stdout) == (code == 0)
+
+
+def test_compose_replicas_run_the_entrypoint_and_forward_the_tenant():
+    from deploy_args import compose_services
+
+    from triton_sam.admin_key import restriction_args
+    from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
+
+    key = "r" * 40
+    services = compose_services("deploy/compose/docker-compose.yml", {"TRITON_ADMIN_KEY": key})
+    for name in [s for s in services if s.startswith("triton-")]:
+        service = services[name]
+        assert service["entrypoint"] == ["/bin/bash", "/opt/triton-sam/entrypoint.sh"]
+        assert (
+            "../../scripts/triton_entrypoint.sh:/opt/triton-sam/entrypoint.sh:ro"
+            in (service["volumes"])
+        )
+        assert set(restriction_args(key)) <= set(service["command"])
+        assert f"--grpc-header-forward-pattern={FORWARD_PATTERN}" in service["command"]
+
+
+def test_the_tenancy_overlay_checks_every_ingress_request_with_the_rendered_token_check():
+    from triton_sam.scaleout.nginx import AUTH_PATH, AUTH_PORT, render_auth_conf
+    from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+
+    layer = K8S / "overlays" / "tenancy"
+    objects = render(layer)
+    auth = _one(objects, "Deployment", "triton-sam-auth")
+    service = _one(objects, "Service", "triton-sam-auth")
+    container = auth["spec"]["template"]["spec"]["containers"][0]
+    volumes = {v["name"]: v for v in auth["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config = _one(objects, "ConfigMap", volumes["config"]["configMap"]["name"])
+    tokens_file = mounts["tokens"] + "/tokens.map"
+    assert config["data"]["nginx.conf"] == render_auth_conf(tokens_file)
+    assert container["command"] == ["nginx", "-c", mounts["config"] + "/nginx.conf"]
+    assert volumes["tokens"]["secret"]["secretName"] == "triton-sam-tokens"
+    assert "optional" not in volumes["tokens"]["secret"]  # no secret, no check: closed
+    assert service["spec"]["ports"][0]["port"] == AUTH_PORT
+    assert service["spec"]["selector"] == auth["spec"]["selector"]["matchLabels"]
+    url = (
+        f"http://{service['metadata']['name']}.{service['metadata']['namespace']}"
+        f".svc.cluster.local:{AUTH_PORT}{AUTH_PATH}"
+    )
+    prefix = "nginx.ingress.kubernetes.io/"
+    ingresses = [o for o in objects if o["kind"] == "Ingress"]
+    assert len(ingresses) == 2
+    for ingress in ingresses:
+        annotations = ingress["metadata"]["annotations"]
+        assert annotations[prefix + "auth-url"] == url
+        assert annotations[prefix + "auth-response-headers"] == TENANT_HEADER
+    # the base stays tokens-off
+    assert not any(
+        prefix + "auth-url" in o["metadata"]["annotations"]
+        for o in render(K8S / "base")
+        if o["kind"] == "Ingress"
+    )

@@ -301,3 +301,95 @@ def test_the_miss_error_is_typed():
         status="StatusCode.NOT_FOUND",
     )
     assert isinstance(translate_error(e, what="infer on sam2_session"), EmbeddingNotFoundError)
+
+
+def test_the_embed_admission_bounds_are_rendered_and_checked():
+    session = SessionOptions(max_concurrent_embeds=2, max_waiting_embeds=5)
+    config = build_session_config(SAM2, RepositoryOptions(), session)
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params[protocol.PARAM_MAX_CONCURRENT_EMBEDS] == "2"
+    assert params[protocol.PARAM_MAX_WAITING_EMBEDS] == "5"
+    with pytest.raises(InputValidationError, match="max_concurrent_embeds"):
+        SessionOptions(max_concurrent_embeds=0)  # 0 would mean no bound at all
+    with pytest.raises(InputValidationError, match="max_waiting_embeds"):
+        SessionOptions(max_waiting_embeds=-1)
+
+
+# -- embed admission ---------------------------------------------------------------------------
+class _Request:
+    def __init__(self, image_id: str, cancelled: bool = False) -> None:
+        self.image_id, self.cancelled = image_id, cancelled
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+def _admission(model_module, slots: int, waiting: int):
+    """A session model instance with only what embed admission uses (no Triton)."""
+    import asyncio
+    import concurrent.futures
+
+    from triton_sam.serving.click_queue import ClickQueue
+
+    model = model_module.TritonPythonModel.__new__(model_module.TritonPythonModel)
+    model.embed_queue = ClickQueue(slots, waiting, what="embeds wait for an encoder slot")
+    model.intake_pool = concurrent.futures.ThreadPoolExecutor(slots)
+    model.metrics = types.SimpleNamespace(embeds=lambda queue: None)
+    model.decoded, model.runs = [], []
+    model.release = asyncio.Event()
+
+    def received(request):
+        model.decoded.append(request.image_id)
+        return request.image_id, "rgb", np.zeros((2, 2, 3), np.uint8)
+
+    async def embed(image_id, kind, value):
+        model.runs.append(image_id)
+        await model.release.wait()
+        return 1
+
+    model._received_image, model._embed = received, embed
+    return model
+
+
+def test_embeds_beyond_the_line_are_refused_and_a_cancelled_one_is_answered_unrun(model_module):
+    import asyncio
+
+    from triton_sam.serving.click_queue import QueueFull
+
+    async def main():
+        model = _admission(model_module, slots=1, waiting=1)
+        embeds = {}
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        await asyncio.sleep(0.05)
+        stale = _Request("b")
+        waiting = asyncio.create_task(model._admitted_embed(stale, embeds))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull, match="1 embeds wait for an encoder slot"):
+            await model._admitted_embed(_Request("c"), embeds)  # refused at once
+        stale.cancelled = True  # the client gave up while it waited
+        model.release.set()
+        assert await first == ("a", 1)
+        with pytest.raises(model_module._EmbedCancelledWhileWaiting):
+            await waiting
+        assert model.decoded == ["a"] and model.runs == ["a"]  # b never decoded nor encoded
+        assert (model.embed_queue.at_decoder, model.embed_queue.waiting) == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_a_second_embed_of_an_image_in_work_shares_its_run_and_frees_its_slot(model_module):
+    import asyncio
+
+    async def main():
+        model = _admission(model_module, slots=2, waiting=0)
+        embeds = {}
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        await asyncio.sleep(0.05)
+        assert model.embed_queue.at_decoder == 1  # the shared run holds one slot
+        model.release.set()
+        assert await first == ("a", 1) and await second == ("a", 1)
+        assert model.runs == ["a"] and model.embed_queue.at_decoder == 0
+
+    asyncio.run(main())

@@ -75,3 +75,47 @@ def test_a_fixed_batch_graph_is_refused_for_the_onnxruntime_target(tmp_path):
     assert not (tmp_path / "repo_onnxruntime" / "pair_encoder").exists()
     repo = _import(tmp_path, 1, 3, "python")  # the runner takes it, one request at a time
     assert parse_config(repo / "pair_encoder" / "config.pbtxt").max_batch_size == 1
+
+
+def test_an_imported_decoder_bounds_its_points_as_an_exported_one_and_the_source_is_kept(
+    tmp_path,
+):
+    """A pre-exported decoder has no bound of its own: the repository's copy gets the guard
+    of ``export.onnx_utils.bound_points`` (per item and per batch)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from triton_sam.serving.bounds import GRAPH_MAX_BATCH_POINTS, GRAPH_MAX_POINTS
+
+    family = dataclasses.replace(
+        FAMILY,
+        decoder_inputs=(TensorSpec("input_points", "float32", (-1, -1, 2)),),
+        decoder_outputs=(TensorSpec("y", "float32", (-1, -1, 2)),),
+    )
+    encoder = _graph(tmp_path / "enc.onnx", "x", "e", "batch", 3)
+    decoder = _graph(tmp_path / "dec.onnx", "input_points", "y", "batch", 3)
+    graph = onnx.load(str(decoder)).graph
+    for value in (*graph.input, *graph.output):  # [B, objects, N, 2]
+        dims = value.type.tensor_type.shape.dim
+        del dims[1:]
+        for name in ("objects", "n"):
+            dims.add().dim_param = name
+        dims.add().dim_value = 2
+    model = helper.make_model(graph)
+    onnx.save_model(model, str(decoder))
+    source = decoder.read_bytes()
+    repo = tmp_path / "repo"
+    import_onnx_pair(
+        repo,
+        family,
+        encoder_onnx=encoder,
+        decoder_onnx=decoder,
+        options=RepositoryOptions(target="onnxruntime"),
+    )
+    assert decoder.read_bytes() == source
+    session = ort.InferenceSession(str(repo / "pair_decoder" / "1" / "model.onnx"))
+    ok = np.ones((GRAPH_MAX_BATCH_POINTS // GRAPH_MAX_POINTS, 1, GRAPH_MAX_POINTS, 2), np.float32)
+    assert session.run(None, {"input_points": ok})[0].shape == ok.shape
+    for shape in [(1, 2, GRAPH_MAX_POINTS // 2 + 1, 2), (ok.shape[0] + 1, 1, GRAPH_MAX_POINTS, 2)]:
+        with pytest.raises(Exception, match="input_points: at most"):
+            session.run(None, {"input_points": np.ones(shape, np.float32)})

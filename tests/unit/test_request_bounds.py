@@ -43,6 +43,22 @@ def test_point_count_is_bounded_box_corners_included():
     refused("input_points", hf)
 
 
+def test_the_decoder_graphs_bound_an_item_and_a_whole_batch_and_serve_what_clients_send():
+    """The graphs' own bounds (``export.onnx_utils.bound_points``) sit above what a request
+    of our clients carries, and the decoder's batch size keeps a full batch of those requests
+    within the batch total: the dynamic batcher never forms a batch the graph refuses."""
+    from triton_sam.repository.config import RepositoryOptions
+
+    assert bounds.MAX_POINTS <= bounds.GRAPH_MAX_POINTS <= bounds.GRAPH_MAX_BATCH_POINTS
+    default = RepositoryOptions().decoder_max_batch_size
+    assert default * bounds.MAX_POINTS <= bounds.GRAPH_MAX_BATCH_POINTS
+    most = bounds.GRAPH_MAX_BATCH_POINTS // bounds.MAX_POINTS
+    RepositoryOptions(decoder_max_batch_size=most)
+    with pytest.raises(InputValidationError, match=f"expected at most {most}") as info:
+        RepositoryOptions(decoder_max_batch_size=most + 1)
+    assert info.value.field == "decoder_max_batch_size"
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 1e9])
 def test_coordinates_must_be_finite_and_sane(value):
     refused("point_coords", points(1, value))

@@ -457,7 +457,7 @@ def test_embedded_twin_of_configs_without_exports_says_to_run_setup(tmp_path: Pa
 
 
 def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path) -> None:
-    from triton_sam.repository.config import size_cpu_decoder
+    from triton_sam.repository.config import bounded_cpu_encoder, size_cpu_decoder
     from triton_sam.repository.session_config import SessionOptions, write_session
 
     repo = _gpu_pair(tmp_path)
@@ -468,7 +468,8 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
         n: parse_config(repo / n / "config.pbtxt") for n in ("tiny_encoder", "tiny_decoder")
     }
     served = {n: parse_config(twin / n / "config.pbtxt") for n in production}
-    assert served["tiny_encoder"] == to_cpu_twin(production["tiny_encoder"])  # mechanical only
+    # mechanical, but for its batch (bounded_cpu_encoder)
+    assert served["tiny_encoder"] == bounded_cpu_encoder(to_cpu_twin(production["tiny_encoder"]))
     assert served["tiny_decoder"] == with_warmup(
         size_cpu_decoder(to_cpu_twin(production["tiny_decoder"]), cores)
     )
@@ -487,6 +488,28 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
         repo / "tiny_decoder" / "1" / "model.onnx"
     ).resolve()
     assert embedded_repository(twin) == twin  # a twin is served as it is
+
+
+@pytest.mark.parametrize(("given", "served"), [((4, 16), ("1", "4")), ((1, 2), ("1", "2"))])
+def test_a_cpu_host_encodes_one_image_at_a_time(
+    tmp_path: Path, given: tuple[int, int], served: tuple[str, str]
+) -> None:
+    from triton_sam.repository.session_config import SessionOptions, write_session
+
+    repo = _gpu_pair(tmp_path)
+    options = SessionOptions(max_concurrent_embeds=given[0], max_waiting_embeds=given[1])
+    write_session(repo, TINY, GPU_TRT, options)
+    twin = embedded_repository(repo)
+    session = parse_config(twin / "tiny_session" / "config.pbtxt").parameters
+    assert (
+        session["max_concurrent_embeds"].string_value,
+        session["max_waiting_embeds"].string_value,
+    ) == served  # lowered to the CPU's bounds, never raised
+    assert parse_config(twin / "tiny_encoder" / "config.pbtxt").max_batch_size == 1
+    production = parse_config(repo / "tiny_encoder" / "config.pbtxt")
+    assert production.max_batch_size == GPU_TRT.encoder_max_batch_size  # GPU: not changed
+    decoder = parse_config(twin / "tiny_decoder" / "config.pbtxt")
+    assert decoder.max_batch_size == GPU_TRT.decoder_max_batch_size
 
 
 def test_only_a_decoder_a_session_model_calls_gets_an_unbatched_copy(

@@ -273,14 +273,15 @@ def finish_graph(
 
 
 def bound_prompt_points(path: Path, inputs: Sequence[TensorSpec]) -> None:
-    """The graph refuses more prompt points than ``serving.bounds.GRAPH_MAX_POINTS`` in each
-    of its point inputs (see ``onnx_utils.bound_points``); graphs without points unchanged."""
+    """The graph refuses more prompt points than ``serving.bounds.GRAPH_MAX_POINTS`` per
+    batch item, or ``GRAPH_MAX_BATCH_POINTS`` per batch, in each of its point inputs (see
+    ``onnx_utils.bound_points``); graphs without points unchanged."""
     from triton_sam.export import onnx_utils
-    from triton_sam.serving.bounds import GRAPH_MAX_POINTS, POINT_TENSORS
+    from triton_sam.serving.bounds import GRAPH_MAX_BATCH_POINTS, GRAPH_MAX_POINTS, POINT_TENSORS
 
     for t in inputs:
         if t.name in POINT_TENSORS:
-            onnx_utils.bound_points(path, t.name, GRAPH_MAX_POINTS)
+            onnx_utils.bound_points(path, t.name, GRAPH_MAX_POINTS, GRAPH_MAX_BATCH_POINTS)
 
 
 def _random_tensor(t: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:

@@ -235,20 +235,25 @@ def set_output_dims(path: Path, outputs: Sequence[TensorSpec]) -> None:
     _save_graph_only(model, path)
 
 
-def bound_points(path: Path, name: str, maximum: int) -> None:
-    """Make the graph refuse more than ``maximum`` prompt points in input ``name``, in place.
+def bound_points(path: Path, name: str, maximum: int, batch_maximum: int) -> None:
+    """Make the graph refuse more than ``maximum`` prompt points per batch item, or more than
+    ``batch_maximum`` in the whole batch, in input ``name``, in place.
 
-    ``name`` is [B, ..., N, 2]: the points are every dim between the batch and the last (N, or
-    objects x N). Triton cannot bound a variable dim, so a request sent straight to the
+    ``name`` is [B, ..., N, 2]: an item's points are every dim between the batch and the last
+    (N, or objects x N); the batch's are B times that. Triton bounds the batch dim
+    (``max_batch_size``) but cannot bound a variable dim, so a request sent straight to the
     decoder with 20,000 points would grow its attention maps until the process is killed
-    (inside tritonserver on the onnxruntime backend: the whole server). The guard is the
-    input's first consumer: ``Reshape(x, shape(x))`` when the count is within bounds (a no-op),
-    else a Reshape to dims of -2, which onnxruntime refuses before any other node reads the
-    points, with the node's name in the error: ``<name>: at most <maximum> points``.
-    Idempotent.
+    (inside tritonserver on the onnxruntime backend: the whole server); and the attention of
+    a batch holds every item's points at once, so the batch is bounded as a whole too. The
+    guard is the input's first consumer: ``Reshape(x, shape(x))`` when both counts are within
+    bounds (a no-op), else a Reshape to dims of -2, which onnxruntime refuses before any other
+    node reads the points, with the node's name in the error:
+    ``<name>: at most <maximum> points per item and <batch_maximum> per batch``. Idempotent
+    for the same bounds; a graph bounded with others is refused.
 
     Raises:
-        ExportError: the graph has no input ``name``, or it is not at least [B, N, 2].
+        ExportError: the graph has no input ``name``, it is not at least [B, N, 2], or it is
+            already bounded with other numbers.
     """
     import numpy as np
     import onnx
@@ -256,9 +261,12 @@ def bound_points(path: Path, name: str, maximum: int) -> None:
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    guard = f"{name}: at most {maximum} points"
-    if any(node.name == guard for node in graph.node):
+    guard = f"{name}: at most {maximum} points per item and {batch_maximum} per batch"
+    existing_guards = [n.name for n in graph.node if n.name.startswith(f"{name}: at most ")]
+    if existing_guards == [guard]:
         return
+    if existing_guards:
+        raise ExportError(f"{path.name}: {name} is already bounded ({existing_guards[0]!r})")
     value = next((i for i in graph.input if i.name == name), None)
     rank = len(value.type.tensor_type.shape.dim) if value is not None else 0
     if rank < 3:
@@ -270,9 +278,13 @@ def bound_points(path: Path, name: str, maximum: int) -> None:
             if used == name:
                 node.input[k] = bounded
     nodes = [
-        helper.make_node("Shape", [name], [p + "shape"], start=1, end=-1),
-        helper.make_node("ReduceProd", [p + "shape"], [p + "count"], keepdims=1),
-        helper.make_node("Greater", [p + "count", p + "max"], [p + "over"]),
+        helper.make_node("Shape", [name], [p + "item_shape"], start=1, end=-1),
+        helper.make_node("ReduceProd", [p + "item_shape"], [p + "count"], keepdims=1),
+        helper.make_node("Greater", [p + "count", p + "max"], [p + "item_over"]),
+        helper.make_node("Shape", [name], [p + "batch_shape"], start=0, end=-1),
+        helper.make_node("ReduceProd", [p + "batch_shape"], [p + "total"], keepdims=1),
+        helper.make_node("Greater", [p + "total", p + "batch_max"], [p + "batch_over"]),
+        helper.make_node("Or", [p + "item_over", p + "batch_over"], [p + "over"]),
         helper.make_node("Shape", [name], [p + "full"]),
         helper.make_node("Where", [p + "over", p + "refused", p + "full"], [p + "target"]),
         helper.make_node("Reshape", [name, p + "target"], [bounded], name=guard),
@@ -280,6 +292,7 @@ def bound_points(path: Path, name: str, maximum: int) -> None:
     graph.initializer.extend(
         [
             numpy_helper.from_array(np.array([maximum], np.int64), p + "max"),
+            numpy_helper.from_array(np.array([batch_maximum], np.int64), p + "batch_max"),
             numpy_helper.from_array(np.full(rank, -2, np.int64), p + "refused"),
         ]
     )

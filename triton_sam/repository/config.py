@@ -27,7 +27,7 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import Batching, FamilySpec, GraphSpec, TensorSpec
-from triton_sam.serving import protocol
+from triton_sam.serving import bounds, protocol
 from triton_sam.serving.protocol import runner as runner_protocol
 
 Target = Literal["onnxruntime", "python"]
@@ -147,7 +147,10 @@ class RepositoryOptions:
         encoder_max_batch_size: Triton ``max_batch_size`` of the encoder and of every graph
             served like it (``GraphSpec.batching == "encoder"``: images per run).
         decoder_max_batch_size: same for the decoder and graphs served like it (prompts per
-            run).
+            run). At most ``GRAPH_MAX_BATCH_POINTS / MAX_POINTS`` (16): the decoder graphs
+            refuse a batch of more prompt points than ``GRAPH_MAX_BATCH_POINTS``
+            (``serving.bounds``), and a full batch of the largest requests the clients send
+            must fit, or Triton's dynamic batcher would form batches the graph refuses.
         instance_count: model instances per device.
         instance_kind: ``"gpu"`` or ``"cpu"``; None picks the target's default
             (GPU for onnxruntime, CPU for python; python on ``"gpu"`` uses ORT's CUDA provider).
@@ -187,6 +190,14 @@ class RepositoryOptions:
         _check_choice("instance_kind", self.instance_kind, ("cpu", "gpu", None))
         for field in ("encoder_max_batch_size", "decoder_max_batch_size", "instance_count"):
             check_int(field, getattr(self, field), minimum=1)
+        most = bounds.GRAPH_MAX_BATCH_POINTS // bounds.MAX_POINTS
+        if self.decoder_max_batch_size > most:
+            raise InputValidationError(
+                "decoder_max_batch_size",
+                f"got {self.decoder_max_batch_size}, expected at most {most}: the decoder "
+                f"graphs refuse a batch of more than {bounds.GRAPH_MAX_BATCH_POINTS} prompt "
+                f"points, and a full batch of {bounds.MAX_POINTS}-point requests must fit",
+            )
         check_int("max_queue_delay_us", self.max_queue_delay_us, minimum=0)
         check_int("intra_op_threads", self.intra_op_threads, minimum=0)
         for batching in BATCHINGS:
@@ -402,19 +413,25 @@ def to_cpu_twin(config: ModelConfig) -> ModelConfig:
     check_accelerators(config)
     if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
         check_onnxruntime_parameters(config)
-    twin = ModelConfig()
-    twin.CopyFrom(config)
-    cpu = model_config_pb2.ModelInstanceGroup.KIND_CPU
-    for group in twin.instance_group:
-        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
-            group.kind = cpu
-            del group.gpus[:]
+    twin = with_cpu_instances(config)
     accelerators = twin.optimization.execution_accelerators
     accelerators.ClearField("gpu_execution_accelerator")
     if not accelerators.ListFields():
         twin.optimization.ClearField("execution_accelerators")
     if not twin.optimization.ListFields():
         twin.ClearField("optimization")
+    return twin
+
+
+def with_cpu_instances(config: ModelConfig) -> ModelConfig:
+    """``config`` with its ``KIND_GPU`` instance groups made ``KIND_CPU``, same counts, no
+    ``gpus``; nothing else changed (a copy)."""
+    twin = ModelConfig()
+    twin.CopyFrom(config)
+    for group in twin.instance_group:
+        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU:
+            group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+            del group.gpus[:]
     return twin
 
 
@@ -464,6 +481,35 @@ def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig
             group.count = instances
     sized.parameters[ORT_INTRA_OP_PARAM].string_value = str(threads)
     return sized
+
+
+# What a CPU host admits of a session model's embeds (``writer.embedded_repository`` lowers
+# the production values to these): one image encoded at a time, since one encode already
+# takes every core (two at once run as a batch of 2: no faster per image, twice the memory),
+# and a short line, since each waiting embed waits for every encode before it.
+CPU_MAX_CONCURRENT_EMBEDS = 1
+CPU_MAX_WAITING_EMBEDS = 4
+# The batch a session model's encoder runs on a CPU host. Onnxruntime's CPU memory arena
+# keeps its high-water mark and extends by doubling: measured on SAM2.1-tiny (2 cores, one
+# server, interleaved), batch-4 runs grew the server by 2.0 GiB, and again by 1.7 GiB on the
+# next ones, while batch-1 runs settle after the first; a batch costs a CPU as much per image
+# as single runs (9.6 against 8.7 s per image). Turning the arena off instead bounds it too
+# (+0.05 GiB on the second batch-4 run) but made each image 1.6x slower (14.1 s).
+CPU_ENCODER_MAX_BATCH_SIZE = 1
+
+
+def bounded_cpu_encoder(config: ModelConfig) -> ModelConfig:
+    """A session model's encoder on a CPU host: ``max_batch_size``
+    :data:`CPU_ENCODER_MAX_BATCH_SIZE`, so onnxruntime's arena settles at what one image
+    needs (a larger batch, from any client, is refused as a shape error). GPU configs are
+    not touched: there the CUDA arena is bounded by ``max_batch_size`` already and batches
+    are what make a GPU fast."""
+    if 0 < config.max_batch_size <= CPU_ENCODER_MAX_BATCH_SIZE:
+        return config
+    bounded = ModelConfig()
+    bounded.CopyFrom(config)
+    bounded.max_batch_size = CPU_ENCODER_MAX_BATCH_SIZE
+    return bounded
 
 
 UNBATCHED_DECODER_SUFFIX = "_unbatched"

@@ -1,6 +1,9 @@
 """Import a pre-exported ONNX encoder/decoder pair (e.g. onnx-community/sam3-tracker-ONNX).
 
-The graphs are taken as they are (no re-export, no weight rewrite); what Triton needs is
+The graphs are taken as they are (no re-export, no weight rewrite), but for one addition: the
+decoder's prompt points get the bound every exported decoder has
+(``export.bound_prompt_points``, written into the repository's copy, never into the source);
+what Triton needs is
 read from them: tensor names, dtypes and shapes (dim 0 is the batch; other symbolic dims
 become -1, exactly where the graph declares them symbolic, which is what Triton's
 onnxruntime backend requires of outputs). They are checked against a registered family's
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from triton_sam.errors import RepositoryError
@@ -140,15 +145,33 @@ def import_onnx_pair(
                 "max_batch_size 1), or export the graph with a dynamic batch dim"
             )
         options = dataclasses.replace(options, **{f"{graph}_max_batch_size": 1})
-    return write_pair(
-        repo_dir,
-        fam,
-        encoder_onnx=encoder_onnx,
-        decoder_onnx=decoder_onnx,
-        options=options,
-        encoder_name=encoder_name,
-        decoder_name=decoder_name,
-    )
+    with tempfile.TemporaryDirectory(prefix="triton_sam_import_") as tmp:
+        return write_pair(
+            repo_dir,
+            fam,
+            encoder_onnx=encoder_onnx,
+            decoder_onnx=_bounded_copy(Path(decoder_onnx), fam, Path(tmp)),
+            options=options,
+            encoder_name=encoder_name,
+            decoder_name=decoder_name,
+        )
+
+
+def _bounded_copy(decoder_onnx: Path, family: FamilySpec, workdir: Path) -> Path:
+    """A copy of the decoder graph in ``workdir`` whose prompt points are bounded per item and
+    per batch, as an exported decoder's are (a request sent straight to the decoder could
+    otherwise carry any number of them); its weight sidecars are linked, not copied."""
+    from triton_sam.export import bound_prompt_points
+    from triton_sam.export.onnx_utils import external_data_files
+
+    copy = workdir / decoder_onnx.name
+    shutil.copyfile(decoder_onnx, copy)
+    for sidecar in external_data_files(decoder_onnx):
+        link = workdir / sidecar.relative_to(decoder_onnx.parent)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(sidecar.resolve())
+    bound_prompt_points(copy, family.decoder_inputs)
+    return copy
 
 
 def find_pair(directory: str | os.PathLike[str], encoder: str, decoder: str) -> tuple[Path, Path]:

@@ -68,7 +68,9 @@ def check_onnx_config(config: ModelConfig, onnx_path: str | os.PathLike[str]) ->
         raise RepositoryError(
             f"model {config.name!r}: Triton's onnxruntime backend would refuse its config with "
             f"{onnx_path}:\n  " + "\n  ".join(problems) + "\nGraphs exported by an older "
-            "triton-sam declare symbolic output dims: export them again."
+            "triton-sam declare symbolic output dims: export them again. A model of your own "
+            "needs a config that lists its tensors as its graph declares them (configs are "
+            "loaded as written, without auto-completion)."
         )
 
 

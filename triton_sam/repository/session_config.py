@@ -105,6 +105,13 @@ class SessionOptions:
             in the python backend's shared-memory pool and passed to the decoder without a
             copy: -2.3 ms per SAM2 click, but the stub's resident memory under LRU churn is
             not yet shown to stay bounded). Measured in docs/cpu-performance.md.
+        max_concurrent_embeds: images decoded, preprocessed and encoded at once (each holds
+            its pixels, its encoder input and its features while it is in work; the encoder's
+            memory grows with the batches it runs). The default fills one encoder batch on a
+            GPU; the embedded (CPU) server lowers it (``writer.embedded_repository``).
+        max_waiting_embeds: embeds that wait for a slot; one more is refused at once with
+            the ``Overloaded`` answer (``ServerOverloadedError`` in the clients). Clicks never
+            wait in this line.
     """
 
     max_images: int = protocol.DEFAULT_MAX_IMAGES
@@ -115,6 +122,8 @@ class SessionOptions:
     max_image_pixels: int = bounds.MAX_IMAGE_PIXELS
     max_image_bytes: int = bounds.MAX_IMAGE_BYTES
     cpu_features: str = protocol.CPU_FEATURES[0]
+    max_concurrent_embeds: int = protocol.DEFAULT_MAX_CONCURRENT_EMBEDS
+    max_waiting_embeds: int = protocol.DEFAULT_MAX_WAITING_EMBEDS
 
     def __post_init__(self) -> None:
         check_int("max_images", self.max_images, minimum=1)
@@ -130,6 +139,8 @@ class SessionOptions:
         check_int("max_boxes", self.max_boxes, minimum=0)
         check_int("max_image_pixels", self.max_image_pixels, minimum=1)
         check_int("max_image_bytes", self.max_image_bytes, minimum=1)
+        check_int("max_concurrent_embeds", self.max_concurrent_embeds, minimum=1)
+        check_int("max_waiting_embeds", self.max_waiting_embeds, minimum=0)
         if self.cpu_features not in protocol.CPU_FEATURES:
             raise InputValidationError(
                 "cpu_features",
@@ -235,6 +246,8 @@ def build_session_config(
         protocol.PARAM_BOX_BEFORE_POINTS: str(family.box_before_points).lower(),
         protocol.PARAM_PAD_WITH_BOX: str(family.pad_with_box).lower(),
         protocol.PARAM_CPU_FEATURES: session.cpu_features,
+        protocol.PARAM_MAX_CONCURRENT_EMBEDS: str(session.max_concurrent_embeds),
+        protocol.PARAM_MAX_WAITING_EMBEDS: str(session.max_waiting_embeds),
     }
     for key, value in params.items():
         config.parameters[key].string_value = value

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,15 @@ from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import FamilySpec, GraphSpec
 from triton_sam.repository import cpu_graphs
 from triton_sam.repository.config import (
+    CPU_MAX_CONCURRENT_EMBEDS,
+    CPU_MAX_WAITING_EMBEDS,
     ONNX_FILE_PARAM,
     ONNX_FILENAME,
     TARGETS,
     ModelConfig,
     RepositoryOptions,
     Target,
+    bounded_cpu_encoder,
     check_model_name,
     config_to_text,
     decoder_slots,
@@ -45,6 +48,7 @@ from triton_sam.repository.config import (
     to_cpu_twin,
     to_python_target,
     unbatched_cpu_decoder,
+    with_cpu_instances,
     with_warmup,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
@@ -58,6 +62,10 @@ SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 RUNNER_SOURCE = SERVING_DIR / "runner_model.py"
 RUNNER_MODULES = ("__init__", "protocol/__init__", "protocol/runner")  # what it imports
 SHIPPED_PACKAGE = protocol.SHIPPED_PACKAGE  # what a python model imports beside its model.py
+# Every package a triton-sam has shipped beside its python models' model.py: today's, and the
+# tracking package of the first trackers. A python model whose version directory holds one was
+# written by triton-sam; any other python model is the user's own (see embedded_twin).
+OUR_PACKAGES = (SHIPPED_PACKAGE, "triton_sam_tracking")
 _STAGING = ".{repo}.{name}.staging-"
 _RETIRED = ".{repo}.{name}.old-"
 
@@ -133,7 +141,13 @@ def _model_sources(
 
 
 def _stage(
-    repo_dir: Path, name: str, config_text: str, sources: dict[str, Path], *, link: bool
+    repo_dir: Path,
+    name: str,
+    config_text: str,
+    sources: dict[str, Path],
+    *,
+    link: bool,
+    extra: Mapping[str, Path] | None = None,
 ) -> Path:
     """A complete model directory beside the repository, ready to be renamed into it."""
     try:
@@ -145,7 +159,7 @@ def _stage(
     except OSError as e:
         raise RepositoryError(f"{repo_dir}: cannot prepare the repository: {e}") from e
     try:
-        _fill(staging, config_text, sources, link=link)
+        _fill(staging, config_text, sources, link=link, extra=extra or {})
     except OSError as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise RepositoryError(
@@ -178,11 +192,15 @@ class ModelFiles:
         config_text: the ``config.pbtxt`` content.
         files: path under ``<name>/1/`` (``model.onnx``, ``model.py``, ``pkg/mod.py``...) ->
             source file to copy there.
+        extra: path under ``<name>/`` outside ``1/`` (another version, a labels file beside
+            the config) -> source file; what a model of the user's own may hold, carried as
+            it is (our models have none).
     """
 
     name: str
     config_text: str
     files: Mapping[str, Path]
+    extra: Mapping[str, Path] = field(default_factory=dict)
 
 
 def write_pair(
@@ -330,8 +348,11 @@ def write_models(
                     "equal the directory name"
                 )
             sources = {k: Path(v) for k, v in model.files.items()}
-            _check_sources(sources)
-            staging = _stage(repo_dir, model.name, model.config_text, sources, link=link)
+            extra = {k: Path(v) for k, v in model.extra.items()}
+            _check_sources(sources | extra)
+            staging = _stage(
+                repo_dir, model.name, model.config_text, sources, link=link, extra=extra
+            )
             staged.append((staging, repo_dir / model.name))
         _swap_all(staged)
     finally:
@@ -395,6 +416,7 @@ def embedded_repository(
     batcher; and with ``fuse_attention`` the encoder it calls is served as a copy with fused
     attention where its family has a fusion (:mod:`~triton_sam.repository.cpu_graphs`;
     faster on CPU, fp32 parity). The production repository's graphs are never changed.
+    Models of the user's own are served as they are (see :func:`embedded_twin`).
     When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
     ``twin_dir`` (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to
     the original ONNX files, so nothing large is copied; models no longer in ``repo_dir`` are
@@ -402,9 +424,9 @@ def embedded_repository(
 
     Raises:
         InputValidationError: an unknown ``target``.
-        RepositoryError: no models, or as :func:`embedded_twin` (a model that is neither
-            onnxruntime nor python, a missing export, an onnxruntime config its graph
-            contradicts).
+        RepositoryError: no models, or as :func:`embedded_twin` (a model on a backend the
+            embedded server lacks, a stale python model of ours, a missing export, an
+            onnxruntime config its graph contradicts).
     """
     if target not in TARGETS:
         raise InputValidationError("target", f"got {target!r}, expected one of {list(TARGETS)}")
@@ -417,6 +439,7 @@ def embedded_repository(
     twin_dir = Path(twin_dir) if twin_dir else repo_dir.with_name(repo_dir.name + "_embedded")
     if target == "onnxruntime":  # decoders behind a session model: sized for this host's cores
         twins = _size_session_decoders(twins, len(os.sched_getaffinity(0)))
+        twins = _bound_session_embeds(twins)
         if fuse_attention:
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
     if len(twins) == len(models) and all(
@@ -466,6 +489,33 @@ def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFil
     return out
 
 
+def _bound_session_embeds(twins: list[ModelFiles]) -> list[ModelFiles]:
+    """``twins`` with the session models' embed admission lowered to what a CPU host
+    serves (:data:`~.config.CPU_MAX_CONCURRENT_EMBEDS` at once, at most
+    :data:`~.config.CPU_MAX_WAITING_EMBEDS` waiting) and the onnxruntime encoders they call
+    at batch 1 (:func:`~.config.bounded_cpu_encoder`)."""
+    configs = [parse_config(t.config_text) for t in twins]
+    encoders = _session_callees(configs, embedding_cache.PARAM_ENCODER_MODEL)
+    limits = {
+        embedding_cache.PARAM_MAX_CONCURRENT_EMBEDS: CPU_MAX_CONCURRENT_EMBEDS,
+        embedding_cache.PARAM_MAX_WAITING_EMBEDS: CPU_MAX_WAITING_EMBEDS,
+    }
+    out = []
+    for t, c in zip(twins, configs, strict=True):
+        before = config_to_text(c)
+        if model_kind(c) == protocol.KIND_EMBEDDING_CACHE:
+            for key, limit in limits.items():
+                value = c.parameters[key].string_value if key in c.parameters else ""
+                lowest = 1 if key == embedding_cache.PARAM_MAX_CONCURRENT_EMBEDS else 0
+                if not value.isdigit() or not lowest <= int(value) <= limit:  # 0 slots: no bound
+                    c.parameters[key].string_value = str(limit)
+        elif t.name in encoders and _is_onnxruntime(c):
+            c = bounded_cpu_encoder(c)
+        text = config_to_text(c)
+        out.append(t if text == before else ModelFiles(t.name, text, t.files))
+    return out
+
+
 def _session_callees(configs: list[ModelConfig], key: str) -> set[str]:
     """Names of the models session models call under parameter ``key``."""
     kind = protocol.KIND_EMBEDDING_CACHE
@@ -492,11 +542,20 @@ def _fuse_session_encoders(twins: list[ModelFiles], cache: Path) -> list[ModelFi
 
 
 def read_model(repo_dir: str | os.PathLike[str], name: str) -> ModelFiles:
-    """The artifact of a model already in a repository: its config text and every file of
-    its version directory (by path relative to it)."""
+    """The artifact of a model already in a repository: its config text, every file of its
+    version directory (by path relative to it) and every other file of its directory
+    (``extra``, by path relative to the model directory)."""
     model_dir = Path(repo_dir) / name
+    extra = {
+        path: source
+        for path, source in _version_files(model_dir).items()
+        if path != CONFIG_FILENAME and not path.startswith(f"{VERSION}/")
+    }
     return ModelFiles(
-        name, (model_dir / CONFIG_FILENAME).read_text(), _version_files(model_dir / VERSION)
+        name,
+        (model_dir / CONFIG_FILENAME).read_text(),
+        _version_files(model_dir / VERSION),
+        extra,
     )
 
 
@@ -506,6 +565,9 @@ def embedded_twin(model: ModelFiles, target: Target) -> ModelFiles:
 
     - python BLS models (kinds ``protocol.KINDS``): one ``KIND_CPU`` instance, same files;
     - ONNX graphs on the python runner: as they are;
+    - python models of the user's own (:func:`written_by_triton_sam` says no): as they are,
+      ``KIND_GPU`` instance groups made ``KIND_CPU``;
+    - ensembles: as they are (they run the models they name);
     - ``onnxruntime`` graphs: with ``target="onnxruntime"`` the same config on Triton's
       onnxruntime backend built for CPU (:func:`~.config.to_cpu_twin`), checked against its
       graph as that backend checks it; with ``target="python"`` the runner twin
@@ -513,29 +575,79 @@ def embedded_twin(model: ModelFiles, target: Target) -> ModelFiles:
       server without that backend.
 
     Raises:
-        RepositoryError: a model that is neither onnxruntime nor python, a python model
-            without a kind, a graph missing from the files (configs written, never
-            exported), or an onnxruntime config its graph contradicts.
+        RepositoryError: a model on a backend the embedded server does not have, a python
+            model of ours that is stale (see :func:`_python_twin`), a graph missing from the
+            files (configs written, never exported), or an onnxruntime config its graph
+            contradicts.
     """
     config = parse_config(model.config_text)
-    if _is_bls_model(config):  # its state lives in its one instance
-        return ModelFiles(model.name, config_to_text(single_cpu_instance(config)), model.files)
-    if config.backend == "python":  # the runner of a graph: a CPU host runs it as it is
-        _graph_file(model, config.parameters[ONNX_FILE_PARAM].string_value)
+    if config.backend == "python":
+        return _python_twin(model, config)
+    if config.platform == "ensemble":
         return model
     if not _is_onnxruntime(config):
         raise RepositoryError(
             f"model {config.name!r}: platform={config.platform!r} backend={config.backend!r}; "
-            "expected an onnxruntime or python model"
+            "the embedded server runs onnxruntime, python and ensemble models only (serve "
+            "this repository with the GPU container, or move the model out of it)"
         )
     graph = _graph_file(model, config.default_model_filename or ONNX_FILENAME)
     if target == "onnxruntime":
         twin = to_cpu_twin(config)
         check_onnx_config(twin, model.files[graph])
-        return ModelFiles(model.name, config_to_text(twin), model.files)
+        return replace(model, config_text=config_to_text(twin))
     twin = to_python_target(config, onnx_file=graph)
     files = dict(model.files) | {RUNNER_NAME: RUNNER_SOURCE} | shipped_modules(RUNNER_MODULES)
-    return ModelFiles(model.name, config_to_text(twin), files)
+    return replace(model, config_text=config_to_text(twin), files=files)
+
+
+def written_by_triton_sam(model: ModelFiles) -> bool:
+    """Whether triton-sam wrote this python model: its config declares a kind
+    (:data:`protocol.KIND_PARAM`), or its version directory holds a package triton-sam ships
+    beside ``model.py`` (:data:`OUR_PACKAGES`; every python model we have written ships one,
+    kind or not). Anything else is a model of the user's own, whatever its name."""
+    return model_kind(parse_config(model.config_text)) is not None or bool(_our_packages(model))
+
+
+def _our_packages(model: ModelFiles) -> list[str]:
+    return sorted({p.split("/")[0] for p in model.files} & set(OUR_PACKAGES))
+
+
+def _python_twin(model: ModelFiles, config: ModelConfig) -> ModelFiles:
+    """The CPU twin of a python-backend model (see :func:`embedded_twin`).
+
+    Raises:
+        RepositoryError: a model of ours that declares no kind (written by a triton-sam from
+            before model kinds) or a kind this triton-sam does not know (a newer one): its
+            twin cannot be told, and an old model.py would not speak today's protocol;
+            a runner whose graph is missing.
+    """
+    kind = model_kind(config)
+    if kind in protocol.KINDS:  # its state lives in its one instance
+        return replace(model, config_text=config_to_text(single_cpu_instance(config)))
+    if kind == protocol.KIND_RUNNER or (
+        kind is None and _our_packages(model) and ONNX_FILE_PARAM in config.parameters
+    ):  # the runner of a graph: a CPU host runs it as it is
+        _graph_file(model, config.parameters[ONNX_FILE_PARAM].string_value)
+        return model
+    if kind is not None:
+        raise RepositoryError(
+            f"model {config.name!r}: declares {protocol.KIND_PARAM}={kind!r}, which this "
+            f"triton-sam does not know (it knows {[*protocol.KINDS, protocol.KIND_RUNNER]}); "
+            "written by a newer triton-sam: upgrade triton-sam, or rebuild the model with "
+            "this one"
+        )
+    packages = _our_packages(model)
+    if packages:
+        raise RepositoryError(
+            f"model {config.name!r}: a python model with triton-sam's package "
+            f"{VERSION}/{packages[0]}/ but without the {protocol.KIND_PARAM!r} parameter, so "
+            "written by an older triton-sam; rebuild it with the command that wrote it "
+            "(`triton-sam setup <model>`, `triton-sam setup-video <model>`), or delete "
+            f"the folder {config.name}/ if you no longer serve it"
+        )
+    twin = with_cpu_instances(config)  # the user's own model: as it is, on this host's CPU
+    return model if twin == config else replace(model, config_text=config_to_text(twin))
 
 
 def _graph_file(model: ModelFiles, graph: str) -> str:
@@ -546,39 +658,24 @@ def _graph_file(model: ModelFiles, graph: str) -> str:
     """
     if graph not in model.files:
         raise RepositoryError(
-            f"{model.name}: no exported model ({VERSION}/{graph} is missing); run "
-            "`triton-sam setup <model>` first (add --random-init when offline)"
+            f"{model.name}: its config needs {VERSION}/{graph}, which is missing: a model "
+            "of triton-sam's never exported (run `triton-sam setup <model>` first, with "
+            "--random-init when offline), or a model of your own without its graph"
         )
     return graph
 
 
 def _same_model(a: ModelFiles, b: ModelFiles) -> bool:
     """Same files and the same config (as Triton reads it, not as its text is laid out)."""
-    return dict(a.files) == dict(b.files) and parse_config(a.config_text) == parse_config(
-        b.config_text
+    return (
+        dict(a.files) == dict(b.files)
+        and dict(a.extra) == dict(b.extra)
+        and parse_config(a.config_text) == parse_config(b.config_text)
     )
 
 
 def _is_onnxruntime(config: ModelConfig) -> bool:
     return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
-
-
-def _is_bls_model(config: ModelConfig) -> bool:
-    """A triton_sam python model that calls others (session, concept, tracker), by the kind
-    its config declares.
-
-    Raises:
-        RepositoryError: a python model that declares no kind and runs no ONNX file (written
-            by a triton_sam from before model kinds): rebuild it.
-    """
-    kind = model_kind(config)
-    if kind is None and config.backend == "python" and ONNX_FILE_PARAM not in config.parameters:
-        raise RepositoryError(
-            f"model {config.name!r}: a python model without the {protocol.KIND_PARAM!r} "
-            "parameter (written by an older triton-sam); rebuild the repository with "
-            "`triton-sam setup`"
-        )
-    return kind in protocol.KINDS
 
 
 def single_cpu_instance(config: ModelConfig) -> ModelConfig:
@@ -592,7 +689,8 @@ def single_cpu_instance(config: ModelConfig) -> ModelConfig:
 
 
 def _version_files(version_dir: Path) -> dict[str, Path]:
-    """Every file under a model's version directory, by its path relative to it."""
+    """Every file under a directory of a model (its version directory, or the model's own),
+    by its path relative to it, compiled python caches left out."""
     return {
         p.relative_to(version_dir).as_posix(): p
         for p in sorted(version_dir.rglob("*"))
@@ -622,17 +720,25 @@ def _check_sources(sources: dict[str, Path]) -> None:
             raise RepositoryError(f"{path}: file not found")
 
 
-def _fill(staging: Path, config_text: str, sources: dict[str, Path], *, link: bool) -> None:
-    version_dir = staging / VERSION
-    version_dir.mkdir()
-    for target_name, source in sources.items():
-        (version_dir / target_name).parent.mkdir(parents=True, exist_ok=True)  # pkg/mod.py
+def _fill(
+    staging: Path,
+    config_text: str,
+    sources: dict[str, Path],
+    *,
+    link: bool,
+    extra: Mapping[str, Path],
+) -> None:
+    version_dir = staging / VERSION  # made by its first file: a user's model may have no 1/
+    placed = {version_dir / name: source for name, source in sources.items()}
+    placed |= {staging / name: source for name, source in extra.items()}
+    for dest, source in placed.items():
+        dest.parent.mkdir(parents=True, exist_ok=True)  # pkg/mod.py
         # Python sources are copied even when linking: small, and a python model's
         # directory then holds the code it runs, whatever later happens to the source.
         if link and source.suffix != ".py":
-            (version_dir / target_name).symlink_to(source.resolve())
+            dest.symlink_to(source.resolve())
         else:
-            _copy(source, version_dir / target_name)
+            _copy(source, dest)
     (staging / CONFIG_FILENAME).write_text(config_text)
 
 

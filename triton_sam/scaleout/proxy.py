@@ -15,13 +15,19 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from triton_sam.errors import ServerStartError
 from triton_sam.lifecycle import Service, stopped_on_error
-from triton_sam.scaleout.nginx import LOG_FIELDS, ProxyConfig, render_nginx_conf
+from triton_sam.scaleout.nginx import (
+    LOG_FIELDS,
+    ProxyConfig,
+    render_nginx_conf,
+    tokens_text,
+    write_tokens_file,
+)
 
 
 def find_nginx() -> Path:
@@ -46,6 +52,8 @@ class NginxProxy(Service):
         http_backends / grpc_backends: replica endpoints, as in :class:`ProxyConfig`.
         fail_timeout_s: as in :class:`ProxyConfig`.
         host: address the proxy listens on.
+        tokens: bearer token -> tenant name: tokens on (written owner-only into the proxy's
+            directory, see :func:`~triton_sam.scaleout.nginx.write_tokens_file`); None: off.
 
     The ports are chosen free at start (:attr:`http_address`, :attr:`grpc_address`); the
     access log is :attr:`access_log`, read with :func:`read_access_log`.
@@ -59,8 +67,12 @@ class NginxProxy(Service):
         fail_timeout_s: int = 10,
         host: str = "127.0.0.1",
         startup_timeout_s: float = 10.0,
+        tokens: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
+        self._tokens = dict(tokens) if tokens is not None else None
+        if self._tokens is not None:
+            tokens_text(self._tokens)  # refuse a bad token or tenant before starting
         self.startup_timeout_s = startup_timeout_s
         self._backends = (tuple(http_backends), tuple(grpc_backends))
         self._fail_timeout_s = fail_timeout_s
@@ -98,6 +110,9 @@ class NginxProxy(Service):
             (self._workdir / sub).mkdir(mode=0o777)
             (self._workdir / sub).chmod(0o777)
         http_port, grpc_port = _free_ports(self.host, 2)
+        tokens_file = None
+        if self._tokens is not None:
+            tokens_file = str(write_tokens_file(self._workdir / "tokens.map", self._tokens))
         self.config = ProxyConfig(
             http_backends=self._backends[0],
             grpc_backends=self._backends[1],
@@ -106,6 +121,7 @@ class NginxProxy(Service):
             fail_timeout_s=self._fail_timeout_s,
             access_log=str(self._workdir / "access.log"),
             prefix=str(self._workdir),
+            tokens_file=tokens_file,
         )
         conf = self._workdir / "nginx.conf"
         conf.write_text(render_nginx_conf(self.config))

@@ -19,12 +19,20 @@ Why these numbers:
 - ``COORD_LIMIT``: coordinates (in the model's input frame, 1024 or 1008 px) beyond +-10,000
   px are garbage, not a click outside the image; NaN and infinity are refused everywhere.
 - ``MAX_KEY_CHARS``: ids and logits keys are short strings, not payloads.
-- ``GRAPH_MAX_POINTS`` = 1024: the hard ceiling the exported decoder graphs enforce
-  themselves (``export.onnx_utils.bound_points``), for requests sent straight to
-  ``<family>_decoder``, past the session model: Triton 2.51 checks dtype, rank, fixed dims and
-  the batch size, but cannot bound a variable dim, and on the onnxruntime backend an
-  out-of-memory in the decoder ends the whole server. 1024 points cost ~135 MB per attention
-  map; a session model's ``max_points`` may not exceed it.
+- ``GRAPH_MAX_POINTS`` = 256 per batch item and ``GRAPH_MAX_BATCH_POINTS`` = 1024 per batch:
+  the hard ceilings the exported decoder graphs enforce themselves
+  (``export.onnx_utils.bound_points``), for requests sent straight to ``<family>_decoder``,
+  past the session model. Triton 2.51 checks dtype, rank, fixed dims and the batch size
+  (``max_batch_size``), but cannot bound a variable dim, and on the onnxruntime backend an
+  out-of-memory in the decoder ends the whole server. A decoder run's attention holds every
+  point of every item at once: on SAM2.1-tiny (onnxruntime CPU) a run costs about 0.33 MiB per
+  point on top of ~32 MiB per item (1 x 1024 points: 359 MiB; 4 x 1024: 1.4 GiB; 16 x 64:
+  681 MiB; 4 x 256: 411 MiB). 256 points per item is 4x what the session model and the
+  clients send (``MAX_POINTS``, room for a scripted prompt); 1024 per batch is a full default
+  batch (16) of such 64-point requests, so the batches Triton's dynamic batcher forms from our
+  clients' requests are never refused: ``RepositoryOptions`` keeps ``decoder_max_batch_size``
+  x ``MAX_POINTS`` within it. A session model's ``max_points`` may not exceed
+  ``GRAPH_MAX_POINTS``.
 
 Errors are :class:`RequestError`, a ``ValueError`` whose message starts with the field name:
 ``<field>: got <what>, expected <what>``.
@@ -40,7 +48,8 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_IMAGE_BYTES = 64 * 2**20
 COORD_LIMIT = 10_000.0
 MAX_KEY_CHARS = 128
-GRAPH_MAX_POINTS = 1024
+GRAPH_MAX_POINTS = 256
+GRAPH_MAX_BATCH_POINTS = 1024
 # Point labels of the decoders: -1 padding, 0 background, 1 foreground, 2/3 box corners.
 POINT_LABELS = (-1, 0, 1, 2, 3)
 

@@ -1,4 +1,4 @@
-"""How many clicks a session model keeps at its decoder at once (standard library only).
+"""How many clicks (and embeds) a session model works on at once (standard library only).
 
 On the CPU twin the session model's decoder has no dynamic batcher (``repository.config.
 unbatched_cpu_decoder``: measured, the batcher's hand-off between runs idled the cores), so
@@ -12,6 +12,12 @@ the two things the batcher did for clicks are done here, on the session model's 
 
 Waiting clicks go in arrival order. ``slots`` 0 means no limit (configs without the
 parameter: the decoder's own batcher bounds and cancels, as on a GPU).
+
+Embeds get a queue of their own (``what="embeds wait for an encoder slot"``): at most
+``max_concurrent_embeds`` images are decoded, preprocessed and encoded at once (each holds
+its pixels, its 12 MiB encoder input and its features until it is done, and the encoder's
+arena grows with the batches it runs), at most ``max_waiting_embeds`` wait, the rest are
+refused at once. The two queues are separate, so a click never waits behind an embed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections import deque
 
 
 class QueueFull(Exception):
-    """``max_waiting`` clicks already wait for the decoder."""
+    """``max_waiting`` requests already wait for a slot."""
 
 
 class ClickQueue:
@@ -30,10 +36,13 @@ class ClickQueue:
     Args:
         slots: clicks at the decoder at once; 0: no limit.
         max_waiting: clicks that may wait for a slot.
+        what: what waits, and for what (the refusal's message: "N <what>").
     """
 
-    def __init__(self, slots: int, max_waiting: int) -> None:
-        self.slots, self.max_waiting = slots, max_waiting
+    def __init__(
+        self, slots: int, max_waiting: int, *, what: str = "clicks wait for the decoder"
+    ) -> None:
+        self.slots, self.max_waiting, self.what = slots, max_waiting, what
         self.at_decoder = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
 
@@ -52,9 +61,7 @@ class ClickQueue:
             self.at_decoder += 1
             return False
         if len(self._waiting) >= self.max_waiting:
-            raise QueueFull(
-                f"exceeds maximum queue size: {self.max_waiting} clicks wait for the decoder"
-            )
+            raise QueueFull(f"exceeds maximum queue size: {self.max_waiting} {self.what}")
         turn = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         try:

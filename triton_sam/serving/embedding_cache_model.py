@@ -52,6 +52,13 @@ different images. Every cache access happens on that loop: no locks. Two request
 the same image share one encoder run. Scale the encoder and decoder instances, not this one:
 it only routes tensors; their queue bounds also bound the work in flight here.
 
+Embeds are admitted (``serving/click_queue.py``, parameters ``max_concurrent_embeds`` and
+``max_waiting_embeds``): at most that many images are decoded, hashed, preprocessed (on as
+many threads, off the event loop) and encoded at once, at most that many wait, and one more
+is refused at once with ``Overloaded`` (the clients' ``ServerOverloadedError``); an embed
+cancelled while it waited is answered unrun. Clicks have their own line, so a burst of
+embeds bounds the server's memory and never queues a click behind it.
+
 Memory is bounded by an LRU over images: at most ``max_images`` images and ``max_bytes`` bytes
 (features + kept logits); the least recently used image goes first. On a GPU instance the
 encoder outputs are requested in GPU memory and kept as the BLS output tensors themselves
@@ -73,6 +80,7 @@ the same keys from the same module).
 """
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import sys
@@ -233,6 +241,22 @@ class TritonPythonModel:
                 params.get(protocol.PARAM_MAX_WAITING_CLICKS) or protocol.DEFAULT_MAX_WAITING_CLICKS
             ),
         )
+        # Embeds decoded, preprocessed and encoded at once, and waiting (their own line: a
+        # click never waits behind an embed); their decoding and preprocessing run on as many
+        # threads, off the event loop that serves the clicks.
+        self.embed_queue = ClickQueue(
+            int(
+                params.get(protocol.PARAM_MAX_CONCURRENT_EMBEDS)
+                or protocol.DEFAULT_MAX_CONCURRENT_EMBEDS
+            ),
+            int(
+                params.get(protocol.PARAM_MAX_WAITING_EMBEDS) or protocol.DEFAULT_MAX_WAITING_EMBEDS
+            ),
+            what="embeds wait for an encoder slot",
+        )
+        self.intake_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.embed_queue.slots or 4, thread_name_prefix="triton_sam_intake"
+        )
         self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
         self.embedding_bytes = int(params.get(protocol.PARAM_EMBEDDING_BYTES) or 0)
         limit = params.get(protocol.PARAM_LOW_RES_LOGIT_LIMIT) or ""
@@ -298,6 +322,7 @@ class TritonPythonModel:
     def finalize(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        self.intake_pool.shutdown(wait=False, cancel_futures=True)
         self.cache = None
         self.metrics.close()
 
@@ -329,22 +354,14 @@ class TritonPythonModel:
             wanted = _requested(request)
             prompts = self._checked_prompts(request)  # refused before any work
             pixel = self._pixel_prompts(request, prompts)
-            image = self._received_image(request)
             outputs = []
-            if image is not None:
+            if self._carries_image(request):
                 # The features are kept under the id computed here, whatever id the client
                 # sent with the image: a hint that differs (another client's id, or a client
                 # whose decoder differs from ours) binds nothing; the answer names the real
                 # id. Clients send their expected id with an embed so that a proxy in front
                 # of several replicas routes the embed where the clicks will go.
-                image_id, kind, value = image
-                task = embeds.get(image_id)
-                if task is None:
-                    task = embeds[image_id] = asyncio.ensure_future(
-                        self._embed(image_id, kind, value)
-                    )
-                    task.add_done_callback(lambda _, i=image_id: embeds.pop(i, None))
-                encoded = await task  # a second embed of this image shares the run
+                image_id, encoded = await self._admitted_embed(request, embeds)
             elif hint is None:
                 raise bounds.RequestError(
                     IMAGE_ID,
@@ -374,7 +391,14 @@ class TritonPythonModel:
         except bounds.RequestError as e:
             return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
         except QueueFull as e:
+            if self._carries_image(request):
+                self.metrics.count("refused_embeds")
             return envelope.error_response(pb_utils, envelope.ERR_OVERLOADED, str(e))
+        except _EmbedCancelledWhileWaiting:
+            self.metrics.count("cancelled_embeds")
+            return envelope.error_response(
+                pb_utils, envelope.ERR_CANCELLED, "request cancelled while waiting to be embedded"
+            )
         except _CancelledWhileWaiting:
             self.metrics.count("cancelled_clicks")
             return envelope.error_response(
@@ -508,6 +532,45 @@ class TritonPythonModel:
         out[IMAGE_SIZE] = np.array([hw], np.int32)
         return {n: v for n, v in out.items() if n in wanted}
 
+    def _carries_image(self, request):
+        """Whether the request sends an image (file bytes, pixels or every encoder input)."""
+        if _input(request, IMAGE_BYTES) is not None or _input(request, IMAGE_RGB) is not None:
+            return True
+        return bool(self.encoder_inputs) and all(
+            _input(request, n) is not None for n in self.encoder_inputs
+        )
+
+    async def _admitted_embed(self, request, embeds):
+        """(image id, encoded) of the image ``request`` carries, decoded, hashed, preprocessed
+        and encoded under one of ``max_concurrent_embeds`` slots (QueueFull: refused at once).
+
+        An embed that waited and was cancelled meanwhile is answered unrun. An image another
+        request is already encoding shares that run and gives its own slot back at once.
+        """
+        waited = await self.embed_queue.acquire()
+        self.metrics.embeds(self.embed_queue)
+        held = True
+        try:
+            if waited and _cancelled(request):
+                raise _EmbedCancelledWhileWaiting
+            loop = asyncio.get_running_loop()
+            image_id, kind, value = await loop.run_in_executor(
+                self.intake_pool, self._received_image, request
+            )
+            task = embeds.get(image_id)
+            if task is None:
+                task = embeds[image_id] = asyncio.ensure_future(self._embed(image_id, kind, value))
+                task.add_done_callback(lambda _, i=image_id: embeds.pop(i, None))
+            else:  # the run in flight holds its own slot
+                held = False
+                self.embed_queue.release()
+            del value  # the run holds what it needs; a shared run needs none of it
+            return image_id, await task  # a second embed of this image shares the run
+        finally:
+            if held:
+                self.embed_queue.release()
+            self.metrics.embeds(self.embed_queue)
+
     def _received_image(self, request):
         """(image id, kind, pixels or encoder feeds) of the image a request carries, or None.
 
@@ -562,7 +625,7 @@ class TritonPythonModel:
             return 0
         if kind == "rgb":  # off the event loop: other requests' BLS calls go on meanwhile
             tensor = await asyncio.get_running_loop().run_in_executor(
-                None, intake.preprocess, value, self.pre
+                self.intake_pool, intake.preprocess, value, self.pre
             )
             feeds = [pb_utils.Tensor(self.encoder_inputs[0], tensor)]
         else:
@@ -712,6 +775,10 @@ class _Metrics:
             ("evictions", "COUNTER", "Images evicted by the LRU bound"),
             ("cancelled_clicks", "COUNTER", "Clicks cancelled while waiting for the decoder"),
             ("decodes_in_flight", "GAUGE", "Clicks at the decoder (sent, not come back)"),
+            ("embeds_in_flight", "GAUGE", "Embeds being decoded, preprocessed or encoded"),
+            ("embeds_waiting", "GAUGE", "Embeds waiting for an encoder slot"),
+            ("refused_embeds", "COUNTER", "Embeds refused at once: the waiting line was full"),
+            ("cancelled_embeds", "COUNTER", "Embeds cancelled while waiting for a slot"),
         )
         try:
             for name, kind, description in specs:
@@ -758,6 +825,11 @@ class _Metrics:
         if metric is not None:
             metric.set(clicks.at_decoder)
 
+    def embeds(self, queue):
+        if "embeds_in_flight" in self._metrics:
+            self._metrics["embeds_in_flight"].set(queue.at_decoder)
+            self._metrics["embeds_waiting"].set(queue.waiting)
+
     def publish(self, cache):
         if "cached_images" in self._metrics:
             self._metrics["cached_images"].set(len(cache))
@@ -790,6 +862,10 @@ class _Clock:
 
 class _CancelledWhileWaiting(Exception):
     """The click's request was cancelled while it waited for a decoder slot."""
+
+
+class _EmbedCancelledWhileWaiting(Exception):
+    """The embed's request was cancelled while it waited for an encoder slot."""
 
 
 def _cancelled(request):

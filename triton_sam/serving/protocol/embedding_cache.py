@@ -111,6 +111,16 @@ CPU_FEATURES = ("process", "shared_memory")  # the first is the default
 PARAM_DECODER_SLOTS = "decoder_slots"
 PARAM_MAX_WAITING_CLICKS = "max_waiting_clicks"
 DEFAULT_MAX_WAITING_CLICKS = 64  # as the decoder's own queue bound (max_queue_size)
+# Embeds (requests that carry an image): at most max_concurrent_embeds are decoded,
+# preprocessed and encoded at once, at most max_waiting_embeds wait for one of those slots,
+# one more is refused at once with ERR_OVERLOADED (serving/click_queue.py). Each embed in work
+# holds its pixels, its encoder input and its features, and the encoder's memory grows with
+# the batches it runs: this is the bound on both. Clicks never wait in this line. Absent
+# (configs written before): the defaults below.
+PARAM_MAX_CONCURRENT_EMBEDS = "max_concurrent_embeds"
+PARAM_MAX_WAITING_EMBEDS = "max_waiting_embeds"
+DEFAULT_MAX_CONCURRENT_EMBEDS = 4  # one encoder batch (RepositoryOptions.encoder_max_batch_size)
+DEFAULT_MAX_WAITING_EMBEDS = 16  # as the encoder's own queue bound (encoder_max_queue_size)
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_ENCODER_MODEL,
@@ -130,6 +140,8 @@ PARAM_KEYS = (
     PARAM_BOX_BEFORE_POINTS,
     PARAM_PAD_WITH_BOX,
     PARAM_CPU_FEATURES,
+    PARAM_MAX_CONCURRENT_EMBEDS,
+    PARAM_MAX_WAITING_EMBEDS,
 )
 
 # Bounds (SessionOptions' defaults).
