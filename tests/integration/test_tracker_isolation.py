@@ -26,7 +26,7 @@ from triton_sam.repository.video_config import TrackerOptions, write_video_model
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.serving.protocol import parse_error
 from triton_sam.serving.protocol import tracker as protocol
-from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN, TENANT_HEADER
+from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1800)]
 
@@ -44,8 +44,8 @@ def isolation_server(sam2_video_export, embedded_triton, tmp_path_factory):
         RepositoryOptions(),
         TrackerOptions(max_sessions=3, max_tenant_sessions=2, feature_cache_frames=4),
     )
-    forward = [f"--{p}-header-forward-pattern={FORWARD_PATTERN}" for p in ("http", "grpc")]
-    return embedded_triton(embedded_repository(repo), startup_timeout_s=180.0, extra_args=forward)
+    # EmbeddedTriton forwards the tenant header, as serve, compose and Kubernetes do.
+    return embedded_triton(embedded_repository(repo), startup_timeout_s=180.0)
 
 
 def raw(server, command: str, session: str | None = None, tenant: str | None = None, **tensors):
