@@ -18,7 +18,8 @@ batch dim first (1 per request):
   ``point_coords``, or ``input_boxes``), is refused, never merged.
 
 Refinement without resending the mask (layouts with ``mask_input`` and a low-res mask
-output): a predict that asks for the OUTPUT ``logits_key`` makes the server keep that
+output): a predict that asks for the OUTPUT ``logits_key`` (a request naming no outputs asks
+for every output, this one included) makes the server keep that
 answer's low-res logits (those of ``masks`` when the answer has it, else of
 ``multimask_masks``; clipped like the official predictor's) and answer, in ``logits_key``,
 a key the server issued for them: 128 random bits as 32 hex characters (an empty string when
