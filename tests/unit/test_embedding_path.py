@@ -394,8 +394,8 @@ def _admission(model_module, slots: int, waiting: int):
         model.decoded.append(request.image_id)
         return request.image_id, "rgb", np.zeros((2, 2, 3), np.uint8)
 
-    async def embed(image_id, kind, value):
-        model.runs.append(image_id)
+    async def embed(scoped, kind, value):
+        model.runs.append(scoped.image_id)
         await model.release.wait()
         return 1
 
@@ -411,16 +411,16 @@ def test_embeds_beyond_the_line_are_refused_and_a_cancelled_one_is_answered_unru
     async def main():
         model = _admission(model_module, slots=1, waiting=1)
         embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
         await asyncio.sleep(0.05)
         stale = _Request("b")
-        waiting = asyncio.create_task(model._admitted_embed(stale, embeds))
+        waiting = asyncio.create_task(model._admitted_embed(stale, embeds, ""))
         await asyncio.sleep(0)
         with pytest.raises(QueueFull, match="1 embeds wait for an encoder slot"):
-            await model._admitted_embed(_Request("c"), embeds)  # refused at once
+            await model._admitted_embed(_Request("c"), embeds, "")  # refused at once
         stale.cancelled = True  # the client gave up while it waited
         model.release.set()
-        assert await first == ("a", 1)
+        assert await first == ("a", model_module.Scoped("", "a"), 1)
         with pytest.raises(model_module._EmbedCancelledWhileWaiting):
             await waiting
         assert model.decoded == ["a"] and model.runs == ["a"]  # b never decoded nor encoded
@@ -435,13 +435,34 @@ def test_a_second_embed_of_an_image_in_work_shares_its_run_and_frees_its_slot(mo
     async def main():
         model = _admission(model_module, slots=2, waiting=0)
         embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
         await asyncio.sleep(0.05)
-        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
         await asyncio.sleep(0.05)
         assert model.embed_queue.at_decoder == 1  # the shared run holds one slot
         model.release.set()
-        assert await first == ("a", 1) and await second == ("a", 1)
+        expected = ("a", model_module.Scoped("", "a"), 1)
+        assert await first == expected and await second == expected
         assert model.runs == ["a"] and model.embed_queue.at_decoder == 0
+
+    asyncio.run(main())
+
+
+def test_the_same_image_from_two_tenants_is_encoded_for_each(model_module):
+    """A shared run would tell tenant y that tenant x is embedding this picture."""
+    import asyncio
+
+    async def main():
+        model = _admission(model_module, slots=2, waiting=0)
+        embeds = {}
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, "x"))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, "y"))
+        await asyncio.sleep(0.05)
+        assert model.embed_queue.at_decoder == 2  # two runs, one slot each
+        model.release.set()
+        assert await first == ("a", model_module.Scoped("x", "a"), 1)
+        assert await second == ("a", model_module.Scoped("y", "a"), 1)
+        assert model.runs == ["a", "a"]
 
     asyncio.run(main())
