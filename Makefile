@@ -14,6 +14,7 @@ NEED_GB ?= 9
 LOCK        := requirements/lock.txt
 LOCK_SAM2   := requirements/lock-sam2.txt
 LOCK_TOOLS  := requirements/lock-tools.txt
+LOCK_DOCS   := requirements/lock-docs.txt
 # The platform the lock is compiled for: CPython 3.11 on x86-64 Linux, glibc >= 2.35
 # (nvidia-pytriton ships manylinux_2_35 wheels only).
 LOCK_PYTHON   := 3.11
@@ -22,7 +23,7 @@ UV_VERSION    := 0.13.9
 
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools
+.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools docs
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
@@ -58,6 +59,9 @@ lock:
 	    -c requirements/constraints.txt --no-emit-package sam2 $(UV_FLAGS) -o $(LOCK)
 	$(UV) pip compile requirements/sam2.in --no-deps $(UV_FLAGS) -o $(LOCK_SAM2)
 	$(UV) pip compile requirements/tools.in --no-deps $(UV_FLAGS) -o $(LOCK_TOOLS)
+	# The docs tools go into the same venv on top of lock.txt: compiled with lock.txt as a
+	# constraint, so a package both need (jinja2, click, pyyaml...) has lock.txt's pin in both.
+	$(UV) pip compile requirements/docs.in -c $(LOCK) $(UV_FLAGS) -o $(LOCK_DOCS)
 
 # Non-blocking check before raising the lock: the parity tests against the newest releases
 # (torch, torchvision, onnxruntime, transformers...) in a separate venv. Needs PyPI, and
@@ -97,7 +101,23 @@ proxy-tools:
 demo: $(STAMP)
 	$(BIN)/triton-sam demo
 
-test: $(STAMP) $(PERF_ANALYZER) proxy-tools
+# The documentation site (mkdocs.yml) into site/: the pages in docs/, the API reference from
+# the docstrings, the CLI reference from the typer app. --strict: a broken link or anchor, or
+# a page (docs/, README.md...) naming a command, pixi task or make target that does not
+# exist, fails it (scripts/check_docs.py). `$(BIN)/mkdocs serve` previews it.
+# NO_MKDOCS_2_WARNING: Material for MkDocs prints its notice at every build (maintained with
+# fixes until May 2027; its successor, Zensical, reads this mkdocs.yml).
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP) $(LOCK_DOCS)
+	# On top of lock.txt, hash-checked, no resolution: what both lock files name has one pin.
+	$(PIP) --require-hashes --no-deps -r $(LOCK_DOCS)
+	$(BIN)/python -m pip check
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
+
+test: $(STAMP) $(PERF_ANALYZER) proxy-tools docs
 	$(BIN)/ruff check triton_sam tests
 	$(BIN)/pytest
 
@@ -109,4 +129,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check triton_sam tests
 
 clean:
-	rm -rf .demo outputs .pytest_cache
+	rm -rf .demo outputs .pytest_cache site

@@ -44,41 +44,83 @@ def model_module():
 
 
 # -- the LRU -----------------------------------------------------------------------------------
+def _ids(*names, tenant=""):
+    return [(tenant, n) for n in names]
+
+
 def test_lru_keeps_at_most_max_images_and_evicts_the_oldest(model_module):
     cache = model_module.EmbeddingCache(max_images=2)
-    assert cache.put("a", {}, 10) == [] and cache.put("b", {}, 10) == []
-    cache.get("a")  # a is now the most recent
-    assert cache.put("c", {}, 10) == ["b"]
-    assert cache.ids() == ["a", "c"] and cache.nbytes == 20 and cache.evictions == 1
+    a, b, c = (model_module.Scoped("", n) for n in "abc")
+    assert cache.put(a, {}, 10) == [] and cache.put(b, {}, 10) == []
+    cache.get(a)  # a is now the most recent
+    assert cache.put(c, {}, 10) == [b]
+    assert cache.ids() == _ids("a", "c") and cache.nbytes == 20 and cache.evictions == 1
     with pytest.raises(model_module.EmbeddingMiss, match="'b'"):
-        cache.get("b")
+        cache.get(b)
 
 
 def test_lru_byte_bound_counts_kept_logits(model_module):
     cache = model_module.EmbeddingCache(max_images=10, max_bytes=100, logits_per_image=2)
-    cache.put("a", {}, 40)
-    cache.put("b", {}, 40)
+    a, b = model_module.Scoped("", "a"), model_module.Scoped("", "b")
+    cache.put(a, {}, 40)
+    cache.put(b, {}, 40)
     logits = np.zeros(5, np.float32)  # 20 bytes
-    assert cache.put_logits("b", "k1", logits) == []
-    assert cache.put_logits("b", "k2", logits) == ["a"]  # 40 + 40 + 40 > 100
-    cache.put_logits("b", "k3", logits)  # only 2 kept per image: k1 dropped
+    k1, evicted = cache.keep_logits(b, logits)
+    assert evicted == []
+    k2, evicted = cache.keep_logits(b, logits)
+    assert evicted == [a]  # 40 + 40 + 40 > 100
+    k3, _ = cache.keep_logits(b, logits)  # only 2 kept per image: k1 dropped
     assert cache.nbytes == 80 and len(cache) == 1
     with pytest.raises(model_module.EmbeddingMiss):
-        cache.get_logits("b", "k1")
-    assert cache.get_logits("b", "k3") is logits
+        cache.get_logits(b, k1)
+    assert cache.get_logits(b, k3) is logits and cache.get_logits(b, k2) is logits
+
+
+def test_kept_logits_keys_are_issued_random_and_bound_to_image_and_tenant(model_module):
+    cache = model_module.EmbeddingCache(max_images=10)
+    mine, other_image = model_module.Scoped("x", "a"), model_module.Scoped("x", "b")
+    other_tenant = model_module.Scoped("y", "a")
+    for scoped in (mine, other_image, other_tenant):
+        cache.put(scoped, {}, 10)
+    logits = np.ones(4, np.float32)
+    keys = {cache.keep_logits(mine, logits)[0] for _ in range(3)}
+    assert len(keys) == 3 and all(len(k) == 32 and int(k, 16) >= 0 for k in keys)  # 128 bits
+    key = keys.pop()
+    assert cache.get_logits(mine, key) is logits
+    for scoped in (other_image, other_tenant):  # the same key elsewhere: a miss
+        with pytest.raises(model_module.EmbeddingMiss) as info:
+            cache.get_logits(scoped, key)
+        assert key not in str(info.value)  # a capability stays out of messages
+    for made_up in ("", "0" * 32, "k1"):
+        with pytest.raises(model_module.EmbeddingMiss):
+            cache.get_logits(mine, made_up)
+    assert model_module.EmbeddingCache(max_images=1, logits_per_image=0).keep_logits(
+        mine, logits
+    ) == ("", [])
 
 
 def test_lru_keeps_one_image_larger_than_the_byte_bound(model_module):
     cache = model_module.EmbeddingCache(max_images=4, max_bytes=10)
-    cache.put("a", {}, 50)
-    assert cache.put("b", {}, 50) == ["a"] and cache.ids() == ["b"]
+    a, b = model_module.Scoped("", "a"), model_module.Scoped("", "b")
+    cache.put(a, {}, 50)
+    assert cache.put(b, {}, 50) == [a] and cache.ids() == _ids("b")
 
 
 def test_reembedding_an_id_replaces_its_bytes(model_module):
     cache = model_module.EmbeddingCache(max_images=4)
-    cache.put("a", {}, 50)
-    cache.put("a", {}, 30)
+    a = model_module.Scoped("", "a")
+    cache.put(a, {}, 50)
+    cache.put(a, {}, 30)
     assert cache.nbytes == 30 and len(cache) == 1
+
+
+def test_the_same_image_in_two_tenants_is_two_entries(model_module):
+    cache = model_module.EmbeddingCache(max_images=4)
+    cache.put(model_module.Scoped("x", "a"), {"f": 1}, 10)
+    assert model_module.Scoped("y", "a") not in cache
+    with pytest.raises(model_module.EmbeddingMiss, match="'a'") as info:
+        cache.get(model_module.Scoped("y", "a"))
+    assert "x" not in str(info.value).replace("'a'", "")  # the other tenant is not named
 
 
 def test_the_shipped_session_model_reads_the_one_protocol_without_triton_sam(tmp_path):
@@ -151,7 +193,8 @@ def test_session_config_follows_the_spec(family):
     outputs = [t.name for t in config.output]
     finished = ["masks_rle", "masks_png", "masks_bits", "mask_boxes", "mask_scores", "image_size"]
     decoder = [t.name for t in spec.decoder_outputs]
-    assert outputs == decoder + ["encoded", "image_id", *finished]  # point_list: SAM1, SAM2
+    # point_list: SAM1, SAM2; logits_key: the key the server issues for kept logits
+    assert outputs == decoder + ["encoded", "image_id", "logits_key", *finished]
     for name in ("points", "labels", "box", "multimask_output"):
         assert inputs[name].optional
     (group,) = config.instance_group
@@ -263,28 +306,37 @@ def _prompts(mask_input=None):
     )
 
 
-def test_a_click_carries_only_the_id_and_its_prompts():
+def test_a_click_carries_only_the_id_and_its_prompts_and_asks_for_an_issued_key():
     image = embedding_path.CachedImage("abc", (100, 100))
-    key, inputs, fallback = image.click_inputs(_prompts(), None)
-    assert set(inputs) == {"image_id", "point_coords", "point_labels", "logits_key"}
-    assert inputs is fallback and inputs["logits_key"][0, 0] == key.encode()
+    inputs, fallback = image.click_inputs(_prompts(), None)
+    assert set(inputs) == {"image_id", "point_coords", "point_labels"}  # no client-chosen key
+    assert inputs is fallback
+    outputs = embedding_path.click_outputs(("masks", "iou_predictions"), SAM2)
+    assert outputs == ("masks", "iou_predictions", "logits_key")
     assert sum(a.nbytes for a in inputs.values() if a.dtype != object) < 64
-    assert embedding_path.request_bytes("grpc", "sam2_session", inputs, ("masks", "iou")) < 400
-    assert embedding_path.request_bytes("http", "sam2_session", inputs, ("masks", "iou")) < 800
+    assert embedding_path.request_bytes("grpc", "sam2_session", inputs, outputs) < 400
+    assert embedding_path.request_bytes("http", "sam2_session", inputs, outputs) < 800
+
+
+def test_the_issued_key_is_read_from_the_answer():
+    answer = {"logits_key": np.array([[b"ab" * 16]], dtype=np.object_)}
+    assert embedding_path.issued_key(answer) == "ab" * 16
+    assert embedding_path.issued_key({"logits_key": np.array([[b""]], dtype=np.object_)}) is None
+    assert embedding_path.issued_key({"masks": np.zeros(1)}) is None
 
 
 def test_a_recent_mask_is_sent_by_reference_and_in_full_after_a_miss():
     image = embedding_path.CachedImage("abc", (100, 100))
     logits = np.random.default_rng(0).normal(size=(1, 3, 256, 256)).astype(np.float32)
-    first_key, _, _ = image.click_inputs(_prompts(), None)
-    image.remember(first_key, logits)
+    issued = "0123456789abcdef" * 2  # what the server answered for the first click
+    image.remember(issued, logits)
     mask = logits[0, 2]
-    _, inputs, fallback = image.click_inputs(_prompts(mask), mask)
-    assert inputs["previous_key"][0, 0] == first_key.encode()
+    inputs, fallback = image.click_inputs(_prompts(mask), mask)
+    assert inputs["previous_key"][0, 0] == issued.encode()
     assert inputs["previous_mask_index"].tolist() == [[2]] and "mask_input" not in inputs
     assert fallback["mask_input"].shape == (1, 1, 256, 256) and "previous_key" not in fallback
     edited = mask + 1
-    _, inputs, _ = image.click_inputs(_prompts(edited), edited)
+    inputs, _ = image.click_inputs(_prompts(edited), edited)
     assert "previous_key" not in inputs and inputs["has_mask_input"].tolist() == [[1.0]]
 
 
@@ -342,8 +394,8 @@ def _admission(model_module, slots: int, waiting: int):
         model.decoded.append(request.image_id)
         return request.image_id, "rgb", np.zeros((2, 2, 3), np.uint8)
 
-    async def embed(image_id, kind, value):
-        model.runs.append(image_id)
+    async def embed(scoped, kind, value):
+        model.runs.append(scoped.image_id)
         await model.release.wait()
         return 1
 
@@ -359,16 +411,16 @@ def test_embeds_beyond_the_line_are_refused_and_a_cancelled_one_is_answered_unru
     async def main():
         model = _admission(model_module, slots=1, waiting=1)
         embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
         await asyncio.sleep(0.05)
         stale = _Request("b")
-        waiting = asyncio.create_task(model._admitted_embed(stale, embeds))
+        waiting = asyncio.create_task(model._admitted_embed(stale, embeds, ""))
         await asyncio.sleep(0)
         with pytest.raises(QueueFull, match="1 embeds wait for an encoder slot"):
-            await model._admitted_embed(_Request("c"), embeds)  # refused at once
+            await model._admitted_embed(_Request("c"), embeds, "")  # refused at once
         stale.cancelled = True  # the client gave up while it waited
         model.release.set()
-        assert await first == ("a", 1)
+        assert await first == ("a", model_module.Scoped("", "a"), 1)
         with pytest.raises(model_module._EmbedCancelledWhileWaiting):
             await waiting
         assert model.decoded == ["a"] and model.runs == ["a"]  # b never decoded nor encoded
@@ -383,13 +435,34 @@ def test_a_second_embed_of_an_image_in_work_shares_its_run_and_frees_its_slot(mo
     async def main():
         model = _admission(model_module, slots=2, waiting=0)
         embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
         await asyncio.sleep(0.05)
-        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds))
+        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
         await asyncio.sleep(0.05)
         assert model.embed_queue.at_decoder == 1  # the shared run holds one slot
         model.release.set()
-        assert await first == ("a", 1) and await second == ("a", 1)
+        expected = ("a", model_module.Scoped("", "a"), 1)
+        assert await first == expected and await second == expected
         assert model.runs == ["a"] and model.embed_queue.at_decoder == 0
+
+    asyncio.run(main())
+
+
+def test_the_same_image_from_two_tenants_is_encoded_for_each(model_module):
+    """A shared run would tell tenant y that tenant x is embedding this picture."""
+    import asyncio
+
+    async def main():
+        model = _admission(model_module, slots=2, waiting=0)
+        embeds = {}
+        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, "x"))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, "y"))
+        await asyncio.sleep(0.05)
+        assert model.embed_queue.at_decoder == 2  # two runs, one slot each
+        model.release.set()
+        assert await first == ("a", model_module.Scoped("x", "a"), 1)
+        assert await second == ("a", model_module.Scoped("y", "a"), 1)
+        assert model.runs == ["a", "a"]
 
     asyncio.run(main())

@@ -233,3 +233,43 @@ def test_finished_mask_helpers():
     np.testing.assert_array_equal(np.unpackbits(bits, count=35).reshape(5, 7), mask)
     assert prompt_frame.mask_box(mask).tolist() == [2, 1, 5, 2]
     assert prompt_frame.mask_box(np.zeros((3, 3), bool)).tolist() == [0, 0, 0, 0]
+
+
+# -- one prompt set, one box: never merged ------------------------------------------------------
+def test_ten_boxes_as_corner_points_are_refused_naming_the_labels():
+    coords = np.tile(np.array([[10, 10], [50, 50]], np.float32), (10, 1))[None]  # [1, 20, 2]
+    labels = np.tile(np.array([2, 3], np.float32), 10)[None]
+    message = refused("point_labels", {"point_coords": coords, "point_labels": labels})
+    assert "got 10 boxes" in message and "at most 1" in message
+    one_box = {"point_coords": coords[:, :2], "point_labels": labels[:, :2]}
+    bounds.check_prompts(one_box)  # one box is the contract
+
+
+def test_our_clients_box_and_click_is_one_box():
+    built = build_decoder_prompts(
+        point_coords=[[5, 5]],
+        point_labels=[1],
+        box=[1, 1, 20, 20],
+        mask_input=None,
+        orig_hw=(100, 100),
+        family=SAM2,
+    )
+    bounds.check_prompts(built)
+
+
+@pytest.mark.parametrize("shape", [(2, 1), (2, 1, 2), (3,), ()])
+def test_a_batch_of_prompt_sets_is_refused_naming_the_field(shape):
+    with pytest.raises(bounds.RequestError) as info:
+        bounds.check_batch("image_id", shape)
+    count = shape[0] if shape else 0
+    assert str(info.value).startswith(f"image_id: got {count} prompt sets")
+    assert "expected 1 per request" in str(info.value)
+    bounds.check_batch("image_id", (1, 1))
+
+
+def test_pixel_coordinates_beyond_the_frame_bound_name_the_pixel_field():
+    pixels = np.array([[1e9, 5.0]])
+    with pytest.raises(bounds.RequestError) as info:
+        bounds.check_pixel_coords("points", pixels, pixels * 1.6)
+    assert info.value.field == "points" and "point_coords" not in str(info.value)
+    bounds.check_pixel_coords("points", np.array([[5.0, 5.0]]), np.array([[8.0, 8.0]]))

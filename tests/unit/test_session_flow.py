@@ -9,6 +9,7 @@ retried.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ class FakeServer:
         self.family = get_family(family)
         self.held: set[str] = set()
         self.calls: list[dict[str, Any]] = []  # every session-model infer, in order
+        self.issued: dict[str, str] = {}  # logits key the server issued -> its image id
 
     def is_server_ready(self) -> bool:
         return True
@@ -61,9 +63,19 @@ class FakeServer:
             raise EmbeddingNotFoundError(f"image_id {image!r}: not cached")
         if kind == "probe":
             return {embedding_cache.ENCODED: np.zeros((1, 1), np.int32)}
+        previous = inputs.get(embedding_cache.PREVIOUS_KEY)
+        self.calls[-1]["previous_key"] = None if previous is None else previous.reshape(-1)[0]
+        if previous is not None and self.issued.get(previous.reshape(-1)[0].decode()) != image:
+            raise EmbeddingNotFoundError("previous_key: no low-res logits kept under this key")
         known = {t.name for t in self.family.decoder_outputs}
-        assert set(outputs) <= known, f"asked for {outputs}, the decoder has {known}"
-        return {n: self._output(n) for n in outputs}
+        decoder = [n for n in outputs if n != embedding_cache.LOGITS_KEY]
+        assert set(decoder) <= known, f"asked for {outputs}, the decoder has {known}"
+        out = {n: self._output(n) for n in decoder}
+        if embedding_cache.LOGITS_KEY in outputs:  # the server issues the key, never the client
+            key = secrets.token_hex(16)
+            self.issued[key] = image
+            out[embedding_cache.LOGITS_KEY] = embedding_path.bytes_tensor(key)
+        return out
 
     def _output(self, name: str) -> np.ndarray:
         spec = next(t for t in self.family.decoder_outputs if t.name == name)
@@ -100,7 +112,7 @@ def test_sync_clicks_ask_for_the_layouts_outputs_and_select_from_them(server):
         assert client.uses_server_embeddings and client.family is family
         client.set_image(IMAGE)
         masks, scores = client.predict(point_coords=[[10, 10]], point_labels=[1])
-    expected = prompts.output_names(False, family)
+    expected = embedding_path.click_outputs(prompts.output_names(False, family), family)
     assert server.calls[-1]["outputs"] == expected
     assert masks.shape == (1, 1, 60, 100) and scores.shape == (1, 1)  # one mask, selected
 
@@ -119,6 +131,31 @@ def test_every_session_call_is_idempotent_after_a_miss_in_both_clients(server):
         assert [c["kind"] for c in server.calls] == ["click", "embed", "click"]
         assert all(c.get("idempotent") for c in server.calls), server.calls
         assert masks.shape == (1, 1, 60, 100)
+    sync.close()
+    speculative.close()
+
+
+@pytest.mark.parametrize("server", ["sam2"], indirect=True)
+def test_refinement_names_the_issued_key_and_sends_the_mask_when_it_is_unknown(server):
+    sync = SAM2TritonClient("h:8000", model_type="sam2")
+    sync.set_image(IMAGE)
+    speculative = SpeculativeSAM2Client("h:8001", model_type="sam2")
+    speculative.set_image(IMAGE)
+    for client in (sync, speculative):
+        predict = getattr(client, "predict_full_sync", None) or client.predict_full
+        first = predict([[5, 5]], [1])
+        assert embedding_cache.LOGITS_KEY in server.calls[-1]["outputs"]
+        issued = list(server.issued)[-1]
+        mask = first.low_res_logits[0, 0]
+        server.calls.clear()
+        predict([[5, 5]], [1], mask_input=mask)  # by reference: the key the server issued
+        assert [c["kind"] for c in server.calls] == ["click"]
+        assert server.calls[0]["previous_key"] == issued.encode()
+        server.issued.clear()  # the server lost it (evicted, restarted): the mask goes itself
+        server.calls.clear()
+        predict([[5, 5]], [1], mask_input=mask)
+        assert [c["kind"] for c in server.calls] == ["click", "embed", "click"]
+        assert server.calls[-1]["previous_key"] is None
     sync.close()
     speculative.close()
 

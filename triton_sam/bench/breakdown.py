@@ -232,8 +232,9 @@ def run_breakdown(
                 orig_hw=hw,
                 family=family,
             )
-            key, inputs, fallback = picture.click_inputs(decoder_prompts, None)
-            click = Click(key, inputs, fallback, prompts.output_names(False, family), False)
+            inputs, fallback = picture.click_inputs(decoder_prompts, None)
+            outputs = embedding_path.click_outputs(prompts.output_names(False, family), family)
+            click = Click(inputs, fallback, outputs, False)
             t1 = time.perf_counter()
             infer_inputs = build_infer_inputs(module, click.inputs, http=http)
             requested = [
@@ -247,7 +248,9 @@ def run_breakdown(
             t4 = time.perf_counter()
             low_res, scores = prompts.select_outputs(out, False, family)
             prediction = make_prediction(low_res, scores, hw, family.preprocessing)
-            picture.remember(click.logits_key, prediction.low_res_logits)
+            key = embedding_path.issued_key(out)
+            if key is not None:
+                picture.remember(key, prediction.low_res_logits)
             t5 = time.perf_counter()
             after = (server.stats(session_model), server.stats(decoder_model),
                      server.stages_after(session_model, before[2]))  # fmt: skip

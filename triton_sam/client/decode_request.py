@@ -55,17 +55,16 @@ class Click:
     """One validated click for the session model (:meth:`CachedImage.click_inputs`).
 
     Attributes:
-        logits_key: where the server keeps this click's low-res logits.
         inputs: the request (may refer to kept logits instead of carrying the mask).
         fallback: the request to resend after a miss (carries the mask itself).
-        outputs: the (masks, scores) outputs of the family's layout.
+        outputs: the (masks, scores) outputs of the family's layout, plus ``logits_key``
+            where the server keeps logits (it answers the key it issued for this click's).
         multimask: three candidate masks instead of one.
     """
 
-    logits_key: str
     inputs: dict[str, np.ndarray]
     fallback: dict[str, np.ndarray]
-    outputs: tuple[str, str]
+    outputs: tuple[str, ...]
     multimask: bool
 
 
@@ -114,8 +113,9 @@ def decode_request(
     )
     if image.cached is None:
         return DecodeRequest(image, inputs, outputs, bool(multimask))
-    key, click_inputs, fallback = image.cached.click_inputs(inputs, mask_input)
-    click = Click(key, click_inputs, fallback, outputs, bool(multimask))
+    click_inputs, fallback = image.cached.click_inputs(inputs, mask_input)
+    click_outputs = embedding_path.click_outputs(outputs, family)
+    click = Click(click_inputs, fallback, click_outputs, bool(multimask))
     return DecodeRequest(image, click_inputs, outputs, bool(multimask), click=click)
 
 

@@ -17,17 +17,17 @@ of the same pixels only to probe before uploading, and adopts the server's answe
 differ (e.g. a server whose JPEG decoder differs). A client can never make the server keep
 features under an id of its choosing.
 
-Refinement without resending the mask: every click asks the server to keep its low-res
-logits under a fresh ``logits_key``; when a later ``mask_input`` is exactly one of the masks of
-a recent prediction of this image, the click names it (``previous_key`` + index) instead of
-sending 256 KiB. If the server no longer has it, the retry sends the mask itself.
+Refinement without resending the mask: every click asks for the output ``logits_key``, so the
+server keeps its low-res logits and answers a key it issued for them (random, bound to the
+image and the tenant: a client never chooses one); when a later ``mask_input`` is exactly one
+of the masks of a recent prediction of this image, the click names it (``previous_key`` +
+index) instead of sending 256 KiB. If the server no longer has it (evicted, restarted, or a
+key it never issued), the retry sends the mask itself.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,8 +46,10 @@ from triton_sam.serving.protocol.embedding_cache import (  # the protocol's name
     IMAGE_RGB,
     LOGITS_KEY,
     MASK_INPUT,
+    MASK_OUTPUTS,
     PREVIOUS_KEY,
     PREVIOUS_MASK_INDEX,
+    keeps_logits,
 )
 
 # Recent predictions remembered per image for refinement by reference; the server keeps
@@ -109,6 +111,28 @@ def embed_inputs(rgb: np.ndarray, encoded: bytes | None = None) -> dict[str, np.
     return {IMAGE_RGB: np.ascontiguousarray(rgb)[None]}
 
 
+def click_outputs(outputs: tuple[str, ...], family: FamilySpec) -> tuple[str, ...]:
+    """The outputs of a click on the session model: the decoder's ``outputs``, plus
+    ``logits_key`` (keep this click's logits for refinement by reference) where the family's
+    session model offers it (``protocol.embedding_cache.keeps_logits``)."""
+    decoder_inputs = [t.name for t in family.decoder_inputs]
+    decoder_outputs = [t.name for t in family.decoder_outputs]
+    if keeps_logits(decoder_inputs, decoder_outputs) and set(outputs) & set(MASK_OUTPUTS):
+        return (*outputs, LOGITS_KEY)
+    return tuple(outputs)
+
+
+def issued_key(outputs: dict[str, np.ndarray]) -> str | None:
+    """The key the server issued for a click's kept logits, or None (not asked for, or the
+    server keeps none)."""
+    answered = outputs.get(LOGITS_KEY)
+    if answered is None or answered.size == 0:
+        return None
+    value = answered.reshape(-1)[0]
+    key = value.decode() if isinstance(value, bytes) else str(value)
+    return key or None
+
+
 def encoded_bytes(image: Any) -> bytes | None:
     """The bytes of an image file given as a path or as bytes, else None (arrays, PIL)."""
     if isinstance(image, str | os.PathLike):
@@ -149,18 +173,15 @@ class CachedImage:
             it); None when it cannot be re-embedded.
         encoded: the image file's bytes when the user gave a path or bytes (sent as they
             are), else None (the pixels are sent).
-        client_key: prefix of this client's logits keys (unique per client object).
     """
 
     image_id: str
     orig_hw: tuple[int, int]
     rgb: np.ndarray | None = None
     encoded: bytes | None = field(default=None, repr=False)
-    client_key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _recent: deque[tuple[str, np.ndarray]] = field(
         default_factory=lambda: deque(maxlen=RECENT_PREDICTIONS), repr=False
     )
-    _counter: itertools.count = field(default_factory=itertools.count, repr=False)
 
     @classmethod
     def of(
@@ -184,24 +205,21 @@ class CachedImage:
 
     def click_inputs(
         self, decoder_prompts: dict[str, np.ndarray], mask_input: Any
-    ) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Session-model inputs of one click.
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Session-model inputs of one click (its outputs: :func:`click_outputs`).
 
         Args:
             decoder_prompts: ``prompts.build_decoder_prompts`` output (validated prompts).
             mask_input: the user's ``mask_input`` argument, as given (or None).
 
         Returns:
-            ``(logits_key, inputs, fallback)``: the key the server keeps this click's logits
-            under (pass it to :meth:`remember`), the request, and the request to resend after
-            a miss (the mask itself instead of a reference to it).
+            ``(inputs, fallback)``: the request, and the request to resend after a miss (the
+            mask itself instead of a reference to it).
         """
-        key = f"{self.client_key}-{next(self._counter)}"
         # The layout's prompt tensors (point_coords/point_labels, or input_points/...), the
         # mask apart: it may travel by reference.
         base = {k: v for k, v in decoder_prompts.items() if k not in (MASK_INPUT, HAS_MASK_INPUT)}
         base[IMAGE_ID] = bytes_tensor(self.image_id)
-        base[LOGITS_KEY] = bytes_tensor(key)
         flag = decoder_prompts.get(HAS_MASK_INPUT)  # layouts without a mask input have none
         has_mask = flag is not None and bool(flag.reshape(-1)[0])
         full = dict(base)
@@ -210,19 +228,20 @@ class CachedImage:
             full[HAS_MASK_INPUT] = decoder_prompts[HAS_MASK_INPUT]
         reference = self._reference(mask_input) if has_mask else None
         if reference is None:
-            return key, full, full
+            return full, full
         previous_key, index = reference
         inputs = dict(base)
         inputs[PREVIOUS_KEY] = bytes_tensor(previous_key)
         inputs[PREVIOUS_MASK_INDEX] = np.array([[index]], dtype=np.int32)
-        return key, inputs, full
+        return inputs, full
 
     def with_current_id(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``inputs`` naming this image by its current id (after :meth:`adopt`)."""
         return {**inputs, IMAGE_ID: bytes_tensor(self.image_id)}
 
     def remember(self, key: str, low_res_logits: np.ndarray) -> None:
-        """Record the (clipped) low-res logits the server kept under ``key``."""
+        """Record the (clipped) low-res logits the server kept under ``key`` (the key it
+        issued for them, :func:`issued_key` of the click's answer)."""
         self._recent.append((key, low_res_logits))
 
     def embed_inputs(self, family: FamilySpec | None = None) -> dict[str, np.ndarray]:

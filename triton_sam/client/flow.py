@@ -16,9 +16,9 @@ Flows here:
 - :func:`encode`: the stateless encoder; :func:`set_image`: either path for a new image;
 - :func:`predict`: one prompt, on the session model (:func:`click`) or the stateless decoder.
 
-Every call is idempotent (an embed and a probe are, a click only (re)writes its own logits
-key, and the stateless models keep no state), so both runners retry all of them on transport
-errors.
+Every call is idempotent (an embed and a probe are, a click only adds logits under a fresh key
+the server issues, of which it keeps a few per image, and the stateless models keep no state),
+so both runners retry all of them on transport errors.
 """
 
 from __future__ import annotations
@@ -279,7 +279,8 @@ def _embed(image: embedding_path.CachedImage, family: FamilySpec, model: str) ->
 def click(
     image: embedding_path.CachedImage, family: FamilySpec, model: str, request: Click
 ) -> Flow[Prediction]:
-    """One click: the session model; on a miss, embed again and resend the fallback once."""
+    """One click: the session model; on a miss (the image, or the kept logits it refers to),
+    embed again and resend the fallback (the mask itself) once."""
     try:
         out = yield infer(model, request.inputs, request.outputs, "decode")
     except EmbeddingNotFoundError:  # evicted, or the server restarted
@@ -288,7 +289,9 @@ def click(
         out = yield infer(model, fallback, request.outputs, "decode")
     masks, scores = prompts.select_outputs(out, request.multimask, family)
     prediction = make_prediction(masks, scores, image.orig_hw, family.preprocessing)
-    image.remember(request.logits_key, prediction.low_res_logits)
+    key = embedding_path.issued_key(out)
+    if key is not None:
+        image.remember(key, prediction.low_res_logits)
     return prediction
 
 

@@ -346,7 +346,7 @@ class SAM2TritonClient:
     def _session_infer(
         self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
     ) -> dict[str, np.ndarray]:
-        # Idempotent: embed and probe are, and a click only (re)writes its own logits key.
+        # Idempotent: embed and probe are, and a click only keeps logits under a fresh key.
         out = self._transport.infer(self.session_model, inputs, outputs, idempotent=True)
         self.last_request_bytes = embedding_path.request_bytes(
             self._transport.endpoint.protocol, self.session_model, inputs, outputs

@@ -40,6 +40,7 @@ SHIPPED_MODULES = (
     "cache",
     "protocol/__init__",
     "protocol/concept",
+    "protocol/tenancy",
     "images",
     "masks",
     "resample",

@@ -7,11 +7,15 @@ tensors come from the spec:
 
 - inputs: ``image_id`` (BYTES), ``image_bytes`` (BYTES: an encoded image file),
   ``image_rgb`` (UINT8 [H, W, 3]), then every encoder input, every decoder input that is not an
-  encoder output (the prompts), and the control inputs ``logits_key``, ``previous_key``
-  (BYTES) and ``previous_mask_index`` (INT32); all but ``image_id`` are ``optional`` so a click
-  carries only the id and its prompt tensors (a few hundred bytes);
-- outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached)
-  and ``image_id`` (BYTES: the id the server computed from the image it received).
+  encoder output (the prompts), and the control inputs ``previous_key`` (BYTES) and
+  ``previous_mask_index`` (INT32); all but ``image_id`` are ``optional`` so a click carries
+  only the id and its prompt tensors (a few hundred bytes). ``logits_key`` (BYTES) is declared
+  as an input too, only so that the model refuses it with a typed error saying the server
+  issues keys (Triton's own answer to an undeclared input names no reason);
+- outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached),
+  ``image_id`` (BYTES: the id the server computed from the image it received) and, when the
+  decoder takes a mask and answers low-res logits, ``logits_key`` (BYTES: the key the server
+  issued for the logits it kept, ``protocol.embedding_cache.keeps_logits``).
 
 Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters.
 
@@ -64,7 +68,9 @@ SHIPPED_MODULES = (
     "__init__",
     "protocol/__init__",
     "protocol/embedding_cache",
+    "protocol/tenancy",
     "bounds",
+    "cache",
     "click_queue",
     "images",
     "intake",
@@ -209,6 +215,13 @@ def build_session_config(
             name=IMAGE_ID, data_type=model_config_pb2.TYPE_STRING, dims=[1]
         )
     )
+    decoder_inputs = [t.name for t in family.decoder_inputs]
+    if protocol.keeps_logits(decoder_inputs, [t.name for t in family.decoder_outputs]):
+        config.output.append(
+            model_config_pb2.ModelOutput(
+                name=LOGITS_KEY, data_type=model_config_pb2.TYPE_STRING, dims=[1]
+            )
+        )
     if pixel_prompts:
         config.output.extend(
             model_config_pb2.ModelOutput(name=n, data_type=model_config_pb2.TYPE_STRING, dims=[-1])

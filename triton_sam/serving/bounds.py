@@ -12,7 +12,11 @@ Why these numbers:
   23 GB until the OOM killer ended it (issue 12). Interactive tools send a handful of clicks;
   64 leaves room for scripted prompts while keeping a request's memory that of a few clicks.
 - ``MAX_BOXES`` = 1: one prompt set per request gives one set of masks (the official
-  predictors' single-image API takes one box); several boxes are several requests.
+  predictors' single-image API takes one box); several boxes are several requests. Boxes
+  are counted wherever they travel: ``input_boxes``, or corner pairs (labels 2 and 3) in a
+  point list, which the decoder would otherwise read as several boxes of one prompt.
+- one prompt set per request (:func:`check_batch`): a batch dimension above 1 is refused,
+  never merged into one prompt or cut to its first item.
 - ``MAX_IMAGE_PIXELS`` = 4096 x 4096: SAM works at ~1024 px, and the server holds the decoded
   image and its resized float copy (12 bytes a pixel while preprocessing).
 - ``MAX_IMAGE_BYTES`` = 64 MiB of encoded image: a 4096 x 4096 RGB PNG is at most ~48 MiB.
@@ -101,6 +105,32 @@ def check_prompts(
     for name in LABEL_TENSORS:
         if name in prompts:
             _check_labels(name, np.asarray(prompts[name]), points)
+            _check_corner_boxes(name, np.asarray(prompts[name]), max_boxes)
+
+
+def check_batch(field: str, shape: tuple[int, ...] | list[int]) -> None:
+    """Refuse an input whose batch dimension (the first) is not 1: a request is one image and
+    one prompt set, and a second set would be merged into the first or dropped."""
+    if len(shape) == 0 or int(shape[0]) != 1:
+        count = int(shape[0]) if len(shape) else 0
+        raise RequestError(
+            field,
+            f"got {count} prompt sets (shape {list(shape)}), expected 1 per request; send "
+            "one request per prompt set",
+        )
+
+
+def check_pixel_coords(field: str, pixels: np.ndarray, frame: np.ndarray) -> None:
+    """Refuse prompts in original pixels whose coordinates in the model's input frame
+    (``frame``, the same points converted) are beyond :data:`COORD_LIMIT`; the message names
+    the pixel field the request sent."""
+    if np.abs(frame).max(initial=0.0) > COORD_LIMIT:
+        raise RequestError(
+            field,
+            f"got a value of magnitude {float(np.abs(pixels).max()):.3g} pixels, which is "
+            f"{float(np.abs(frame).max()):.3g} in the model's input frame, expected at most "
+            f"{COORD_LIMIT:g} there (pixels of the original image)",
+        )
 
 
 def check_image_size(height: int, width: int, *, max_pixels: int, field: str = "image") -> None:
@@ -156,6 +186,17 @@ def _check_labels(name: str, array: np.ndarray, points: int | None) -> None:
     if not np.isin(array, POINT_LABELS).all():
         values = sorted({float(v) for v in np.unique(array)[:8]})
         raise RequestError(name, f"got values {values}, expected some of {list(POINT_LABELS)}")
+
+
+def _check_corner_boxes(name: str, labels: np.ndarray, max_boxes: int) -> None:
+    """Boxes given as corner points (labels 2 = top-left, 3 = bottom-right) in a point list."""
+    boxes = max(int(np.count_nonzero(labels == 2)), int(np.count_nonzero(labels == 3)))
+    if boxes > max_boxes:
+        raise RequestError(
+            name,
+            f"got {boxes} boxes (corner labels 2 and 3), expected at most {max_boxes} per "
+            "request; send one request per box",
+        )
 
 
 def _check_finite(name: str, array: np.ndarray) -> None:

@@ -19,6 +19,10 @@ One request (one image, N phrases):
 4. post-processing (Sam3Processor's): boxes to original pixels; masks only in the encodings
    the request asked for (COCO RLE, PNG, or the low-res logits).
 
+Tenants (``protocol/tenancy.py``): the image and phrase caches are keyed by (tenant, id) and
+shared fairly between tenants (``serving/cache.py``), so another tenant's image id is a miss
+and nothing tells whether another tenant sent an image or a phrase.
+
 Bad input answers INVALID_ARG naming the field; nothing a request sends can take the stub
 down (every error is caught per request). One instance (the caches live in it); ``execute``
 is a coroutine so requests of one batch overlap their BLS calls, and two requests of a batch
@@ -39,10 +43,12 @@ try:
     from triton_sam_serving import cache, images, masks
     from triton_sam_serving import protocol as envelope
     from triton_sam_serving.protocol import concept as protocol
+    from triton_sam_serving.protocol import tenancy
 except ImportError:  # imported from the triton_sam source tree (unit tests)
     from triton_sam.serving import cache, images, masks
     from triton_sam.serving import protocol as envelope
     from triton_sam.serving.protocol import concept as protocol
+    from triton_sam.serving.protocol import tenancy
 
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"
@@ -122,7 +128,7 @@ class TritonPythonModel:
 
     async def execute(self, requests):
         """Answer every request of the batch; their BLS calls overlap."""
-        runs = {}  # image id -> vision task: one run per new image in this batch
+        runs = {}  # (tenant, image id) -> vision task: one run per new image in this batch
         return list(await asyncio.gather(*(self._answer(r, runs) for r in requests)))
 
     def finalize(self):
@@ -135,6 +141,7 @@ class TritonPythonModel:
                 return envelope.error_response(
                     pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
                 )
+            tenant = tenancy.request_tenant(request)  # a forged second value: refused
             wanted = set(_requested(request)) or set(protocol.OUTPUTS) - {
                 protocol.MASKS_PNG,
                 protocol.MASKS_LOGITS,
@@ -148,10 +155,10 @@ class TritonPythonModel:
                 _scalar(request, protocol.MAX_INSTANCES, self.num_queries, 1, self.num_queries)
             )
             token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
-            image_id, encoded, (features, hw) = await self._image(request, runs)
+            image_id, encoded, (features, hw) = await self._image(request, runs, tenant)
             decoded = []
             if phrases:
-                text = await self._text(token_ids, token_mask)
+                text = await self._text(token_ids, token_mask, tenant)
                 decoded = await self._decode(features, text, token_mask, threshold, limit, wanted)
             outputs = self._outputs(decoded, hw, mask_threshold, wanted)
             outputs[protocol.IMAGE_ID] = np.array([[image_id.encode()]], dtype=np.object_)
@@ -161,6 +168,8 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(output_tensors=tensors)
         except RequestError as e:
             return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
+        except envelope.ProtocolError as e:
+            return envelope.error_response(pb_utils, e.code, str(e))
         except ImageMiss as e:
             return envelope.error_response(pb_utils, envelope.ERR_EMBEDDING_NOT_FOUND, str(e))
         except Exception as e:  # never let one request take the stub (and its caches) down
@@ -168,8 +177,9 @@ class TritonPythonModel:
                 pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
             )
 
-    async def _image(self, request, runs):
-        """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))).
+    async def _image(self, request, runs, tenant):
+        """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))), in
+        ``tenant``'s namespace.
 
         The entry is returned, not looked up again later: another request of the batch may
         evict it from the LRU before this one decodes.
@@ -183,7 +193,8 @@ class TritonPythonModel:
                     f"{protocol.IMAGE_ID} of an image this server answered"
                 )
             # sent with its pixels by another request of this batch, or held
-            entry = await runs[image_id] if image_id in runs else self.images.get(image_id)
+            key = (tenant, image_id)
+            entry = await runs[key] if key in runs else self.images.get(key)
             if entry is None:
                 raise ImageMiss(
                     f"image_id {image_id!r} is not cached on this server (never sent, evicted, "
@@ -196,16 +207,17 @@ class TritonPythonModel:
         except ValueError as e:
             raise RequestError(str(e)) from None
         image_id = images.image_id(rgb, protocol.image_namespace(self.name))
-        entry = self.images.get(image_id)
+        key = (tenant, image_id)
+        entry = self.images.get(key)
         if entry is not None:
             return image_id, 0, entry
-        task = runs.get(image_id)
+        task = runs.get(key)
         if task is not None:  # the same new image in another request of this batch
             return image_id, 0, await task
-        task = runs[image_id] = asyncio.ensure_future(self._encode(image_id, rgb))
+        task = runs[key] = asyncio.ensure_future(self._encode(key, rgb))
         return image_id, 1, await task
 
-    async def _encode(self, image_id, rgb):
+    async def _encode(self, key, rgb):
         """Run the vision graph; keep and return the entry (features by name, (H, W))."""
         pixels = pb_utils.Tensor("pixel_values", images.preprocess_sam3(rgb))
         response = await self._bls(self.vision_model, [pixels], self.feature_names, gpu=self.on_gpu)
@@ -216,12 +228,15 @@ class TritonPythonModel:
             value = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
             features[tensor.name()] = value
         entry = (features, tuple(int(d) for d in rgb.shape[:2]))
-        self.images.put(image_id, entry, self.feature_bytes)
+        self.images.put(key, entry, self.feature_bytes, owner=key[0])
         return entry
 
-    async def _text(self, token_ids, token_mask):
+    async def _text(self, token_ids, token_mask, tenant):
         """Text features [N, 32, C] of the phrases; the text graph runs for the uncached."""
-        keys = [ids[: int(m.sum())].tobytes() for ids, m in zip(token_ids, token_mask, strict=True)]
+        keys = [
+            (tenant, ids[: int(m.sum())].tobytes())
+            for ids, m in zip(token_ids, token_mask, strict=True)
+        ]
         missing, seen = [], set()
         for i, key in enumerate(keys):  # a phrase given twice runs once
             if key not in self.phrases and key not in seen:
@@ -237,7 +252,7 @@ class TritonPythonModel:
             values = pb_utils.get_output_tensor_by_name(response, TEXT_FEATURES).as_numpy()
             for i, value in zip(missing, values, strict=True):
                 fresh[keys[i]] = np.array(value)
-                self.phrases.put(keys[i], fresh[keys[i]], value.nbytes)
+                self.phrases.put(keys[i], fresh[keys[i]], value.nbytes, owner=tenant)
         return np.stack([fresh[k] if k in fresh else self.phrases.get(k) for k in keys])
 
     async def _decode(self, features, text, token_mask, threshold, limit, wanted):

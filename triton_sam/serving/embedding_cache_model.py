@@ -25,10 +25,14 @@ One request, three uses (every input is ``optional``):
   ``point_labels`` or the layout's others; optionally ``mask_input``/``has_mask_input``, or
   ``previous_key`` + ``previous_mask_index`` naming low-res logits this server kept from an
   earlier prediction). Calls the decoder with the
-  cached features and returns the decoder outputs the request asked for. With
-  ``logits_key``, the returned low-res logits (clipped like the official predictor's) are
-  kept under that key for a later refinement, so a refinement click sends 8 bytes, not the
-  256 KiB mask.
+  cached features and returns the decoder outputs the request asked for. When the request
+  asks for the output ``logits_key``, the returned low-res logits (clipped like the official
+  predictor's) are kept under a key this server issues (128 random bits, answered in that
+  output) for a later refinement, so a refinement click sends the key, not the 256 KiB mask.
+  The key is bound to the image and the tenant; a client can never choose one.
+
+Tenants (``protocol/tenancy.py``): every cache entry, embed in flight and kept logits is
+keyed by (tenant, image id), so one tenant's requests never see another tenant's state.
 
 A miss (unknown image id or logits key: never embedded, evicted, or the server restarted)
 answers NOT_FOUND with the protocol code ``EmbeddingNotFound`` (the envelope of
@@ -83,6 +87,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -94,15 +99,17 @@ import triton_python_backend_utils as pb_utils
 # The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
-    from triton_sam_serving import bounds, images, intake, masks, prompt_frame
+    from triton_sam_serving import bounds, cache, images, intake, masks, prompt_frame
     from triton_sam_serving import protocol as envelope
     from triton_sam_serving.click_queue import ClickQueue, QueueFull
     from triton_sam_serving.protocol import embedding_cache as protocol
+    from triton_sam_serving.protocol import tenancy
 except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import bounds, images, intake, masks, prompt_frame
+    from triton_sam.serving import bounds, cache, images, intake, masks, prompt_frame
     from triton_sam.serving import protocol as envelope
     from triton_sam.serving.click_queue import ClickQueue, QueueFull
     from triton_sam.serving.protocol import embedding_cache as protocol
+    from triton_sam.serving.protocol import tenancy
 
 IMAGE_ID = protocol.IMAGE_ID
 ENCODED = protocol.ENCODED
@@ -122,6 +129,18 @@ class EmbeddingMiss(Exception):
     """An image id (or logits key) this instance does not hold."""
 
 
+class Scoped(tuple):
+    """(tenant, image id): what the cache, the embeds in flight and kept logits are keyed by."""
+
+    __slots__ = ()
+
+    def __new__(cls, tenant, image_id):
+        return super().__new__(cls, (tenant, image_id))
+
+    tenant = property(lambda self: self[0])
+    image_id = property(lambda self: self[1])
+
+
 class _Entry:
     __slots__ = ("features", "feature_bytes", "logits", "hw")
 
@@ -129,7 +148,7 @@ class _Entry:
         self.features = features  # name -> pb_utils.Tensor (GPU) or np.ndarray (CPU)
         self.feature_bytes = feature_bytes
         self.hw = hw  # (H, W) of the original image; None when embedded as a float tensor
-        self.logits = OrderedDict()  # key -> np.ndarray [1, M, S, S], LRU order
+        self.logits = OrderedDict()  # issued key -> np.ndarray [1, M, S, S], LRU order
 
     @property
     def nbytes(self):
@@ -140,8 +159,9 @@ class EmbeddingCache:
     """LRU of image features (+ a few kept low-res logits per image), bounded in count and bytes.
 
     Pure Python (no Triton): the python model drives it from one event loop, so no locks.
-    The most recently inserted image is never evicted by its own insertion, so one image
-    larger than ``max_bytes`` is still served (alone).
+    Keyed by :class:`Scoped` (tenant, image id); the bounds are shared fairly between tenants
+    (``serving/cache.py``). The most recently inserted image is never evicted by its own
+    insertion, so one image larger than ``max_bytes`` is still served (alone).
     """
 
     def __init__(self, max_images, max_bytes=0, logits_per_image=4):
@@ -150,79 +170,67 @@ class EmbeddingCache:
         self.max_images = int(max_images)
         self.max_bytes = int(max_bytes)  # 0 = no byte bound
         self.logits_per_image = int(logits_per_image)
-        self._entries = OrderedDict()
-        self.nbytes = 0
-        self.evictions = 0
+        self._lru = cache.LruCache(self.max_images, self.max_bytes)
+
+    nbytes = property(lambda self: self._lru.nbytes)
+    evictions = property(lambda self: self._lru.evictions)
 
     def __len__(self):
-        return len(self._entries)
+        return len(self._lru)
 
-    def __contains__(self, image_id):
-        return image_id in self._entries
+    def __contains__(self, scoped):
+        return scoped in self._lru
 
     def ids(self):
-        """Cached ids, least recently used first."""
-        return list(self._entries)
+        """Cached (tenant, image id) keys, least recently used first."""
+        return self._lru.keys()
 
-    def get(self, image_id):
-        """The features of ``image_id`` (marked most recently used); EmbeddingMiss if absent."""
-        entry = self._entries.get(image_id)
-        if entry is None:
-            raise EmbeddingMiss(f"image_id {image_id!r} is not cached")
-        self._entries.move_to_end(image_id)
-        return entry.features
+    def get(self, scoped):
+        """The features of ``scoped`` (marked most recently used); EmbeddingMiss if absent."""
+        return self._entry(scoped, touch=True).features
 
-    def put(self, image_id, features, feature_bytes, hw=None):
-        """Keep ``features`` under ``image_id``; returns the ids evicted to stay in bounds."""
-        old = self._entries.pop(image_id, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
-        self._entries[image_id] = _Entry(features, int(feature_bytes), hw)
-        self.nbytes += int(feature_bytes)
-        return self._shrink()
+    def put(self, scoped, features, feature_bytes, hw=None):
+        """Keep ``features`` under ``scoped``; returns the keys evicted to stay in bounds."""
+        entry = _Entry(features, int(feature_bytes), hw)
+        return self._lru.put(scoped, entry, entry.nbytes, owner=scoped.tenant)
 
-    def put_logits(self, image_id, key, logits):
-        """Keep low-res logits of a prediction on ``image_id`` under ``key``."""
-        entry = self._entries.get(image_id)
+    def keep_logits(self, scoped, logits):
+        """Keep low-res logits of a prediction on ``scoped`` under a fresh random key.
+
+        Returns:
+            ``(key, evicted)``: the key issued ("" when nothing is kept: the image was
+            evicted meanwhile, or ``logits_per_image`` is 0) and the keys evicted.
+        """
+        entry = self._lru.peek(scoped)
         if entry is None or self.logits_per_image < 1:
-            return []
-        old = entry.logits.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
+            return "", []
+        key = secrets.token_hex(protocol.ISSUED_KEY_BYTES)
         entry.logits[key] = logits
-        self.nbytes += logits.nbytes
         while len(entry.logits) > self.logits_per_image:
-            _, dropped = entry.logits.popitem(last=False)
-            self.nbytes -= dropped.nbytes
-        return self._shrink()
+            entry.logits.popitem(last=False)
+        return key, self._lru.put(scoped, entry, entry.nbytes, owner=scoped.tenant)
 
-    def original_size(self, image_id):
-        """(H, W) of the image embedded under ``image_id``, or None (float-tensor embed)."""
-        entry = self._entries.get(image_id)
-        if entry is None:
-            raise EmbeddingMiss(f"image_id {image_id!r} is not cached")
-        return entry.hw
+    def original_size(self, scoped):
+        """(H, W) of the image embedded under ``scoped``, or None (float-tensor embed)."""
+        return self._entry(scoped, touch=False).hw
 
-    def get_logits(self, image_id, key):
-        """Logits kept under ``key`` for ``image_id``; EmbeddingMiss if either is absent."""
-        entry = self._entries.get(image_id)
-        logits = None if entry is None else entry.logits.get(key)
-        if logits is None:
-            raise EmbeddingMiss(f"no low-res logits {key!r} kept for image_id {image_id!r}")
+    def get_logits(self, scoped, key):
+        """Logits this cache issued ``key`` for on ``scoped``; EmbeddingMiss otherwise."""
+        entry = self._lru.peek(scoped)
+        logits = None if entry is None or not key else entry.logits.get(key)
+        if logits is None:  # the key itself stays out of messages: it is a capability
+            raise EmbeddingMiss(
+                f"{PREVIOUS_KEY}: no low-res logits kept under this key for image_id "
+                f"{scoped.image_id!r}"
+            )
         entry.logits.move_to_end(key)
         return logits
 
-    def _shrink(self):
-        evicted = []
-        while len(self._entries) > 1 and (
-            len(self._entries) > self.max_images
-            or (self.max_bytes and self.nbytes > self.max_bytes)
-        ):
-            image_id, entry = self._entries.popitem(last=False)
-            self.nbytes -= entry.nbytes
-            evicted.append(image_id)
-        self.evictions += len(evicted)
-        return evicted
+    def _entry(self, scoped, *, touch):
+        entry = self._lru.get(scoped) if touch else self._lru.peek(scoped)
+        if entry is None:
+            raise EmbeddingMiss(f"image_id {scoped.image_id!r} is not cached")
+        return entry
 
 
 class TritonPythonModel:
@@ -302,7 +310,7 @@ class TritonPythonModel:
         # Configs written before the parameter existed copied the features (``process``).
         self.keep_shm = params.get(protocol.PARAM_CPU_FEATURES) == "shared_memory"
         self.metrics = _Metrics(args)
-        self.embeds = {}  # image_id -> task of the encoder run in flight for it
+        self.embeds = {}  # Scoped -> task of the encoder run in flight for it
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="triton_sam_session", daemon=True
@@ -348,6 +356,8 @@ class TritonPythonModel:
                 return envelope.error_response(
                     pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
                 )
+            tenant = tenancy.request_tenant(request)  # a forged second value: refused
+            _check_one_prompt_set(request)
             hint = _string(request, IMAGE_ID)
             if hint is not None:
                 bounds.check_key(IMAGE_ID, hint)
@@ -361,25 +371,24 @@ class TritonPythonModel:
                 # whose decoder differs from ours) binds nothing; the answer names the real
                 # id. Clients send their expected id with an embed so that a proxy in front
                 # of several replicas routes the embed where the clicks will go.
-                image_id, encoded = await self._admitted_embed(request, embeds)
+                image_id, scoped, encoded = await self._admitted_embed(request, embeds, tenant)
             elif hint is None:
                 raise bounds.RequestError(
                     IMAGE_ID,
                     f"missing: send an image ({IMAGE_BYTES}, {IMAGE_RGB} or "
                     f"{', '.join(self.encoder_inputs)}) or the {IMAGE_ID} the server answered",
                 )
-            elif hint in embeds:  # being embedded by another request
-                image_id = hint
-                await embeds[image_id]
-                encoded = 0
             else:
-                image_id, encoded = hint, None
+                image_id, scoped, encoded = hint, Scoped(tenant, hint), None
+                if scoped in embeds:  # being embedded by another request
+                    await embeds[scoped]
+                    encoded = 0
             if pixel is not None:
-                outputs = await self._predict_pixels(request, image_id, pixel, wanted, clock)
+                outputs = await self._predict_pixels(request, scoped, pixel, wanted, clock)
             elif prompts:
-                outputs = await self._predict(request, image_id, wanted, clock)
+                outputs = await self._predict(request, scoped, wanted, clock)
             elif encoded is None:  # probe
-                self._features(image_id)
+                self._features(scoped)
                 encoded = 0
             if ENCODED in wanted or not wanted:
                 value = np.array([[encoded or 0]], dtype=np.int32)
@@ -390,6 +399,8 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(output_tensors=outputs)
         except bounds.RequestError as e:
             return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
+        except envelope.ProtocolError as e:
+            return envelope.error_response(pb_utils, e.code, str(e))
         except QueueFull as e:
             if self._carries_image(request):
                 self.metrics.count("refused_embeds")
@@ -426,10 +437,19 @@ class TritonPythonModel:
                 prompts[name] = tensor.as_numpy()
         if prompts:
             bounds.check_prompts(prompts, max_points=self.max_points, max_boxes=self.max_boxes)
-        for name in (LOGITS_KEY, PREVIOUS_KEY):
-            value = _string(request, name)
-            if value is not None:
-                bounds.check_key(name, value)
+        if _input(request, LOGITS_KEY) is not None:
+            raise bounds.RequestError(
+                LOGITS_KEY,
+                "sent as an input; the server issues the key: ask for the output "
+                f"{LOGITS_KEY} and send the key it answers as {PREVIOUS_KEY} later",
+            )
+        value = _string(request, PREVIOUS_KEY)
+        if value is not None:
+            bounds.check_key(PREVIOUS_KEY, value)
+            if MASK_INPUT in prompts:
+                raise bounds.RequestError(
+                    PREVIOUS_KEY, f"sent with {MASK_INPUT}; send one of them (one mask)"
+                )
         return prompts
 
     def _pixel_prompts(self, request, prompts):
@@ -473,16 +493,22 @@ class TritonPythonModel:
         multimask = given.get(MULTIMASK)
         return clicks, box, bool(multimask is not None and multimask.reshape(-1)[0])
 
-    async def _predict_pixels(self, request, image_id, pixel, wanted, clock):
+    async def _predict_pixels(self, request, scoped, pixel, wanted, clock):
         """Prompts in original pixels -> the decoder -> masks at the original size, encoded."""
         clicks, box, multimask = pixel
-        hw = self.cache.original_size(image_id)
+        hw = self.cache.original_size(scoped)
         if hw is None or self.pre is None:
             raise bounds.RequestError(
                 POINTS,
                 "this image was embedded as a preprocessed tensor, whose original size the "
                 f"server does not know; embed it as {IMAGE_BYTES} or {IMAGE_RGB}",
             )
+        if clicks is not None:
+            frame = prompt_frame.to_input_frame(clicks[0], hw, self.pre)
+            bounds.check_pixel_coords(POINTS, clicks[0], frame)
+        if box is not None:
+            frame = prompt_frame.to_input_frame(box.reshape(2, 2), hw, self.pre)
+            bounds.check_pixel_coords(BOX, box, frame)
         coords, labels = prompt_frame.point_list(
             clicks,
             box,
@@ -500,7 +526,9 @@ class TritonPythonModel:
         )
         names = [low_name, score_name]
         extra = [n for n in wanted if n in protocol.MASK_OUTPUTS and n != low_name]
-        outputs = await self._predict(request, image_id, names + extra, clock, given=given)
+        if LOGITS_KEY in wanted:
+            extra.append(LOGITS_KEY)
+        outputs = await self._predict(request, scoped, names + extra, clock, given=given)
         by_name = {t.name(): t for t in outputs}
         low = np.asarray(by_name[low_name].as_numpy(), np.float32)
         scores = np.asarray(by_name[score_name].as_numpy(), np.float32).reshape(-1)
@@ -540,9 +568,10 @@ class TritonPythonModel:
             _input(request, n) is not None for n in self.encoder_inputs
         )
 
-    async def _admitted_embed(self, request, embeds):
-        """(image id, encoded) of the image ``request`` carries, decoded, hashed, preprocessed
-        and encoded under one of ``max_concurrent_embeds`` slots (QueueFull: refused at once).
+    async def _admitted_embed(self, request, embeds, tenant):
+        """(image id, its tenant-scoped key, encoded) of the image ``request`` carries,
+        decoded, hashed, preprocessed and encoded under one of ``max_concurrent_embeds`` slots
+        (QueueFull: refused at once).
 
         An embed that waited and was cancelled meanwhile is answered unrun. An image another
         request is already encoding shares that run and gives its own slot back at once.
@@ -557,15 +586,16 @@ class TritonPythonModel:
             image_id, kind, value = await loop.run_in_executor(
                 self.intake_pool, self._received_image, request
             )
-            task = embeds.get(image_id)
+            scoped = Scoped(tenant, image_id)
+            task = embeds.get(scoped)
             if task is None:
-                task = embeds[image_id] = asyncio.ensure_future(self._embed(image_id, kind, value))
-                task.add_done_callback(lambda _, i=image_id: embeds.pop(i, None))
+                task = embeds[scoped] = asyncio.ensure_future(self._embed(scoped, kind, value))
+                task.add_done_callback(lambda _, i=scoped: embeds.pop(i, None))
             else:  # the run in flight holds its own slot
                 held = False
                 self.embed_queue.release()
             del value  # the run holds what it needs; a shared run needs none of it
-            return image_id, await task  # a second embed of this image shares the run
+            return image_id, scoped, await task  # a second embed of this image shares the run
         finally:
             if held:
                 self.embed_queue.release()
@@ -619,9 +649,9 @@ class TritonPythonModel:
         )
         return image_id, "tensor", feeds
 
-    async def _embed(self, image_id, kind, value):
-        if image_id in self.cache:
-            self.cache.get(image_id)  # refresh its LRU position
+    async def _embed(self, scoped, kind, value):
+        if scoped in self.cache:
+            self.cache.get(scoped)  # refresh its LRU position
             return 0
         if kind == "rgb":  # off the event loop: other requests' BLS calls go on meanwhile
             tensor = await asyncio.get_running_loop().run_in_executor(
@@ -656,20 +686,20 @@ class TritonPythonModel:
             if isinstance(v, np.ndarray) or v.is_cpu()
         )
         hw = (int(value.shape[0]), int(value.shape[1])) if kind == "rgb" else None
-        evicted = self.cache.put(image_id, features, nbytes, hw)
+        evicted = self.cache.put(scoped, features, nbytes, hw)
         self.metrics.count("evictions", len(evicted))
         return 1
 
-    def _features(self, image_id):
-        features = self.cache.get(image_id)  # EmbeddingMiss when absent
+    def _features(self, scoped):
+        features = self.cache.get(scoped)  # EmbeddingMiss when absent
         self.metrics.count("hits")
         return features
 
-    async def _predict(self, request, image_id, wanted, clock, given=None):
+    async def _predict(self, request, scoped, wanted, clock, given=None):
         """Run the decoder on the cached features and the request's prompt tensors (or
         ``given``: name -> array built here); returns the output tensors asked for."""
         clock.mark("intake")
-        features = self._features(image_id)
+        features = self._features(scoped)
         feeds = [
             value if not isinstance(value, np.ndarray) else pb_utils.Tensor(name, value)
             for name, value in features.items()
@@ -684,10 +714,10 @@ class TritonPythonModel:
                 feeds.append(tensor)
                 names_given.add(name)
         if self.mask_dims is not None and MASK_INPUT not in names_given:
-            feeds += self._mask_feeds(request, image_id)
+            feeds += self._mask_feeds(request, scoped)
         elif MASK_INPUT in names_given and HAS_MASK_INPUT not in names_given:
             feeds.append(pb_utils.Tensor(HAS_MASK_INPUT, np.ones((1, 1), np.float32)))
-        skip = (ENCODED, IMAGE_ID, *protocol.FINISHED_OUTPUTS)
+        skip = (ENCODED, IMAGE_ID, LOGITS_KEY, *protocol.FINISHED_OUTPUTS)
         names = [n for n in wanted if n not in skip] or list(protocol.DEFAULT_OUTPUTS)
         decoder = self.decoder_model
         waited = await self.clicks.acquire()  # QueueFull: refused at once
@@ -711,29 +741,38 @@ class TritonPythonModel:
         if response.has_error():
             raise RuntimeError(f"{decoder}: {response.error().message()}")
         outputs = [pb_utils.get_output_tensor_by_name(response, n) for n in names]
-        key = _string(request, protocol.LOGITS_KEY)
-        if key:
-            for tensor in outputs:
-                if (
-                    tensor is not None
-                    and tensor.name() in protocol.MASK_OUTPUTS
-                    and tensor.is_cpu()
-                ):
-                    logits = np.array(tensor.as_numpy(), dtype=np.float32)
-                    if self.logit_limit is not None:
-                        np.clip(logits, -self.logit_limit, self.logit_limit, out=logits)
-                    evicted = self.cache.put_logits(image_id, key, logits)
-                    self.metrics.count("evictions", len(evicted))
+        if LOGITS_KEY in wanted:
+            outputs.append(self._keep_logits(scoped, outputs))
         clock.mark("outputs")
         return [t for t in outputs if t is not None]
 
-    def _mask_feeds(self, request, image_id):
+    def _keep_logits(self, scoped, outputs):
+        """Keep the answer's low-res logits under a key issued here; the ``logits_key``
+        output tensor holding it (see protocol/embedding_cache.py)."""
+        by_name = {t.name(): t for t in outputs if t is not None}
+        low = next((by_name[n] for n in protocol.MASK_OUTPUTS if n in by_name), None)
+        if low is None:
+            raise bounds.RequestError(
+                LOGITS_KEY,
+                f"asked for without any of {list(protocol.MASK_OUTPUTS)}: the key names the "
+                "low-res logits of the answer, ask for them too",
+            )
+        key = ""
+        if low.is_cpu():
+            logits = np.array(low.as_numpy(), dtype=np.float32)
+            if self.logit_limit is not None:
+                np.clip(logits, -self.logit_limit, self.logit_limit, out=logits)
+            key, evicted = self.cache.keep_logits(scoped, logits)
+            self.metrics.count("evictions", len(evicted))
+        return pb_utils.Tensor(LOGITS_KEY, np.array([[key.encode()]], dtype=np.object_))
+
+    def _mask_feeds(self, request, scoped):
         """mask_input from kept logits (previous_key + previous_mask_index), else zeros."""
         key = _string(request, PREVIOUS_KEY)
-        if key:
+        if key is not None:  # given, even empty: only a key this server issued is found
             index_tensor = _input(request, PREVIOUS_MASK_INDEX)
             index = 0 if index_tensor is None else int(index_tensor.as_numpy().reshape(-1)[0])
-            logits = self.cache.get_logits(image_id, key)
+            logits = self.cache.get_logits(scoped, key)
             if not 0 <= index < logits.shape[1]:
                 raise bounds.RequestError(
                     PREVIOUS_MASK_INDEX, f"got {index}, expected 0..{logits.shape[1] - 1}"
@@ -875,6 +914,15 @@ def _cancelled(request):
 
 def _input(request, name):
     return pb_utils.get_input_tensor_by_name(request, name)
+
+
+def _check_one_prompt_set(request):
+    """Refuse a request whose inputs carry more than one prompt set (batch dim > 1): the
+    model would merge them or keep the first. The image id is named first when it is one."""
+    tensors = sorted(request.inputs(), key=lambda t: (t.name() != IMAGE_ID, t.name()))
+    for tensor in tensors:
+        shape = tensor.shape() if hasattr(tensor, "shape") else tensor.as_numpy().shape
+        bounds.check_batch(tensor.name(), tuple(shape))
 
 
 def _string(request, name):

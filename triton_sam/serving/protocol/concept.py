@@ -3,7 +3,9 @@
 One request = one image and N phrases; every input is
 optional. Without ``text`` a request only embeds the image (or, with ``image_id`` alone, asks
 whether the server holds it), so a client can send an image once and its phrases later.
-Tensors carry Triton's batch dim first (size 1 per request).
+Tensors carry Triton's batch dim first (size 1 per request). Cached image features and phrase
+features live in the request's tenant namespace (:mod:`.tenancy`): another tenant's
+``image_id`` is a miss, as if never sent.
 
 Inputs:
     ``image``          UINT8 [H, W, 3] RGB pixels. The server preprocesses them (Sam3Processor's

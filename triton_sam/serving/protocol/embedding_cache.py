@@ -13,13 +13,35 @@ batch dim first (1 per request):
 - **probe**: ``image_id`` alone. Answers ``encoded`` = 0 when cached, else the miss below.
 - **predict**: ``image_id`` + the family's prompt tensors (the decoder inputs that are not
   encoder outputs: ``point_coords``/``point_labels``/``mask_input``/``has_mask_input``, or
-  another layout's). Optionally ``logits_key`` (keep this prediction's low-res logits under
-  it) and ``previous_key`` + ``previous_mask_index`` (use mask i of logits kept earlier as
-  ``mask_input``, instead of sending 256 KiB). Answers the decoder outputs asked for.
+  another layout's). Answers the decoder outputs asked for. One prompt set per request: a
+  batch dimension above 1 on any input, or more than one box (corner labels 2/3 in
+  ``point_coords``, or ``input_boxes``), is refused, never merged.
+
+Refinement without resending the mask (layouts with ``mask_input`` and a low-res mask
+output): a predict that asks for the OUTPUT ``logits_key`` (a request naming no outputs asks
+for every output, this one included) makes the server keep that
+answer's low-res logits (those of ``masks`` when the answer has it, else of
+``multimask_masks``; clipped like the official predictor's) and answer, in ``logits_key``,
+a key the server issued for them: 128 random bits as 32 hex characters (an empty string when
+the server keeps none: ``logits_per_image`` = 0). A later predict on the same image sends
+``previous_key`` (that key) + ``previous_mask_index`` (mask i of those logits) instead of
+256 KiB of ``mask_input``. Keys are capabilities: only a key this server issued for this
+image, to this tenant, is found; anything else (another image's key, another tenant's, a
+made-up one, one evicted or lost in a restart) is the miss below, which clients answer by
+sending the mask itself. A client never names where logits are kept: the INPUT
+``logits_key`` is refused (``InvalidInput``), and ``previous_key`` with ``mask_input`` too
+(one mask per request). Treat keys as secrets; the server never logs or counts them.
 
 A miss (an id or logits key this server does not hold: never embedded, evicted, restarted)
 answers ``NOT_FOUND`` with code ``EmbeddingNotFound`` (see :mod:`triton_sam.serving.protocol`);
 clients embed again and resend once.
+
+Tenants (:mod:`.tenancy`): the features and kept logits of a request live in its tenant's
+namespace. Another tenant's image id is a miss (a probe says ``EmbeddingNotFound``, an embed
+of the same picture runs the encoder again: nothing tells whether another tenant embedded
+it); within one tenant the content-addressed cache is shared (the image id is a function of
+the pixels). The bounds (``max_images``, ``max_bytes``) are global, shared fairly between the
+tenants holding entries (:mod:`triton_sam.serving.cache`).
 
 Point-list families (SAM1, SAM2.1) also take prompts in original pixels (``points``,
 ``labels``, ``box``, ``multimask_output``) and can answer finished masks at the original size
@@ -33,7 +55,7 @@ KIND = KIND_EMBEDDING_CACHE
 
 IMAGE_ID = "image_id"  # BYTES [1]
 ENCODED = "encoded"  # INT32 [1] output
-LOGITS_KEY = "logits_key"  # BYTES [1]
+LOGITS_KEY = "logits_key"  # BYTES [1] output: the key the server issued (never an input)
 PREVIOUS_KEY = "previous_key"  # BYTES [1]
 PREVIOUS_MASK_INDEX = "previous_mask_index"  # INT32 [1]
 MASK_INPUT = "mask_input"
@@ -56,8 +78,10 @@ MASK_SCORES = "mask_scores"  # FP32 [M]
 IMAGE_SIZE = "image_size"  # INT32 [2] (H, W)
 ENCODED_MASK_OUTPUTS = (MASKS_RLE, MASKS_PNG, MASKS_BITS)
 FINISHED_OUTPUTS = (*ENCODED_MASK_OUTPUTS, MASK_BOXES, MASK_SCORES, IMAGE_SIZE)
-# Decoder outputs that are low-res logits (what a client passes back as mask_input).
+# Decoder outputs that are low-res logits (what a client passes back as mask_input); a
+# kept-logits key names the first of them the answer has.
 MASK_OUTPUTS = ("masks", "multimask_masks")
+ISSUED_KEY_BYTES = 16  # random bytes of a kept-logits key (hex: 32 characters)
 # Asked for when a predict request names no output.
 DEFAULT_OUTPUTS = ("masks", "iou_predictions")
 METRIC_PREFIX = "triton_sam_session_"
@@ -143,6 +167,14 @@ PARAM_KEYS = (
     PARAM_MAX_CONCURRENT_EMBEDS,
     PARAM_MAX_WAITING_EMBEDS,
 )
+
+
+def keeps_logits(decoder_inputs, decoder_outputs) -> bool:
+    """Whether a session model over a decoder with these input and output names keeps
+    logits for refinement (and so offers the ``logits_key`` output): the decoder takes
+    ``mask_input`` and answers one of :data:`MASK_OUTPUTS`."""
+    return MASK_INPUT in set(decoder_inputs) and bool(set(MASK_OUTPUTS) & set(decoder_outputs))
+
 
 # Bounds (SessionOptions' defaults).
 DEFAULT_MAX_IMAGES = 16
