@@ -125,9 +125,9 @@ class ImageNotSetError(TritonSamError):
 
 
 class TrackingSessionNotFoundError(ServerError):
-    """The server holds no tracking session under this id (never created, evicted by its
-    bounds, or the server restarted). ``SAM2VideoTritonClient`` re-creates it transparently
-    when it still has the video."""
+    """The server holds no tracking session of yours under this id (never issued, issued to
+    another tenant, closed, evicted after it sat idle, or the server restarted).
+    ``SAM2VideoTritonClient`` re-creates it transparently when it still has the video."""
 
 
 class FrameIndexError(InputValidationError, IndexError):

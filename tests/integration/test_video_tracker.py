@@ -1,9 +1,11 @@
 """The sam2_tracker model and SAM2VideoTritonClient on the embedded Triton.
 
 One server for the module: the five tracking graphs of the parity checkpoint (python target:
-what the embedded server runs today) and the tracker with small bounds (2 sessions), so
-eviction is reachable. Parity is against the same SAM2VideoPredictor run as the in-process
-test (tests/parity/test_sam2_video_parity.py, tolerances stated there).
+what the embedded server runs today) and the tracker with small bounds (2 sessions, any
+session but the one in use evictable at once), so eviction is reachable (the rule that
+protects sessions in active use is tested in test_tracker_isolation.py). Parity is against the
+same SAM2VideoPredictor run as the in-process test (tests/parity/test_sam2_video_parity.py,
+tolerances stated there).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def video_server(sam2_video_export, embedded_triton, tmp_path_factory):
         sam2_video_export.graphs,
         sam2_video_export.config,
         RepositoryOptions(),
-        TrackerOptions(max_sessions=2, feature_cache_frames=4),
+        TrackerOptions(max_sessions=2, feature_cache_frames=4, evict_idle_s=0),
     )
     return embedded_triton(embedded_repository(repo), startup_timeout_s=180.0)
 
@@ -98,8 +100,9 @@ def test_bad_calls_raise_typed_errors_and_the_server_stays_ready(video_server, v
     assert_ready(video_server)
 
 
-def raw(server, command, session="raw", **tensors):
-    """One request straight to the tracker, bypassing the client (which validates first)."""
+def raw(server, command, session=None, **tensors):
+    """One request straight to the tracker, bypassing the client (which validates first);
+    its status, or for init the issued session id."""
     c = grpcclient.InferenceServerClient(server.grpc_url.split("://")[-1])
     names = {
         "object": "BYTES",
@@ -109,7 +112,8 @@ def raw(server, command, session="raw", **tensors):
         "bool": "BOOL",
     }
     items = [("command", np.array([[command.encode()]], object))]
-    items += [("session_id", np.array([[session.encode()]], object))]
+    if session is not None:
+        items += [("session_id", np.array([[session.encode()]], object))]
     items += [(k, np.asarray(v)[None]) for k, v in tensors.items()]
     inputs = []
     for name, value in items:
@@ -117,9 +121,10 @@ def raw(server, command, session="raw", **tensors):
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
     try:
-        result = c.infer(
-            protocol.TRACKER_MODEL, inputs, outputs=[grpcclient.InferRequestedOutput("status")]
-        )
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("status", "out_session_id")]
+        result = c.infer(protocol.TRACKER_MODEL, inputs, outputs=outputs)
+        if command == "init":
+            return result.as_numpy("out_session_id").reshape(-1)[0].decode()
         return json.loads(result.as_numpy("status").reshape(-1)[0])
     finally:
         c.close()
@@ -147,7 +152,7 @@ def test_raw_requests_are_validated_on_the_server(video_server, command, tensors
     from tritonclient.utils import InferenceServerException
 
     with pytest.raises(InferenceServerException) as info:
-        raw(video_server, command, session="never-made", **tensors)
+        raw(video_server, command, session=None if command == "init" else "never-made", **tensors)
     assert protocol.error_code(info.value.message()) == code
     assert_ready(video_server)
 
@@ -155,7 +160,7 @@ def test_raw_requests_are_validated_on_the_server(video_server, command, tensors
 def test_raw_frames_of_the_wrong_size_or_type_are_refused(video_server):
     from tritonclient.utils import InferenceServerException
 
-    raw(
+    session = raw(
         video_server,
         "init",
         num_frames=np.array([2], np.int32),
@@ -168,9 +173,9 @@ def test_raw_frames_of_the_wrong_size_or_type_are_refused(video_server):
     ]
     for frame in bad_frames:
         with pytest.raises(InferenceServerException) as info:
-            raw(video_server, "add_frame", frame_index=np.array([0], np.int32), **frame)
+            raw(video_server, "add_frame", session, frame_index=np.array([0], np.int32), **frame)
         assert protocol.error_code(info.value.message()) == "InvalidInput"
-    raw(video_server, "close")
+    raw(video_server, "close", session)
     assert_ready(video_server)
 
 
@@ -178,9 +183,11 @@ def test_a_session_evicted_mid_propagation_is_recreated_transparently(
     video_server, video_clip, upstream_video_run
 ):
     """The server holds 2 sessions: opening two more evicts this one between two frames;
-    the client replays its prompts and tracked frames, and the masks are upstream's."""
+    the client opens a new session (a new id), replays its prompts and tracked frames, and
+    the masks are upstream's."""
     with SAM2VideoTritonClient(video_server.grpc_url) as client:
         state = client.init_state(video_clip)
+        first_id = state.session_id
         ours = []
         step = client.add_new_points_or_box(state, 0, 1, points=[CLICK], labels=[1])
         ours.append(("click", *step, client_scores(state, 0)))
@@ -194,7 +201,7 @@ def test_a_session_evicted_mid_propagation_is_recreated_transparently(
         for other in others:
             client.close_state(other)
         client.close_state(state)
-    assert state.resets == 1
+    assert state.resets == 1 and state.session_id != first_id
     assert_same_as_upstream(ours, upstream_video_run[: len(ours)])
 
 
@@ -204,7 +211,7 @@ def test_cancelled_propagation_runs_nothing_more_on_the_server(video_server, vid
     with SAM2VideoTritonClient(video_server.grpc_url) as client:
         state = client.init_state(video_clip)
         client.add_new_points_or_box(state, 0, 1, points=[CLICK], labels=[1])
-        before = client.session_info(state)["frames_tracked"]
+        before = client.session_info(state)["session"]["frames_tracked"]
         consumed: list[int] = []
         first = threading.Event()
 
@@ -221,9 +228,9 @@ def test_cancelled_propagation_runs_nothing_more_on_the_server(video_server, vid
         worker.join(600)
         assert not worker.is_alive()
         time.sleep(2.0)
-        ran = client.session_info(state)["frames_tracked"] - before
+        ran = client.session_info(state)["session"]["frames_tracked"] - before
         time.sleep(3.0)
-        ran_later = client.session_info(state)["frames_tracked"] - before
+        ran_later = client.session_info(state)["session"]["frames_tracked"] - before
         client.close_state(state)
     counters = read_counters(
         video_server.http_url, video_server.metrics_url, protocol.TRACKER_MODEL

@@ -28,12 +28,14 @@ def test_session_requests_carry_their_image_id_as_the_key():
     assert routing_headers(click) == {ROUTING_HEADER: IMAGE}
 
 
-def test_tracker_requests_are_keyed_by_their_tracking_session():
+def test_tracker_requests_carry_their_videos_key_never_the_session_id():
     inputs = {"command": np.array([b"add_points"], dtype=np.object_)}
-    inputs["session_id"] = np.array([[b"track-7f3a"]], dtype=np.object_)
-    assert routing_key(inputs) == "track-7f3a"
+    inputs["session_id"] = np.array([[b"issued-secret"]], dtype=np.object_)
+    assert routing_key(inputs) is None  # a bearer capability never goes into a header
+    assert routing_headers(inputs, "video-7f3a") == {ROUTING_HEADER: "video-7f3a"}
     both = {**inputs, "image_id": bytes_tensor(IMAGE)}
-    assert routing_key(both) == IMAGE  # the image wins where a request names both
+    assert routing_key(both, "video-7f3a") == "video-7f3a"  # the caller's key wins
+    assert routing_key(inputs, "a\nb") is None and routing_key(inputs, "") is None
 
 
 @pytest.mark.parametrize(

@@ -310,71 +310,211 @@ def test_feature_cache_is_bounded():
 
 
 # -- the service and its bounded store ----------------------------------------------------------
-def service(max_sessions=2, **bounds):
+class Clock:
+    """A monotonic clock the tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def service(max_sessions=2, clock=None, evict_idle_s=0, **bounds):
     from triton_sam.serving.tracking.service import TrackingService
     from triton_sam.serving.tracking.sessions import SessionStore
 
-    return TrackingService(FakeRunner(), CONFIG, SessionStore(max_sessions=max_sessions, **bounds))
+    store = SessionStore(
+        max_sessions=max_sessions, evict_idle_s=evict_idle_s, clock=clock or Clock(), **bounds
+    )
+    return TrackingService(FakeRunner(), CONFIG, store)
 
 
-def call(svc, command, session, **tensors):
-    inputs = {
-        protocol.COMMAND: np.array([command.encode()], object),
-        protocol.SESSION_ID: np.array([session.encode()], object),
-        **tensors,
-    }
-    return svc.handle(inputs)
+def call(svc, command, session, tenant="", **tensors):
+    inputs = {protocol.COMMAND: np.array([command.encode()], object), **tensors}
+    if session is not None:
+        inputs[protocol.SESSION_ID] = np.array([session.encode()], object)
+    return svc.handle(inputs, tenant)
 
 
-def init(svc, session, frames=4, hw=(8, 8)):
-    return call(
+def init(svc, tenant="", frames=4, hw=(8, 8)) -> str:
+    """A new session of ``tenant``; its issued id."""
+    out = call(
         svc,
         "init",
-        session,
+        None,
+        tenant,
         num_frames=np.array([frames], np.int32),
         video_hw=np.array(hw, np.int32),
     )
+    return out[protocol.OUT_SESSION_ID][0].decode()
 
 
-def test_least_recently_used_sessions_are_evicted_beyond_the_bound():
-    svc = service(max_sessions=2)
-    for name in ("a", "b"):
-        init(svc, name)
-    call(svc, "info", "a")  # a is now more recent than b
-    init(svc, "c")
-    assert "b" not in svc.store and {"a", "c"} <= set(svc.store._sessions)
+def refused(code, fn, *args, **kwargs) -> TrackingError:
     with pytest.raises(TrackingError) as info:
-        call(svc, "info", "b")
-    assert info.value.code == protocol.ERR_SESSION_NOT_FOUND
-    assert svc.store.evictions == 1
+        fn(*args, **kwargs)
+    assert info.value.code == code, str(info.value)
+    return info.value
+
+
+def status(svc, session, tenant=""):
+    return json.loads(call(svc, "info", session, tenant)[protocol.OUT_STATUS][0])
+
+
+def test_init_issues_unique_unguessable_ids():
+    import base64
+
+    svc = service(max_sessions=64)
+    ids = [init(svc) for _ in range(64)]
+    assert len(set(ids)) == 64
+    for sid in ids:  # URL-safe base64 of 16 random bytes: 128 bits, nothing readable
+        assert len(base64.urlsafe_b64decode(sid + "==")) == protocol.SESSION_ID_BYTES == 16
+    assert not any(a[:6] == b[:6] for a, b in zip(ids, ids[1:], strict=False))  # no counter
+
+
+def test_init_with_a_client_chosen_id_is_refused():
+    svc = service()
+    error = refused(
+        protocol.ERR_INVALID_INPUT,
+        call,
+        svc,
+        "init",
+        "my-session",
+        num_frames=np.array([4], np.int32),
+        video_hw=np.array([8, 8], np.int32),
+    )
+    assert error.field == "session_id" and "issues" in str(error)
+    assert len(svc.store) == 0
+
+
+@pytest.mark.parametrize("session", [None, "", "x" * 257])
+def test_other_commands_need_a_well_formed_id(session):
+    svc = service()
+    error = refused(protocol.ERR_INVALID_INPUT, call, svc, "info", session)
+    assert error.field == "session_id"
+
+
+def test_an_id_never_issued_or_issued_to_another_tenant_is_the_same_miss():
+    svc = service()
+    mine = init(svc, "a")
+    frame = {"frame_index": np.array([0], np.int32), "frame": np.zeros((8, 8, 3), np.uint8)}
+    call(svc, "add_frame", mine, "a", **frame)
+    errors = [
+        refused(protocol.ERR_SESSION_NOT_FOUND, call, svc, command, sid, tenant, **tensors)
+        for sid, tenant in ((mine, "b"), (mine, ""), ("never-issued", "a"), (mine[:-1], "a"))
+        for command, tensors in (("info", {}), ("close", {}), ("add_frame", frame), ("reset", {}))
+    ]
+    assert len({(e.field, str(e)) for e in errors}) == 1  # nothing tells them apart
+    assert all(mine not in str(e) for e in errors)  # the id is never echoed
+    assert status(svc, mine, "a")["session"]["frames_uploaded"] == 1  # untouched
+
+
+def test_status_speaks_of_the_callers_session_only():
+    svc = service(max_sessions=4)
+    others = [init(svc, "b") for _ in range(2)]
+    call(svc, "close", others[0], "b")
+    mine = init(svc, "a", frames=3)
+    info = status(svc, mine, "a")
+    assert list(info) == ["session"]
+    assert sorted(info["session"]) == sorted(protocol.STATUS_KEYS)
+    assert info["session"] == {
+        "bytes": 0,
+        "frames_tracked": 0,
+        "frames_uploaded": 0,
+        "num_frames": 3,
+        "objects": [],
+    }
+    out = call(svc, "close", mine, "a")
+    assert protocol.OUT_STATUS not in out  # nothing to report once closed
+
+
+def test_an_idle_session_is_evicted_for_another_tenant_and_its_owner_sees_a_miss():
+    clock = Clock()
+    svc = service(max_sessions=2, clock=clock, evict_idle_s=60)
+    a1, a2 = init(svc, "a"), init(svc, "a")
+    clock.now += 30
+    status(svc, a1, "a")  # a1 in use, a2 idle for 30 s
+    refused(protocol.ERR_OVERLOADED, init, svc, "b")  # nobody idle for 60 s yet
+    assert set(svc.store.tenant_sessions("a")) == {a1, a2} and svc.store.refusals == 1
+    clock.now += 31
+    b1 = init(svc, "b")  # a2 has been idle 61 s: it makes room
+    assert svc.store.tenant_sessions("a") == [a1] and svc.store.evictions == 1
+    refused(protocol.ERR_SESSION_NOT_FOUND, status, svc, a2, "a")
+    assert status(svc, b1, "b")["session"]["num_frames"] == 4
+
+
+def test_a_session_in_active_use_is_never_evicted_by_another_tenant():
+    clock = Clock()
+    svc = service(max_sessions=3, clock=clock, evict_idle_s=60)
+    victim = init(svc, "a")
+    for _ in range(20):  # bounded: 20 attempts over 20 minutes of fake time
+        clock.now += 59
+        status(svc, victim, "a")  # the owner keeps working
+        try:
+            init(svc, "b")
+        except TrackingError as e:
+            assert e.code == protocol.ERR_OVERLOADED
+    assert victim in svc.store.tenant_sessions("a")
+    assert len(svc.store.tenant_sessions("b")) == 2  # b's own idle ones made room for b
+
+
+def test_a_tenant_at_its_quota_evicts_its_own_idle_session_first():
+    clock = Clock()
+    svc = service(max_sessions=4, clock=clock, evict_idle_s=60, max_tenant_sessions=2)
+    a = init(svc, "a")
+    b1, b2 = init(svc, "b"), init(svc, "b")
+    clock.now += 120  # everyone idle
+    b3 = init(svc, "b")  # at its quota: b's least recently used goes, not a's
+    assert svc.store.tenant_sessions("b") == [b2, b3]
+    assert svc.store.tenant_sessions("a") == [a]
+    refused(protocol.ERR_SESSION_NOT_FOUND, status, svc, b1, "b")
+    status(svc, b2, "b")
+    refused(protocol.ERR_OVERLOADED, init, svc, "b")  # b2, b3 in use: no idle one of b's
+    assert len(svc.store) == 3  # the free server slot is not b's to take
+
+
+def test_a_tenants_bytes_quota_evicts_its_own_idle_sessions_or_refuses():
+    clock = Clock()
+    svc = service(max_sessions=4, clock=clock, evict_idle_s=60, max_tenant_bytes=600)
+    frame = np.zeros((8, 8, 3), np.uint8)  # 192 bytes
+    old, new = init(svc, "a"), init(svc, "a")
+    for t in (0, 1):
+        call(svc, "add_frame", old, "a", frame_index=np.array([t], np.int32), frame=frame)
+    call(svc, "add_frame", new, "a", frame_index=np.array([0], np.int32), frame=frame)
+    kwargs = {"frame_index": np.array([1], np.int32), "frame": frame}
+    refused(protocol.ERR_OVERLOADED, call, svc, "add_frame", new, "a", **kwargs)  # old in use
+    clock.now += 61
+    status(svc, new, "a")
+    call(svc, "add_frame", new, "a", **kwargs)  # old was idle: evicted for its own tenant
+    assert svc.store.tenant_sessions("a") == [new]
 
 
 def test_a_session_above_its_byte_bound_is_refused_and_kept():
     svc = service(max_session_bytes=500)
-    init(svc, "a")
+    sid = init(svc)
     frame = np.zeros((8, 8, 3), np.uint8)  # 192 bytes
     for t in (0, 1):
-        call(svc, "add_frame", "a", frame_index=np.array([t], np.int32), frame=frame)
-    with pytest.raises(TrackingError) as info:
-        call(svc, "add_frame", "a", frame_index=np.array([2], np.int32), frame=frame)
-    assert info.value.code == protocol.ERR_LIMIT and info.value.field == "session_id"
-    assert sorted(svc.store.get("a").frames) == [0, 1]
+        call(svc, "add_frame", sid, frame_index=np.array([t], np.int32), frame=frame)
+    kwargs = {"frame_index": np.array([2], np.int32), "frame": frame}
+    error = refused(protocol.ERR_LIMIT, call, svc, "add_frame", sid, **kwargs)
+    assert error.field == "session_id"
+    assert sorted(svc.store.get("", sid).frames) == [0, 1]
 
 
 def test_service_answers_a_prompt_with_masks_and_scores():
     svc = service()
-    init(svc, "s", hw=(30, 40))
+    sid = init(svc, hw=(30, 40))
     call(
         svc,
         "add_frame",
-        "s",
+        sid,
         frame_index=np.array([0], np.int32),
         frame=np.zeros((30, 40, 3), np.uint8),
     )
     out = call(
         svc,
         "add_points",
-        "s",
+        sid,
         frame_index=np.array([0], np.int32),
         object_id=np.array([3], np.int32),
         points=np.array([[5.0, 5.0]], np.float32),
@@ -384,7 +524,78 @@ def test_service_answers_a_prompt_with_masks_and_scores():
     assert (
         out[protocol.OUT_OBJECT_IDS].tolist() == [3] and out[protocol.OUT_OBJECT_SCORES][0] == 1.0
     )
-    order = call(svc, "preflight", "s")[protocol.OUT_FRAMES]
+    order = call(svc, "preflight", sid)[protocol.OUT_FRAMES]
     assert order.tolist() == [0, 1, 2, 3]
-    status = json.loads(call(svc, "info", "s")[protocol.OUT_STATUS][0])
-    assert status["session"]["frames_uploaded"] == 1 and status["sessions"] == 1
+    info = status(svc, sid)["session"]
+    assert info["frames_uploaded"] == 1 and info["objects"] == [3]
+
+
+# -- the video client against the service, in-process ----------------------------------------
+class ServiceTransport:
+    """Stands in for the client's Transport: runs the service in-process as one tenant,
+    answers errors in the protocol's envelope, records what each request carried."""
+
+    def __init__(self, svc, tenant="") -> None:
+        self.svc, self.tenant = svc, tenant
+        self.requests: list[tuple[dict[str, np.ndarray], str | None]] = []
+
+    def infer(self, model, inputs, outputs, *, idempotent=False, routing_key=None):
+        from triton_sam.errors import ServerError
+
+        self.requests.append((dict(inputs), routing_key))
+        try:
+            out = self.svc.handle({k: v[0] for k, v in inputs.items()}, self.tenant)
+        except TrackingError as e:
+            raise ServerError(protocol.error_message(e.code, str(e))) from e
+        return {n: np.asarray(out[n])[None] for n in outputs if n in out}
+
+    def commands(self) -> list[tuple[str, str | None]]:
+        """(command, session id sent or None) of every request."""
+        return [
+            (
+                inputs["command"].reshape(-1)[0].decode(),
+                inputs["session_id"].reshape(-1)[0].decode() if "session_id" in inputs else None,
+            )
+            for inputs, _ in self.requests
+        ]
+
+
+def video_client(transport):
+    from triton_sam.client.video import SAM2VideoTritonClient
+
+    client = object.__new__(SAM2VideoTritonClient)  # no server to check for readiness
+    client.model, client.transport, client.bytes_sent = protocol.TRACKER_MODEL, transport, 0
+    return client
+
+
+def test_the_video_client_uses_the_issued_id_and_recovers_from_an_eviction():
+    clock = Clock()
+    svc = service(max_sessions=1, clock=clock, evict_idle_s=60)
+    transport = ServiceTransport(svc)
+    client = video_client(transport)
+    state = client.init_state(np.zeros((3, 8, 8), np.uint8))
+    first = state.session_id
+    assert first in svc.store.tenant_sessions("") and first not in repr(state)
+    client.add_new_points_or_box(state, 0, 1, points=[[4, 4]], labels=[1])
+    clock.now += 61  # idle: another tenant's init may take its place
+    other = init(svc, "b")
+    assert svc.store.tenant_sessions("") == [] and svc.store.tenant_sessions("b") == [other]
+    clock.now += 61
+    frame, ids, masks = client.get_frame_masks(state, 0)  # lost: re-created, replayed
+    assert state.resets == 1 and state.session_id not in (first, "")
+    assert (frame, ids, masks.shape) == (0, [1], (1, 1, 8, 8))
+    sent = transport.commands()
+    assert all(sid is None for command, sid in sent if command == "init")
+    assert {sid for command, sid in sent if command != "init"} == {first, state.session_id}
+    assert {key for _, key in transport.requests} == {state.routing_key}  # never the id
+    assert first not in state.routing_key and state.session_id not in state.routing_key
+
+
+def test_the_video_client_maps_overloaded_to_a_retryable_error():
+    from triton_sam.errors import ServerOverloadedError
+
+    svc = service(max_sessions=1, evict_idle_s=60)
+    init(svc, "")
+    with pytest.raises(ServerOverloadedError) as info:
+        video_client(ServiceTransport(svc)).init_state(np.zeros((2, 8, 8), np.uint8))
+    assert "retry later" in str(info.value)

@@ -64,8 +64,20 @@ def test_tracker_config_has_optional_inputs_one_cpu_instance_and_its_bounds():
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert set(params) == set(protocol.PARAM_KEYS)
     assert params["max_sessions"] == "3" and params["max_frames"] == "100"
+    assert params["max_tenant_sessions"] == "0" and params["evict_idle_s"] == "60"
     assert TrackerConfig.from_json(params["model_config"]) == TrackerConfig()
     assert is_tracker_config(config)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_tenant_sessions", 5), ("evict_idle_s", -1), ("max_tenant_bytes", -1)]
+)
+def test_tenant_bounds_are_validated(field, value):
+    from triton_sam.errors import InputValidationError
+
+    with pytest.raises(InputValidationError) as info:
+        TrackerOptions(max_sessions=4, **{field: value})
+    assert info.value.field == field
 
 
 @pytest.mark.parametrize("target", ["onnxruntime", "python"])
@@ -93,7 +105,7 @@ def test_the_set_is_written_with_the_tracker_package(tmp_path):
     assert (version / "model.py").is_file()
     package = version / PACKAGE_DIR
     shipped = {p.relative_to(package).as_posix() for p in package.rglob("*.py")}
-    expected = {"protocol/tracker.py", "tracking/tracker.py", "tracking/service.py"}
+    expected = {"protocol/tracker.py", "protocol/tenancy.py", "tracking/service.py"}
     assert expected | {"tracking/sessions.py", "__init__.py"} <= shipped
     twin = embedded_repository(repo, tmp_path / "embedded", target="python")  # fake graphs
     assert (twin / protocol.TRACKER_MODEL / "1" / PACKAGE_DIR / "tracking" / "tracker.py").is_file()
@@ -108,6 +120,7 @@ def test_the_shipped_package_imports_without_triton_sam(tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "import triton_sam_serving.tracking.service as s, triton_sam_serving.tracking.tracker;"
+        "import triton_sam_serving.protocol.tenancy;"
         "assert not any(m == 'triton_sam' or m.startswith('triton_sam.') for m in sys.modules);"
         "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules;"
         "print(s.TrackingService.__name__)"

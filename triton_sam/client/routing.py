@@ -8,9 +8,11 @@ header with a consistent hash; HTTP requests carry it as a header, gRPC calls as
 session calls already carry in their ``image_id`` input: a content hash the client computes
 (``embedding_path.image_id``) and the server can reproduce, so equal images land on one replica
 whichever client sent them. Video/volume tracking keeps its state per tracking session, so
-tracker calls are keyed by their ``session_id`` (the client's random token). Requests
-without either (encoder, stateless decoder, metadata) carry no header and are spread by the
-proxy.
+every call of one video carries one key the video client draws at random for it (an explicit
+``key``), ``init`` included: the session id itself is issued by the server in the answer to
+``init``, after the replica is chosen, and is a secret that must not reach a header (the
+proxy logs the routing key). Requests without a key (encoder, stateless decoder, metadata)
+carry no header and are spread by the proxy.
 """
 
 from __future__ import annotations
@@ -21,25 +23,26 @@ import numpy as np
 
 # Lower case: gRPC metadata keys must be; nginx reads it as $http_x_sam_image_id.
 ROUTING_HEADER = "x-sam-image-id"
-# Inputs naming server-side state, first match wins: the image of the session models
-# (embedding_path.IMAGE_ID; the concept model too), the tracking session of the tracker
-# (tracking.protocol.SESSION_ID).
-_KEY_INPUTS = ("image_id", "session_id")
-# The tracker accepts session ids up to 256 characters; longer is not echoed into a header.
+# Inputs naming server-side state: the image of the session models (embedding_path.IMAGE_ID;
+# the concept model too). Never the tracker's session_id: a bearer capability (see above).
+_KEY_INPUTS = ("image_id",)
+# Longer keys are not ours and are not echoed into a header.
 _MAX_KEY_CHARS = 256
 
 
-def routing_key(inputs: Mapping[str, np.ndarray]) -> str | None:
-    """The replica-affinity key of a request: the image id (or tracking session id) it
-    names, or None.
+def routing_key(inputs: Mapping[str, np.ndarray], key: str | None = None) -> str | None:
+    """The replica-affinity key of a request: ``key`` when the caller gives one (a tracked
+    video's), else the image id it names, or None.
 
     This is the one place that decides the key: switch it here (e.g. to an id computed
     from the image bytes) and every client follows.
 
     Args:
-        inputs: the request's tensors by name; ``image_id`` / ``session_id`` are
-            one-element BYTES tensors ([1, 1] / [1]).
+        inputs: the request's tensors by name; ``image_id`` is a one-element BYTES tensor.
+        key: an explicit key (printable, at most 256 characters, else none is sent).
     """
+    if key is not None:
+        return key if key and len(key) <= _MAX_KEY_CHARS and key.isprintable() else None
     for name in _KEY_INPUTS:
         tensor = inputs.get(name)
         if tensor is None or tensor.dtype != np.object_ or tensor.size != 1:
@@ -51,8 +54,10 @@ def routing_key(inputs: Mapping[str, np.ndarray]) -> str | None:
     return None
 
 
-def routing_headers(inputs: Mapping[str, np.ndarray]) -> dict[str, str] | None:
-    """``{ROUTING_HEADER: key}`` for a request that names an image, else None (tritonclient's
-    ``headers=`` argument, HTTP and gRPC alike)."""
-    key = routing_key(inputs)
+def routing_headers(
+    inputs: Mapping[str, np.ndarray], key: str | None = None
+) -> dict[str, str] | None:
+    """``{ROUTING_HEADER: key}`` for a request with a routing key (:func:`routing_key`), else
+    None (tritonclient's ``headers=`` argument, HTTP and gRPC alike)."""
+    key = routing_key(inputs, key)
     return None if key is None else {ROUTING_HEADER: key}

@@ -344,6 +344,7 @@ class Transport:
         outputs: Sequence[str],
         *,
         idempotent: bool = False,
+        routing_key: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Run ``model`` on ``inputs`` and return the requested ``outputs`` by name.
 
@@ -353,6 +354,8 @@ class Transport:
             outputs: output names to request.
             idempotent: the call may safely run twice (encoder, stateless decoder): retry it
                 per :attr:`retry` when the server is unreachable. False never retries.
+            routing_key: the replica-affinity key, when not the image the inputs name
+                (a tracked video's; see :mod:`triton_sam.client.routing`).
 
         Raises:
             TritonSamError: the translated error (see :func:`translate_error`).
@@ -363,7 +366,7 @@ class Transport:
             for n in outputs
         ]
         kwargs: dict[str, Any] = {} if self._is_http else {"client_timeout": self.timeout_s}
-        kwargs["headers"] = routing_headers(inputs)  # image affinity behind a proxy
+        kwargs["headers"] = routing_headers(inputs, routing_key)  # affinity behind a proxy
         what = f"infer on {model}"
         if idempotent:
             result = self._idempotent(
@@ -376,7 +379,12 @@ class Transport:
         return {n: result.as_numpy(n) for n in outputs}
 
     def start_infer(
-        self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        *,
+        routing_key: str | None = None,
     ) -> PendingInfer:
         """Send a request without waiting; the returned handle waits for it or cancels it.
 
@@ -388,7 +396,8 @@ class Transport:
         what = f"infer on {model}"
         if self._is_http:
             try:
-                return PendingInfer(result=self.infer(model, inputs, outputs))
+                result = self.infer(model, inputs, outputs, routing_key=routing_key)
+                return PendingInfer(result=result)
             except Exception as e:  # delivered by wait(), like the gRPC path
                 return PendingInfer(error=e)
         pending = PendingInfer()
@@ -408,7 +417,7 @@ class Transport:
                 done,
                 outputs=requested,
                 client_timeout=self.timeout_s,
-                headers=routing_headers(inputs),  # image affinity behind a proxy
+                headers=routing_headers(inputs, routing_key),  # affinity behind a proxy
             )
         except Exception as e:
             raise translate_error(e, what=what) from e

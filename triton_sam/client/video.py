@@ -5,16 +5,19 @@ object pointers); this client sends each frame once (its file bytes, or uint8 pi
 arrays), prompts, and one "track" request per propagated frame, and gets back that frame's
 low-res logits, which it upsamples to the video's resolution as upstream does.
 
-A session the server lost (evicted by its bounds, or a restart) is re-created transparently:
-the client keeps the video and a log of the state-changing calls, replays them (re-sending
-frames as they are needed) and retries the call that failed.
+The server issues each session's id in its answer to ``init`` (a secret: whoever holds it
+and shares the tenant can use the session) and binds it to the caller's tenant. A session the
+server lost (evicted after it sat idle while others needed room, or a restart) is re-created
+transparently: the client keeps the video and a log of the state-changing calls, opens a new
+session (a new id), replays them (re-sending frames as they are needed) and retries the call
+that failed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +45,8 @@ class VideoState:
     """One video on the server (what :meth:`SAM2VideoTritonClient.init_state` returns).
 
     Attributes:
-        session_id: the server's key for this video (random).
+        session_id: the id the server issued for this video's session (a secret; replaced
+            when the session is re-created).
         source: the frames (kept to re-send them when the server lost the session).
         obj_ids: object ids as the server last reported them.
         uploaded: frames the server holds.
@@ -50,15 +54,18 @@ class VideoState:
         resets: how many times the session was re-created.
         object_scores: per frame, the objects' score logits of the latest answer about it
             (float32 [K] in ``obj_ids`` order; > 0: the object is present, NaN: no output).
+        routing_key: this video's replica-affinity key behind a proxy (random, not secret:
+            the session id must not travel in a header).
     """
 
-    session_id: str
     source: VideoSource
+    session_id: str = field(default="", repr=False)  # a secret: not in reprs or logs
     obj_ids: list[int] = field(default_factory=list)
     uploaded: set[int] = field(default_factory=set)
     log: list[tuple[str, dict[str, np.ndarray]]] = field(default_factory=list)
     resets: int = 0
     object_scores: dict[int, np.ndarray] = field(default_factory=dict)
+    routing_key: str = field(default_factory=lambda: secrets.token_hex(8))
     _pending: PendingInfer | None = None
     _cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -117,7 +124,7 @@ class SAM2VideoTritonClient:
             raise
 
     # -- API mirroring SAM2VideoPredictor -----------------------------------------------------
-    def init_state(self, video: object, *, session_id: str | None = None) -> VideoState:
+    def init_state(self, video: object) -> VideoState:
         """Open ``video`` (a folder of frames, an mp4, a list of images, a TIFF stack, or a
         numpy volume (Z, Y, X) / (Z, Y, X, C)) as a session on the server; frame 0 is sent
         now, the others the first time a call needs them.
@@ -125,8 +132,10 @@ class SAM2VideoTritonClient:
         Raises:
             InputValidationError: (field ``video``) an unusable video or volume.
             TrackingLimitError: more frames than the server takes.
+            ServerOverloadedError: the server (or your tenant's quota) is full of sessions in
+                active use; retry later or close one.
         """
-        state = VideoState(session_id or uuid.uuid4().hex, open_video(video))
+        state = VideoState(open_video(video))
         self._init_session(state)
         self._ensure_frame(state, 0)
         return state
@@ -268,7 +277,8 @@ class SAM2VideoTritonClient:
             self._send(state, p.CMD_CLOSE, {}, (p.OUT_STATUS,))
 
     def session_info(self, state: VideoState) -> dict[str, Any]:
-        """The server's counters: its sessions and bytes, this session's size and frames."""
+        """This session as the server holds it: ``{"session": {"bytes", "frames_tracked",
+        "frames_uploaded", "num_frames", "objects"}}`` (nothing about other sessions)."""
         import json
 
         out = self._command(state, p.CMD_INFO, {}, (p.OUT_STATUS,))
@@ -325,22 +335,29 @@ class SAM2VideoTritonClient:
         *,
         cancellable: bool = False,
     ) -> dict[str, np.ndarray]:
-        inputs = {
-            p.COMMAND: np.array([[command.encode()]], dtype=object),
-            p.SESSION_ID: np.array([[state.session_id.encode()]], dtype=object),
-            **{name: value[None] for name, value in tensors.items()},  # Triton's batch dim
-        }
+        inputs = {p.COMMAND: np.array([[command.encode()]], dtype=object)}
+        if command != p.CMD_INIT:  # init is answered the id
+            inputs[p.SESSION_ID] = np.array([[state.session_id.encode()]], dtype=object)
+        inputs |= {name: value[None] for name, value in tensors.items()}  # Triton's batch dim
         self.bytes_sent += sum(_payload(v) for v in inputs.values())
         try:
             if cancellable:
-                state._pending = self.transport.start_infer(self.model, inputs, outputs)
+                state._pending = self.transport.start_infer(
+                    self.model, inputs, outputs, routing_key=state.routing_key
+                )
                 try:
                     result = state._pending.wait()
                 finally:
                     state._pending = None
             else:
                 idempotent = command in _IDEMPOTENT
-                result = self.transport.infer(self.model, inputs, outputs, idempotent=idempotent)
+                result = self.transport.infer(
+                    self.model,
+                    inputs,
+                    outputs,
+                    idempotent=idempotent,
+                    routing_key=state.routing_key,
+                )
         except RequestCancelledError:
             raise
         except TritonSamError as e:
@@ -352,7 +369,8 @@ class SAM2VideoTritonClient:
             p.NUM_FRAMES: _int32(state.num_frames),
             p.VIDEO_HW: np.array(state.video_hw, np.int32),
         }
-        self._send(state, p.CMD_INIT, tensors, (p.OUT_STATUS,))
+        out = self._send(state, p.CMD_INIT, tensors, (p.OUT_SESSION_ID,))
+        state.session_id = out[p.OUT_SESSION_ID].reshape(-1)[0].decode()
         state.uploaded.clear()
 
     def _ensure_frame(self, state: VideoState, frame_idx: int) -> None:
@@ -406,7 +424,9 @@ class SAM2VideoTritonClient:
 
 
 # commands whose effect the server keeps (replayed after a lost session), those that need
-# their frame on the server, and those safe to retry
+# their frame on the server, and those safe to retry (init too: a session whose answer was
+# lost is never used again; it sits idle and is evicted when its tenant or the server needs
+# the room)
 _LOGGED = {
     p.CMD_ADD_POINTS,
     p.CMD_ADD_MASK,

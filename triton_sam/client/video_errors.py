@@ -8,6 +8,7 @@ from triton_sam.errors import (
     NoPromptsError,
     ObjectNotFoundError,
     ServerError,
+    ServerOverloadedError,
     TrackingLimitError,
     TrackingSessionNotFoundError,
     TritonSamError,
@@ -33,6 +34,8 @@ def tracking_error(code: str | None, message: str, field: str | None = None) -> 
         return ObjectNotFoundError(message)
     if code == protocol.ERR_NO_PROMPTS:
         return NoPromptsError(message)
+    if code == protocol.ERR_OVERLOADED:
+        return ServerOverloadedError(message)
     if code == protocol.ERR_LIMIT:
         return TrackingLimitError(message)
     if code == protocol.ERR_INVALID_INPUT:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2
 
+from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import GraphSpec, TensorSpec
 from triton_sam.repository.config import (
     ModelConfig,
@@ -48,13 +49,22 @@ PACKAGE_DIR = SHIPPED_PACKAGE  # what tracker_model.py imports
 class TrackerOptions:
     """Bounds of the tracker's sessions and batching of the video graphs.
 
+    Who may evict whose session is the rule of ``serving/tracking/sessions.py``: only sessions
+    idle for ``evict_idle_s``, the tenant's own first; otherwise the request is refused with
+    ``Overloaded``.
+
     Attributes:
-        max_sessions: sessions held at once (LRU eviction beyond).
+        max_sessions: sessions held at once.
         max_frames: frames one session may have.
         max_session_bytes: bytes one session may hold (frames as sent, cached features at
             16 MiB per frame, 0.75 MiB per object and tracked frame).
-        max_total_bytes: bytes all sessions may hold (LRU eviction beyond).
+        max_total_bytes: bytes all sessions may hold.
         feature_cache_frames: encoded frames kept per session.
+        max_tenant_sessions: sessions one tenant may hold (0 = max_sessions). With tokens on,
+            set it below max_sessions so that no tenant can occupy every slot.
+        max_tenant_bytes: bytes one tenant's sessions may hold (0 = max_total_bytes).
+        evict_idle_s: seconds without a command before a session may be evicted to make room
+            for another (0: any session but the one in use, the bounds' pure LRU).
         graph_max_batch_size: ``max_batch_size`` of the video graphs (objects or sessions
             batched by Triton when their shapes agree).
         graph_max_queue_size: requests a video graph's queue holds (0 = unbounded).
@@ -65,6 +75,9 @@ class TrackerOptions:
     max_session_bytes: int = protocol.DEFAULT_MAX_SESSION_BYTES
     max_total_bytes: int = protocol.DEFAULT_MAX_TOTAL_BYTES
     feature_cache_frames: int = protocol.DEFAULT_FEATURE_CACHE_FRAMES
+    max_tenant_sessions: int = protocol.DEFAULT_MAX_TENANT_SESSIONS
+    max_tenant_bytes: int = protocol.DEFAULT_MAX_TENANT_BYTES
+    evict_idle_s: int = protocol.DEFAULT_EVICT_IDLE_S
     graph_max_batch_size: int = 4
     graph_max_queue_size: int = 64
 
@@ -72,6 +85,14 @@ class TrackerOptions:
         for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
             check_int(name, getattr(self, name), minimum=1)
         check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
+        for name in ("max_tenant_sessions", "max_tenant_bytes", "evict_idle_s"):
+            check_int(name, getattr(self, name), minimum=0)
+        if self.max_tenant_sessions > self.max_sessions:
+            raise InputValidationError(
+                "max_tenant_sessions",
+                f"got {self.max_tenant_sessions}, expected at most max_sessions "
+                f"({self.max_sessions}); 0 means max_sessions",
+            )
         check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
         check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
 
@@ -124,6 +145,9 @@ def build_tracker_config(
         protocol.PARAM_MAX_SESSION_BYTES: tracker.max_session_bytes,
         protocol.PARAM_MAX_TOTAL_BYTES: tracker.max_total_bytes,
         protocol.PARAM_FEATURE_CACHE_FRAMES: tracker.feature_cache_frames,
+        protocol.PARAM_MAX_TENANT_SESSIONS: tracker.max_tenant_sessions,
+        protocol.PARAM_MAX_TENANT_BYTES: tracker.max_tenant_bytes,
+        protocol.PARAM_EVICT_IDLE_S: tracker.evict_idle_s,
     }
     for key, value in params.items():
         model.parameters[key].string_value = str(value)
@@ -161,7 +185,8 @@ def video_artifacts(
 def tracker_files() -> dict[str, Path]:
     """The tracker's version directory: model.py and the tracking package."""
     tracking = sorted(f"tracking/{p.stem}" for p in (SERVING_DIR / "tracking").glob("*.py"))
-    modules = ["__init__", "resample", "protocol/__init__", "protocol/tracker", *tracking]
+    modules = ["__init__", "resample", "protocol/__init__", "protocol/tenancy", "protocol/tracker"]
+    modules += tracking
     return {RUNNER_NAME: TRACKER_SOURCE} | shipped_modules(modules)
 
 

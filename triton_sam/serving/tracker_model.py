@@ -12,7 +12,11 @@ as their own Triton models (onnxruntime backend in the GPU container, runner_mod
 embedded server), called through BLS.
 
 State placement: sessions live in this model's one instance (its stub process), bounded in
-sessions, frames and bytes with LRU eviction (``SessionStore``). Triton's sequence batcher with
+sessions, frames and bytes, per tenant and per server (``SessionStore``). ``init`` issues each
+session's id (128 random bits) and binds it to the request's tenant (the proxy's forwarded
+header, ``protocol.tenancy``); only a session idle for ``evict_idle_s`` may be evicted to make
+room for another, else the request that needs the room is refused with ``Overloaded``.
+Session ids never reach the log or the metrics. Triton's sequence batcher with
 implicit state was not used: implicit state is a fixed set of tensors handed back to the same
 model on every request of a sequence, while a tracking session holds a variable, growing
 memory bank (per object and frame), frames, and Python decisions over them; it would also
@@ -25,7 +29,8 @@ instance. Queued requests that were cancelled are dropped by Triton (dynamic bat
 skipped here; a propagation is one request per frame, so a cancelled client stops it.
 
 Config ``parameters`` (keys in ``protocol.PARAM_KEYS``): graph_models, model_config,
-max_sessions, max_frames, max_session_bytes, max_total_bytes, feature_cache_frames.
+max_sessions, max_frames, max_session_bytes, max_total_bytes, feature_cache_frames,
+max_tenant_sessions, max_tenant_bytes (0: the server's), evict_idle_s.
 """
 
 import json
@@ -78,17 +83,20 @@ class TritonPythonModel:
             sys.path.insert(0, version_dir)  # the shipped package wins over any installed one
         from triton_sam_serving.protocol import config_parameters
         from triton_sam_serving.protocol import tracker as protocol
+        from triton_sam_serving.protocol.tenancy import request_tenant
         from triton_sam_serving.tracking.config import TrackerConfig
         from triton_sam_serving.tracking.service import TrackingService
         from triton_sam_serving.tracking.sessions import SessionStore
 
         self.protocol = protocol
+        self.request_tenant = request_tenant
         config = json.loads(args["model_config"])
         params = config_parameters(config)
         p = protocol
 
         def bound(key, default):
-            return int(params.get(key) or default)
+            value = params.get(key)
+            return int(value) if value not in (None, "") else default
 
         store = SessionStore(
             max_sessions=bound(p.PARAM_MAX_SESSIONS, p.DEFAULT_MAX_SESSIONS),
@@ -98,6 +106,9 @@ class TritonPythonModel:
             feature_cache_frames=bound(
                 p.PARAM_FEATURE_CACHE_FRAMES, p.DEFAULT_FEATURE_CACHE_FRAMES
             ),
+            max_tenant_sessions=bound(p.PARAM_MAX_TENANT_SESSIONS, p.DEFAULT_MAX_TENANT_SESSIONS),
+            max_tenant_bytes=bound(p.PARAM_MAX_TENANT_BYTES, p.DEFAULT_MAX_TENANT_BYTES),
+            evict_idle_s=bound(p.PARAM_EVICT_IDLE_S, p.DEFAULT_EVICT_IDLE_S),
         )
         runner = BlsRunner(json.loads(params[protocol.PARAM_GRAPH_MODELS]))
         self.service = TrackingService(
@@ -135,7 +146,7 @@ class TritonPythonModel:
                         p.ERR_INVALID_INPUT, f"{name}: send one item per request", name
                     )
                 inputs[name] = value[0]
-            outputs = self.service.handle(inputs)
+            outputs = self.service.handle(inputs, self.request_tenant(request))
             return pb_utils.InferenceResponse(output_tensors=_tensors(request, outputs, p))
         except Exception as e:  # never let one request take the sessions down
             if isinstance(e, p.ProtocolError):
@@ -156,8 +167,8 @@ def _tensors(request, outputs, p):
         value = outputs.get(name)
         if value is None:
             dtype, dims = contracts[name]
-            if dtype == "bytes":
-                value = np.array([b"{}"], dtype=object)
+            if dtype == "bytes":  # the status "{}", the session id "" (not init)
+                value = np.array([b"{}" if name == p.OUT_STATUS else b""], dtype=object)
             else:
                 value = np.zeros([0 if d < 0 else d for d in dims], np.dtype(dtype))
         tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(value)[None]))
@@ -172,7 +183,8 @@ class _Metrics:
         ("sessions", "GAUGE", "Tracking sessions held"),
         ("bytes", "GAUGE", "Bytes of frames, features and memory banks held"),
         ("frames_tracked", "GAUGE", "Frames answered by track since the model loaded"),
-        ("evictions", "GAUGE", "Sessions evicted by the bounds since the model loaded"),
+        ("evictions", "GAUGE", "Idle sessions evicted for others since the model loaded"),
+        ("refusals", "GAUGE", "Requests refused: no idle session to evict for them"),
         ("cancelled_skipped", "COUNTER", "Cancelled requests answered without running"),
     )
 
@@ -205,6 +217,7 @@ class _Metrics:
         self._metrics["bytes"].set(service.store.nbytes)
         self._metrics["frames_tracked"].set(service.frames_tracked)
         self._metrics["evictions"].set(service.store.evictions)
+        self._metrics["refusals"].set(service.store.refusals)
 
     def close(self):
         self._metrics.clear()

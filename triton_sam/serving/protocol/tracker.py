@@ -22,6 +22,7 @@ from . import (  # noqa: F401 - the codes the orchestration raises, re-exported 
     ERR_LIMIT,
     ERR_NO_PROMPTS,
     ERR_OBJECT_NOT_FOUND,
+    ERR_OVERLOADED,
     ERR_SESSION_NOT_FOUND,
     ERROR_PREFIX,
     ERROR_STATUS,
@@ -153,10 +154,13 @@ DEFAULT_MODEL_NAMES: dict[str, str] = {
 TRACKER_MODEL = "sam2_tracker"
 
 # -- the tracker model's request -----------------------------------------------------------
-# One request = one command. Every input but COMMAND and SESSION_ID is optional; a command
-# reads the ones it needs and refuses missing ones with INVALID_ARG naming the input.
+# One request = one command. Every input but COMMAND is optional; a command reads the ones it
+# needs and refuses missing ones with INVALID_ARG naming the input.
 COMMAND = "command"  # BYTES [1]: one of COMMANDS
-SESSION_ID = "session_id"  # BYTES [1]: chosen by the client (a random token)
+# BYTES [1]: the id ``init`` answered (OUT_SESSION_ID), on every other command. The server
+# issues it (SESSION_ID_BYTES random bytes, URL-safe base64) and binds it to the tenant of the
+# init request; ``init`` itself must not carry one. It is a bearer capability: keep it secret.
+SESSION_ID = "session_id"
 FRAME_INDEX = "frame_index"  # INT32 [1]
 OBJECT_ID = "object_id"  # INT32 [1]
 NUM_FRAMES = "num_frames"  # INT32 [1]: init
@@ -179,9 +183,22 @@ OUT_OBJECT_IDS = "object_ids"  # INT32 [K]
 OUT_MASKS = "masks"  # FP32 [K, 1, MASK_SIZE, MASK_SIZE] low-res logits (client upsamples)
 OUT_OBJECT_SCORES = "object_scores"  # FP32 [K]
 OUT_FRAMES = "frames"  # INT32 [F]: preflight's processing order; remove_object's frames
-OUT_STATUS = "status"  # BYTES [1]: JSON with counters, for info/tests
-OUTPUTS = (OUT_FRAME_INDEX, OUT_OBJECT_IDS, OUT_MASKS, OUT_OBJECT_SCORES, OUT_FRAMES, OUT_STATUS)
-# every request input: (name, dtype, per-item dims); all optional but COMMAND and SESSION_ID
+# BYTES [1]: JSON about the caller's own session only (STATUS_KEYS), never server-wide counters
+# (those are the operator's, in Triton's metrics)
+OUT_STATUS = "status"
+OUT_SESSION_ID = "out_session_id"  # BYTES [1]: init, the session's id
+OUTPUTS = (
+    OUT_FRAME_INDEX,
+    OUT_OBJECT_IDS,
+    OUT_MASKS,
+    OUT_OBJECT_SCORES,
+    OUT_FRAMES,
+    OUT_STATUS,
+    OUT_SESSION_ID,
+)
+# the status JSON: {"session": {key: ...}} with these keys
+STATUS_KEYS = ("bytes", "frames_tracked", "frames_uploaded", "num_frames", "objects")
+# every request input: (name, dtype, per-item dims); all optional but COMMAND
 INPUTS: tuple[TensorContract, ...] = (
     (COMMAND, "bytes", (1,)),
     (SESSION_ID, "bytes", (1,)),
@@ -209,8 +226,9 @@ OUTPUT_TENSORS: tuple[TensorContract, ...] = (
     (OUT_OBJECT_SCORES, "float32", (-1,)),
     (OUT_FRAMES, "int32", (-1,)),
     (OUT_STATUS, "bytes", (1,)),
+    (OUT_SESSION_ID, "bytes", (1,)),
 )
-REQUIRED_INPUTS = (COMMAND, SESSION_ID)
+REQUIRED_INPUTS = (COMMAND,)
 
 # Commands. Frames are uploaded once (init, then add_frame per frame); propagation is one
 # request per frame ("track"), so each answer carries one frame's masks (~256 KiB per object
@@ -244,10 +262,20 @@ COMMANDS = (
 )
 
 # -- bounds (defaults; the tracker model's config parameters override them) --------------
+# Who may evict whom is the rule of tracking/sessions.py (its module docstring).
+SESSION_ID_BYTES = 16  # random bytes of an issued session id: 128 bits
+MAX_SESSION_ID_CHARS = 256  # longer is refused as malformed, not looked up
 DEFAULT_MAX_SESSIONS = 4
+# sessions one tenant may hold; 0 = max_sessions (one team, no proxy: everyone is one tenant)
+DEFAULT_MAX_TENANT_SESSIONS = 0
+# bytes one tenant's sessions may hold together; 0 = max_total_bytes
+DEFAULT_MAX_TENANT_BYTES = 0
+# a session unused for this long may be evicted to make room for another; one used more
+# recently never is (the request that needs the room is refused with Overloaded instead)
+DEFAULT_EVICT_IDLE_S = 60
 DEFAULT_MAX_FRAMES = 2000  # frames per session
 DEFAULT_MAX_SESSION_BYTES = 8 * 2**30  # frames + features + memory bank of one session
-DEFAULT_MAX_TOTAL_BYTES = 16 * 2**30  # every session together (LRU eviction beyond)
+DEFAULT_MAX_TOTAL_BYTES = 16 * 2**30  # every session together (idle ones evicted beyond)
 DEFAULT_FEATURE_CACHE_FRAMES = 4  # encoded frames per session (16 MiB each, LRU)
 MAX_OBJECTS = 64
 MAX_POINTS = 64
@@ -263,6 +291,9 @@ PARAM_MAX_FRAMES = "max_frames"
 PARAM_MAX_SESSION_BYTES = "max_session_bytes"
 PARAM_MAX_TOTAL_BYTES = "max_total_bytes"
 PARAM_FEATURE_CACHE_FRAMES = "feature_cache_frames"
+PARAM_MAX_TENANT_SESSIONS = "max_tenant_sessions"
+PARAM_MAX_TENANT_BYTES = "max_tenant_bytes"
+PARAM_EVICT_IDLE_S = "evict_idle_s"
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_GRAPH_MODELS,
@@ -272,6 +303,9 @@ PARAM_KEYS = (
     PARAM_MAX_SESSION_BYTES,
     PARAM_MAX_TOTAL_BYTES,
     PARAM_FEATURE_CACHE_FRAMES,
+    PARAM_MAX_TENANT_SESSIONS,
+    PARAM_MAX_TENANT_BYTES,
+    PARAM_EVICT_IDLE_S,
 )
 
 

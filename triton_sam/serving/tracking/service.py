@@ -1,9 +1,11 @@
 """The tracker model's request handling, without Triton (dependency-free).
 
 ``TrackingService.handle`` takes one request's tensors by name (numpy, per item: no batch
-dim) and answers the command they carry (:mod:`.protocol`), holding every session in a
-bounded :class:`.sessions.SessionStore`. The Triton model (``serving/tracker_model.py``)
-only converts tensors and errors; tests drive this class directly.
+dim) of one tenant and answers the command they carry (:mod:`.protocol`), holding every
+session in a bounded :class:`.sessions.SessionStore` under the id it issued and the tenant
+that created it. Answers speak of the caller's own session only: server-wide counters are
+the operator's (the model's metrics), not a client's. The Triton model
+(``serving/tracker_model.py``) only converts tensors and errors; tests drive this class.
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ class TrackingService:
     ) -> None:
         self.tracker = Tracker(runner, config)
         self.store = store if store is not None else SessionStore()  # an empty store is falsy
-        self.frames_tracked = 0  # frames answered by "track" (a counter for metrics/tests)
+        self.frames_tracked = 0  # frames answered by "track", every session (metrics only)
         self._handlers = {
-            p.CMD_INIT: self._init,
             p.CMD_ADD_FRAME: self._add_frame,
             p.CMD_ADD_POINTS: self._add_points,
             p.CMD_ADD_MASK: self._add_mask,
@@ -55,13 +56,26 @@ class TrackingService:
             p.CMD_INFO: self._info,
         }
 
-    def handle(self, inputs: Tensors) -> dict[str, np.ndarray]:
-        """Answer one request; its outputs by name (a subset of ``protocol.OUTPUTS``).
+    def handle(self, inputs: Tensors, tenant: str = "") -> dict[str, np.ndarray]:
+        """Answer one request of ``tenant``; its outputs by name (a subset of
+        ``protocol.OUTPUTS``).
+
+        ``init`` issues the session's id (``out_session_id``) and must not carry one; every
+        other command names a session of the same tenant by that id.
 
         Raises:
-            TrackingError: a bad request, an unknown session, a bound exceeded.
+            TrackingError: a bad request, a session this tenant does not hold, a bound.
         """
         command = _text(inputs, p.COMMAND)
+        if command == p.CMD_INIT:
+            if p.SESSION_ID in inputs:
+                raise TrackingError(
+                    p.ERR_INVALID_INPUT,
+                    "session_id: init must not carry one; the server issues the id and "
+                    f"answers it in {p.OUT_SESSION_ID}",
+                    p.SESSION_ID,
+                )
+            return self._init(tenant, inputs)
         handler = self._handlers.get(command)
         if handler is None:
             raise TrackingError(
@@ -69,46 +83,36 @@ class TrackingService:
                 f"command: got {command!r}, expected one of {list(p.COMMANDS)}",
                 p.COMMAND,
             )
-        session_id = _text(inputs, p.SESSION_ID)
-        if not session_id or len(session_id) > 256:
+        if p.SESSION_ID not in inputs:
             raise TrackingError(
-                p.ERR_INVALID_INPUT, "session_id: expected 1..256 characters", p.SESSION_ID
+                p.ERR_INVALID_INPUT,
+                f"session_id: required by {command}; send the id init answered",
+                p.SESSION_ID,
             )
-        outputs = handler(session_id, inputs)
-        if session_id in self.store:
-            self.store.enforce(session_id)
+        session_id = _text(inputs, p.SESSION_ID)
+        if not 0 < len(session_id) <= p.MAX_SESSION_ID_CHARS:
+            raise TrackingError(
+                p.ERR_INVALID_INPUT,
+                f"session_id: expected 1..{p.MAX_SESSION_ID_CHARS} characters",
+                p.SESSION_ID,
+            )
+        outputs = handler(_Call(self.store, tenant, session_id), inputs)
+        self.store.touch(tenant, session_id, tracked=command == p.CMD_TRACK)
         return outputs
 
-    def status(self, session_id: str | None = None) -> dict[str, object]:
-        """Counters for the ``status`` output (and the model's metrics)."""
-        status: dict[str, object] = {
-            "sessions": len(self.store),
-            "bytes": self.store.nbytes,
-            "evictions": self.store.evictions,
-            "frames_tracked": self.frames_tracked,
-            "graph_calls": dict(self.tracker.graph_calls),
-        }
-        if session_id is not None and session_id in self.store:
-            session = self.store.get(session_id)
-            status["session"] = {
-                "bytes": session.nbytes,
-                "frames_uploaded": len(session.frames),
-                "num_frames": session.num_frames,
-                "objects": session.obj_ids,
-            }
-        return status
-
     # -- commands ----------------------------------------------------------------------------
-    def _init(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
+    def _init(self, tenant: str, inputs: Tensors) -> dict[str, np.ndarray]:
         num_frames = _int(inputs, p.NUM_FRAMES)
         hw = _required(inputs, p.VIDEO_HW).reshape(-1)
         if hw.size != 2:
             raise TrackingError(p.ERR_INVALID_INPUT, "video_hw: expected (H, W)", p.VIDEO_HW)
-        self.store.create(session_id, num_frames, (int(hw[0]), int(hw[1])))
-        return self._status_out(session_id)
+        session_id, _ = self.store.create(tenant, num_frames, (int(hw[0]), int(hw[1])))
+        out = self._status_out(_Call(self.store, tenant, session_id))
+        out[p.OUT_SESSION_ID] = np.array([session_id.encode()], dtype=object)
+        return out
 
-    def _add_frame(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _add_frame(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         index = self._frame_index(session, inputs)
         frame: np.ndarray | bytes
         if p.FRAME_BYTES in inputs:
@@ -139,13 +143,13 @@ class TrackingService:
                 p.FRAME,
             )
         old = session.frames.get(index)
-        self.store.check_room(session_id, self.store.frame_bytes(frame) - _size(old))
+        call.check_room(self.store.frame_bytes(frame) - _size(old))
         session.frames[index] = frame
         session.features.pop(index, None)  # a replaced frame is encoded again
-        return self._status_out(session_id)
+        return self._status_out(call)
 
-    def _add_points(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _add_points(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         frame = self._frame_index(session, inputs)
         points = inputs.get(p.POINTS)
         labels = inputs.get(p.LABELS)
@@ -160,11 +164,11 @@ class TrackingService:
             normalize_coords=_flag(inputs, p.NORMALIZE_COORDS, True),
             box=None if box is None else box.reshape(-1),
         )
-        self.store.check_room(session_id, 0)
+        call.check_room(0)
         return self._with_scores(session, _masks_out(frame, ids, masks))
 
-    def _add_mask(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _add_mask(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         frame = self._frame_index(session, inputs)
         mask = _required(inputs, p.MASK)
         if mask.shape != session.video_hw:
@@ -178,8 +182,8 @@ class TrackingService:
         )
         return self._with_scores(session, _masks_out(frame, ids, masks))
 
-    def _preflight(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _preflight(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         start = _int(inputs, p.START_FRAME, -1)
         count = _int(inputs, p.MAX_FRAMES, -1)
         order = self.tracker.processing_order(
@@ -188,34 +192,34 @@ class TrackingService:
             None if count < 0 else count,
             _flag(inputs, p.REVERSE, False),
         )
-        return {p.OUT_FRAMES: np.array(order, np.int32), **self._status_out(session_id)}
+        return {p.OUT_FRAMES: np.array(order, np.int32), **self._status_out(call)}
 
-    def _track(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _track(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         frame = self._frame_index(session, inputs)
         ids, masks, scores = self.tracker.track(session, frame, _flag(inputs, p.REVERSE, False))
         self.frames_tracked += 1
-        self.store.check_room(session_id, 0)
+        call.check_room(0)
         out = _masks_out(frame, ids, masks)
         out[p.OUT_OBJECT_SCORES] = scores.astype(np.float32)
         return out
 
-    def _get(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _get(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         frame = self._frame_index(session, inputs)
         is_cond = any(frame in o.temp_outputs[COND] for o in session.objects.values())
         masks = self.tracker.consolidate(session, frame, is_cond)
         return self._with_scores(session, _masks_out(frame, session.obj_ids, masks))
 
-    def _clear_prompts(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _clear_prompts(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         frame = self._frame_index(session, inputs)
         result = self.tracker.clear_all_prompts_in_frame(session, frame, _int(inputs, p.OBJECT_ID))
         assert result is not None
         return self._with_scores(session, _masks_out(*result))
 
-    def _remove_object(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        session = self.store.get(session_id)
+    def _remove_object(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        session = call.session()
         ids, updated = self.tracker.remove_object(
             session, _int(inputs, p.OBJECT_ID), strict=_flag(inputs, p.STRICT, False)
         )
@@ -224,17 +228,16 @@ class TrackingService:
             p.OUT_FRAMES: np.array(sorted(t for t, _ in updated), np.int32),
         }
 
-    def _reset(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        self.tracker.reset_state(self.store.get(session_id))
-        return self._status_out(session_id)
+    def _reset(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        self.tracker.reset_state(call.session())
+        return self._status_out(call)
 
-    def _close(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        self.store.close(session_id)
-        return self._status_out(None)
+    def _close(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        self.store.close(call.tenant, call.session_id)
+        return {}
 
-    def _info(self, session_id: str, inputs: Tensors) -> dict[str, np.ndarray]:
-        self.store.get(session_id)  # SessionNotFound for a session this server lost
-        return self._status_out(session_id)
+    def _info(self, call: _Call, inputs: Tensors) -> dict[str, np.ndarray]:
+        return self._status_out(call)  # SessionNotFound for a session this tenant lacks
 
     # -- helpers -----------------------------------------------------------------------------
     def _with_scores(self, session: Session, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -244,8 +247,10 @@ class TrackingService:
         out[p.OUT_OBJECT_SCORES] = self.tracker.object_scores(session, frame, is_cond)
         return out
 
-    def _status_out(self, session_id: str | None) -> dict[str, np.ndarray]:
-        text = json.dumps(self.status(session_id), sort_keys=True)
+    def _status_out(self, call: _Call) -> dict[str, np.ndarray]:
+        """The caller's own session, nothing server-wide (``protocol.STATUS_KEYS``)."""
+        status = {"session": self.store.status(call.tenant, call.session_id)}
+        text = json.dumps(status, sort_keys=True)
         return {p.OUT_STATUS: np.array([text.encode()], dtype=object)}
 
     def _frame_index(self, session: Session, inputs: Tensors) -> int:
@@ -257,6 +262,21 @@ class TrackingService:
                 p.FRAME_INDEX,
             )
         return index
+
+
+class _Call:
+    """The session one request names: its tenant and id, resolved against the store."""
+
+    def __init__(self, store: SessionStore, tenant: str, session_id: str) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.session_id = session_id
+
+    def session(self) -> Session:
+        return self.store.get(self.tenant, self.session_id)
+
+    def check_room(self, extra_bytes: int) -> None:
+        self.store.check_room(self.tenant, self.session_id, extra_bytes)
 
 
 def _masks_out(frame: int, ids: list[int], masks: np.ndarray) -> dict[str, np.ndarray]:
