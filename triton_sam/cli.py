@@ -1083,15 +1083,17 @@ def soak_cmd(
         server_embeddings=server_embeddings,
     )
 
-    def run(target: str, family: str, name: str, pid: int | None) -> None:
+    def run(s: _Served) -> None:
         report = run_soak_on_server(
-            target,
+            s.url,
             settings=settings,
             protocol=protocol,
-            model_type=family,
-            server_pid=pid,
-            model_name=name,
+            model_type=s.family,
+            server_pid=s.pid,
+            model_name=s.name,
             progress=typer.echo,
+            http_url=s.http_url,
+            metrics_url=s.metrics_url,
         )
         paths = write_report(report, output)
         _echo_report(paths)
@@ -1100,7 +1102,7 @@ def soak_cmd(
 
     work = Path(".soak")
     with _served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
-        run(s.url, s.family, s.name, s.pid)
+        run(s)
 
 
 @app.command("bench-storm")

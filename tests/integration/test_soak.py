@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from triton_sam.bench.counters import every_decoder
 from triton_sam.bench.soak import MIB, SoakSettings, run_soak_on_server, write_report
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -27,9 +28,10 @@ SERVER_GROWTH_MIB = 500
 
 
 @pytest.fixture(scope="module", params=["server_embeddings", "stateless"])
-def report(request, sam2_tiny_server):
+def soak(request, sam2_tiny_server):
     """Both paths: the clients' default (features kept by ``sam2_session``) and the
-    stateless one (every click carries ~16 MiB of features)."""
+    stateless one (every click carries ~16 MiB of features). Returns the report and what
+    every decoder of the server executed meanwhile (inferences, executions)."""
     settings = SoakSettings(
         sessions=SESSIONS,
         duration_s=DURATION_S,
@@ -38,15 +40,36 @@ def report(request, sam2_tiny_server):
         timeout_s=120,
         server_embeddings=request.param == "server_embeddings",
     )
-    return run_soak_on_server(
-        sam2_tiny_server.grpc_url, settings=settings, server_pid=sam2_tiny_server.pid
+    before = every_decoder(sam2_tiny_server.http_url)
+    report = run_soak_on_server(
+        sam2_tiny_server.grpc_url,
+        settings=settings,
+        server_pid=sam2_tiny_server.pid,
+        http_url=sam2_tiny_server.http_url,
+        metrics_url=sam2_tiny_server.metrics_url,
     )
+    after = every_decoder(sam2_tiny_server.http_url)
+    return report, (after[0] - before[0], after[1] - before[1])
+
+
+@pytest.fixture(scope="module")
+def report(soak):
+    return soak[0]
 
 
 def test_no_request_fails(report):
     assert report.failures == 0, report.errors
     assert len(report.decode_ms) >= SESSIONS  # every session got answers
     assert report.requests == len(report.decode_ms) + len(report.encode_ms)
+
+
+def test_every_answered_click_ran_once_by_the_servers_counts(soak):
+    report, (inferences, _) = soak
+    # encodes run no decoder: every inference of every decoder is a click of the soak
+    assert report.server["executed"] == inferences == len(report.decode_ms), report.server
+    assert report.server["cancelled"] == 0
+    assert "sam2_decoder" in report.counted  # what a stateless click calls
+    assert ("sam2_session" in report.counted) == report.settings.server_embeddings
 
 
 def test_latency_percentiles_are_reported(report, tmp_path):

@@ -2,26 +2,32 @@
 
 D is measured in each test: the median round trip of one isolated decoder request through the
 same client (the tiny decoder on CPU: ~100-300 ms here). Every bound is relative to it; the
-server's own counters (``/v2/models/sam2_decoder/stats``, ``/metrics``) say what ran.
+server's own counters (``/v2/models/<decoder>/stats``, ``/metrics``) say what ran, read from
+the decoders that ran the clicks (``ClickCounters``: through the session model, on the CPU
+twin, that is ``sam2_decoder_unbatched``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import urllib.request
 
 import numpy as np
 import pytest
 
-from triton_sam.bench.counters import ServerCounters, read_counters, wait_until_quiet
+from triton_sam.bench.counters import (
+    ClickCounters,
+    ServerCounters,
+    every_decoder,
+    read_counters,
+    wait_until_quiet,
+)
 from triton_sam.bench.stress import (
+    MODES,
     DragSettings,
     drag_path,
     measure_decoder,
     run_stress,
-    server_counters,
 )
 from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client, wait_for_latest_result
 from triton_sam.errors import RequestCancelledError
@@ -49,7 +55,7 @@ def run(server, embedding, body, protocol: str = "grpc"):
     async def main():
         async with SpeculativeSAM2Client(url, protocol=protocol) as client:
             client.set_image_embedding(*embedding)
-            counters = server_counters(server.http_url, server.metrics_url, client.decoder_model)
+            counters = ClickCounters.of_client(client, server.http_url, server.metrics_url)
             return await body(client, counters)
 
     return asyncio.run(main())
@@ -194,48 +200,66 @@ def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server,
     assert delta.executed + delta.canceled <= n
 
 
-def _session_decoder_and_cancelled(server) -> tuple[str, float]:
-    """The decoder the session model's clicks run on (its config) and its count of clicks
-    answered unrun (``/metrics``)."""
-    config = json.loads(_get(f"{server.http_url}/v2/models/sam2_session/config"))
-    decoder = config["parameters"]["decoder_model"]["string_value"]
-    cancelled = 0.0
-    for line in _get(f"{server.metrics_url}/metrics").splitlines():
-        if line.startswith("triton_sam_session_cancelled_clicks{"):
-            cancelled += float(line.rsplit(" ", 1)[1])
-    return decoder, cancelled
+def test_the_stress_run_counts_what_every_decoder_executed(sam2_tiny_server):
+    """The stress command's path (the server holds the image): its executed counts are the
+    server's, summed over every decoder of the repository, and not zero."""
+    n_decoder = 3
 
+    async def main():
+        server = sam2_tiny_server
+        async with SpeculativeSAM2Client(server.grpc_url) as client:
+            await client.set_image_async(IMAGE)
+            assert client.uses_server_embeddings
+            counters = ClickCounters.of_client(client, server.http_url, server.metrics_url)
+            before = every_decoder(sam2_tiny_server.http_url)
+            report = await run_stress(
+                client, settings=DRAG, modes=MODES, counters=counters, n_decoder=n_decoder
+            )
+            return report, before, every_decoder(sam2_tiny_server.http_url)
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
+    report, before, after = asyncio.run(main())
+    rows = {r["mode"]: r for r in report.table()}
+    print(report.counted, rows)
+    assert "sam2_decoder_unbatched" in report.counted  # what the session model calls here
+    # D's clicks ran one at a time before the modes (a warm-up and n_decoder timed ones)
+    measured = n_decoder + 1
+    assert after[0] - before[0] == measured + sum(r["executed"] for r in rows.values())
+    assert after[1] - before[1] == measured + sum(r["model_executions"] for r in rows.values())
+    assert all(r["executed"] > 0 for r in rows.values()), rows
+    assert rows["reference"]["executed"] == rows["reference"]["requests_sent"] == 50
+    assert rows["latest"]["executed"] == rows["latest"]["requests_sent"]
+    cancel = rows["cancel"]
+    # every cancelled request the server saw is one it did not run (some were cancelled
+    # before they reached it)
+    assert cancel["executed"] + cancel["cancelled_server"] <= cancel["requests_sent"]
+    assert cancel["cancelled_server"] > 0, cancel
 
 
 def test_cancelling_session_clicks_answers_them_unrun_in_the_session_model(sam2_tiny_server):
     """The session path (the server holds the features): on the CPU twin the session model's
     clicks run on an unbatched decoder, so the session model holds the clicks beyond its
     decoder slots and answers one cancelled meanwhile unrun, by its own counter."""
-    decoder, before = _session_decoder_and_cancelled(sam2_tiny_server)
-    assert decoder == "sam2_decoder_unbatched"  # what the embedded twin serves
 
     async def main():
-        async with SpeculativeSAM2Client(sam2_tiny_server.grpc_url) as client:
+        server = sam2_tiny_server
+        async with SpeculativeSAM2Client(server.grpc_url) as client:
             await client.set_image_async(IMAGE)
             assert client.uses_server_embeddings
-            counters = server_counters(sam2_tiny_server.http_url, None, decoder)
-            return await _flood(client, counters)
+            counters = ClickCounters.of_client(client, server.http_url, server.metrics_url)
+            assert "sam2_decoder_unbatched" in counters.decoders  # what the twin serves
+            before = every_decoder(sam2_tiny_server.http_url)
+            flood = await _flood(client, counters)
+            return (*flood, every_decoder(sam2_tiny_server.http_url)[0] - before[0])
 
-    n, tasks, cancelled, result, delta = asyncio.run(main())
-    _, after = _session_decoder_and_cancelled(sam2_tiny_server)
-    print(
-        f"session: cancelled {cancelled} of {n}; decoder: {delta.as_dict()}; "
-        f"answered unrun by the session model: {after - before:.0f}"
-    )
+    n, tasks, cancelled, result, delta, ran = asyncio.run(main())
+    print(f"session: cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= n // 2
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # client side
-    assert after - before >= n // 4  # the server's own count
+    assert delta.session_cancelled >= n // 4  # the session model's own count
     assert delta.executed <= n // 2, delta  # the decoder ran only the rest
-    assert delta.executed + (after - before) <= n
+    # the first D measurement's clicks (a warm-up and 5) ran before the counters were read
+    assert ran == delta.executed + 6
+    assert delta.executed + delta.cancelled <= n
 
 
 def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embedding):

@@ -70,6 +70,93 @@ def test_read_counters_combines_statistics_and_metrics(monkeypatch):
     assert c.executed == 25 and c.cancelled == 9  # skipped ones are counted as inferences
 
 
+SESSION_METRICS = """\
+nv_inference_count{model="sam2_decoder_unbatched",version="1"} 7
+nv_inference_request_failure{model="sam2_session",reason="CANCELED",version="1"} 2
+nv_inference_pending_request_count{model="sam2_session",version="1"} 1
+triton_sam_session_cancelled_clicks{model="sam2_session",version="1"} 11
+triton_sam_session_hits{model="sam2_session",version="1"} 40
+"""
+
+
+def _stats(inferences: int, executions: int) -> str:
+    return json.dumps(
+        {"model_stats": [{"inference_count": inferences, "execution_count": executions}]}
+    )
+
+
+def _config(**parameters: str) -> str:
+    return json.dumps({"parameters": {k: {"string_value": v} for k, v in parameters.items()}})
+
+
+def test_click_counters_follow_the_decoder_the_session_model_names(monkeypatch):
+    # The CPU twin: the session model's clicks run on an unbatched copy of the decoder the
+    # client names; both are counted (a stateless click would run on the latter), and the
+    # session model's own cancellations join the decoders' (its inferences do not: each
+    # click it ran is counted at the decoder).
+    pages = {
+        "http://h:8000/v2/models/sam2_session/config": _config(
+            decoder_model="sam2_decoder_unbatched"
+        ),
+        "http://h:8000/v2/models/sam2_decoder/stats": _stats(3, 2),
+        "http://h:8000/v2/models/sam2_decoder_unbatched/stats": _stats(7, 7),
+        "http://h:8000/v2/models/sam2_session/stats": _stats(60, 60),
+        "http://h:8002/metrics": METRICS + SESSION_METRICS,
+    }
+    monkeypatch.setattr(counters, "_get_text", pages.__getitem__)
+    read = counters.ClickCounters.of(
+        "http://h:8000", "http://h:8002", "sam2_decoder", "sam2_session"
+    )
+    assert read.decoders == ("sam2_decoder", "sam2_decoder_unbatched")
+    c = read()
+    assert (c.inference_count, c.execution_count) == (10, 9)
+    assert (c.canceled, c.skipped, c.session_cancelled, c.pending) == (4 + 2, 5, 11, 2 + 1)
+    assert c.executed == 10 - 5 and c.cancelled == 6 + 5 + 11
+
+
+def test_click_counters_count_one_decoder_where_the_session_model_calls_the_clients(
+    monkeypatch,
+):
+    pages = {
+        "http://h:8000/v2/models/sam2_session/config": _config(decoder_model="sam2_decoder"),
+        "http://h:8000/v2/models/sam2_decoder/stats": _stats(3, 2),
+        "http://h:8000/v2/models/sam2_session/stats": _stats(60, 60),
+    }
+    monkeypatch.setattr(counters, "_get_text", pages.__getitem__)
+    read = counters.ClickCounters.of("http://h:8000", None, "sam2_decoder", "sam2_session")
+    assert read.decoders == ("sam2_decoder",)
+    assert read() == ServerCounters(inference_count=3, execution_count=2)
+    # a config without the parameter: the session model calls the family's decoder
+    pages["http://h:8000/v2/models/sam2_session/config"] = _config(kind="embedding_cache")
+    assert counters.session_decoder("http://h:8000", "sam2_session") is None
+    read = counters.ClickCounters.of("http://h:8000", None, "sam2_decoder", "sam2_session")
+    assert read.decoders == ("sam2_decoder",)
+    # stateless: no session model, no config read
+    read = counters.ClickCounters.of("http://h:8000", None, "sam2_decoder")
+    assert (read.decoders, read.session_model) == (("sam2_decoder",), None)
+
+
+def test_every_decoder_sums_the_models_named_decoder(monkeypatch):
+    stats = [
+        {"name": "sam2_decoder", "inference_count": 3, "execution_count": 2},
+        {"name": "sam2_decoder_unbatched", "inference_count": 7, "execution_count": 7},
+        {"name": "sam2_session", "inference_count": 60, "execution_count": 60},
+        {"name": "sam2_encoder", "inference_count": 1, "execution_count": 1},
+    ]
+    pages = {"http://h:8000/v2/models/stats": json.dumps({"model_stats": stats})}
+    monkeypatch.setattr(counters, "_get_text", pages.__getitem__)
+    assert counters.every_decoder("http://h:8000") == (10, 9)
+
+
+def test_the_session_model_counts_the_metric_the_reader_reads():
+    from triton_sam.serving.protocol import embedding_cache
+
+    # the model imports Triton's python-backend module: read its source, not the module
+    source = (writer.SERVING_DIR / "embedding_cache_model.py").read_text()
+    name = counters.SESSION_CANCELLED_METRIC.removeprefix(embedding_cache.METRIC_PREFIX)
+    assert f'self.metrics.count("{name}")' in source and f'("{name}", "COUNTER"' in source
+
+
 def test_counter_deltas_keep_the_pending_gauge():
     before = ServerCounters(inference_count=10, skipped=1, canceled=2, pending=5)
     after = ServerCounters(inference_count=18, skipped=4, canceled=2, pending=0)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam.bench import paths as bench_paths
+from triton_sam.bench.counters import session_decoder
 from triton_sam.bench.latency import Series, measure
 from triton_sam.client import embedding_path, flow, model_frame, prompts
 from triton_sam.client.decode_request import Click
@@ -127,17 +128,6 @@ class _Server:
             stats = json.loads(r.read())["model_stats"][0].get("inference_stats", {})
         return {s: (int(stats[s]["count"]), int(stats[s]["ns"])) for s in STAT_STAGES}
 
-    def session_decoder(self, session_model: str) -> str | None:
-        """The decoder the session model's clicks run on (its ``decoder_model`` parameter:
-        on the CPU twin, the unbatched copy), None when its config does not say."""
-        import json
-
-        url = f"{self.http_url}/v2/models/{session_model}/config"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            parameters = json.loads(r.read()).get("parameters", {})
-        value = parameters.get(embedding_cache.PARAM_DECODER_MODEL, {}).get("string_value")
-        return value or None
-
     def stages(self, model: str) -> dict[str, tuple[float, float]]:
         """stage -> (count, microseconds) cumulated, from the session model's counters."""
         with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=10) as r:
@@ -208,7 +198,7 @@ def run_breakdown(
     http = protocol == "http"
     hw = (int(image.shape[0]), int(image.shape[1]))
     session_model, encoder_model = family.session_model, family.encoder_model
-    decoder_model = server.session_decoder(session_model) or family.decoder_model
+    decoder_model = session_decoder(server.http_url, session_model) or family.decoder_model
     try:
         picture = embedding_path.CachedImage.of(image, family, encoder_model, session_model)
         flow.run(flow.embed(picture, family, session_model), flow.sender(transport))

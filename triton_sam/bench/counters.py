@@ -6,9 +6,16 @@
   (requests Triton dropped before they reached the backend: cancelled while still in the
   dynamic batcher's queue), ``nv_inference_pending_request_count``, and the runner's
   ``triton_sam_cancelled_requests_skipped`` (cancelled requests that were already batched:
-  answered unrun by the python-backend runner, yet counted by Triton as inferences).
+  answered unrun by the python-backend runner, yet counted by Triton as inferences), and the
+  session model's ``triton_sam_session_cancelled_clicks`` (clicks cancelled while they waited
+  for a decoder slot there: answered unrun, never sent to a decoder).
 
 Requests that actually ran the model = ``inference_count - skipped``.
+
+Which decoder runs a client's clicks is not always the one it names: a click through the
+session model runs on the decoder its config names (on the CPU twin, an unbatched copy of
+the batched decoder). :class:`ClickCounters` is the one place that answers "which decoders
+ran these clicks, and how many times".
 """
 
 from __future__ import annotations
@@ -20,11 +27,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from triton_sam.errors import ServerUnavailableError
+from triton_sam.serving.protocol import embedding_cache
 from triton_sam.serving.protocol import runner as runner_protocol
 
 SKIPPED_METRIC = runner_protocol.SKIPPED_METRIC  # what runner_model.py counts
+# what embedding_cache_model.py counts when a waiting click was cancelled
+SESSION_CANCELLED_METRIC = embedding_cache.METRIC_PREFIX + "cancelled_clicks"
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -42,6 +53,9 @@ class ServerCounters:
             before reaching the backend.
         skipped: ``triton_sam_cancelled_requests_skipped``: answered unrun by the runner
             (0 where the model is not served by it, e.g. the onnxruntime backend).
+        session_cancelled: ``triton_sam_session_cancelled_clicks``: clicks the session
+            model answered unrun, cancelled while they waited for a decoder slot (0 where
+            clicks do not go through it).
         pending: ``nv_inference_pending_request_count`` (a gauge: not subtracted).
     """
 
@@ -51,6 +65,7 @@ class ServerCounters:
     fail: int = 0
     canceled: int = 0
     skipped: int = 0
+    session_cancelled: int = 0
     pending: int = 0
 
     @property
@@ -61,12 +76,18 @@ class ServerCounters:
     @property
     def cancelled(self) -> int:
         """Cancelled requests the server saw and did not run (dropped or skipped)."""
-        return self.canceled + self.skipped
+        return self.canceled + self.skipped + self.session_cancelled
 
     def __sub__(self, other: ServerCounters) -> ServerCounters:
         delta = {f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
         delta["pending"] = self.pending
         return ServerCounters(**delta)
+
+    def __add__(self, other: ServerCounters) -> ServerCounters:
+        """Two models' counters together (pending requests too)."""
+        return ServerCounters(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
 
     def as_dict(self) -> dict[str, int]:
         """Every counter plus ``executed`` and ``cancelled``."""
@@ -109,11 +130,14 @@ def read_counters(http_url: str, metrics_url: str | None, model: str) -> ServerC
     Raises:
         ServerUnavailableError: an endpoint cannot be read.
     """
+    text = _get_text(f"{metrics_url.rstrip('/')}/metrics") if metrics_url else None
+    return _model_counters(http_url, text, model)
+
+
+def _model_counters(http_url: str, metrics_text: str | None, model: str) -> ServerCounters:
     stats = _get_json(f"{http_url.rstrip('/')}/v2/models/{model}/stats")["model_stats"][0]
     infer = stats.get("inference_stats", {})
-    metrics: dict[str, float] = {}
-    if metrics_url:
-        metrics = parse_metrics(_get_text(f"{metrics_url.rstrip('/')}/metrics"), model)
+    metrics = parse_metrics(metrics_text, model) if metrics_text else {}
     return ServerCounters(
         inference_count=int(stats.get("inference_count", 0)),
         execution_count=int(stats.get("execution_count", 0)),
@@ -121,7 +145,103 @@ def read_counters(http_url: str, metrics_url: str | None, model: str) -> ServerC
         fail=int(infer.get("fail", {}).get("count", 0)),
         canceled=int(metrics.get("nv_inference_request_failure{reason=CANCELED}", 0)),
         skipped=int(metrics.get(SKIPPED_METRIC, 0)),
+        session_cancelled=int(metrics.get(SESSION_CANCELLED_METRIC, 0)),
         pending=int(metrics.get("nv_inference_pending_request_count", 0)),
+    )
+
+
+def session_decoder(http_url: str, session_model: str) -> str | None:
+    """The decoder the session model's clicks run on: its config's ``decoder_model``
+    parameter (on the CPU twin, the unbatched copy); None when the config does not say.
+
+    Raises:
+        ServerUnavailableError: the config cannot be read (the model is not served).
+    """
+    config = _get_json(f"{http_url.rstrip('/')}/v2/models/{session_model}/config")
+    parameters = config.get("parameters", {})
+    return parameters.get(embedding_cache.PARAM_DECODER_MODEL, {}).get("string_value") or None
+
+
+@dataclass(frozen=True)
+class ClickCounters:
+    """Reads what ran a client's clicks: calling it returns the counters of every decoder
+    that executes them, summed, plus the session model's cancellations (clicks Triton dropped
+    from its queue, clicks it answered unrun) when the clicks go through it.
+
+    Build it with :meth:`of`, which asks the server which decoders those are.
+
+    Attributes:
+        http_url / metrics_url: the server's statistics and metrics endpoints (no metrics:
+            ``canceled``, ``skipped``, ``session_cancelled`` and ``pending`` stay 0).
+        decoders: the decoders counted.
+        session_model: the session model counted for its cancellations, or None.
+    """
+
+    http_url: str
+    metrics_url: str | None
+    decoders: tuple[str, ...]
+    session_model: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        http_url: str,
+        metrics_url: str | None,
+        decoder_model: str,
+        session_model: str | None = None,
+    ) -> ClickCounters:
+        """The counters of a client calling ``decoder_model`` with features (the stateless
+        path) and, when ``session_model`` is given, clicking through it: then the decoder
+        its config names is counted too (once, where it is ``decoder_model`` itself).
+
+        Raises:
+            ServerUnavailableError: the server or the session model's config cannot be read.
+        """
+        decoders = [decoder_model]
+        if session_model:
+            called = session_decoder(http_url, session_model) or decoder_model
+            decoders += [called] if called != decoder_model else []
+        return cls(http_url, metrics_url, tuple(decoders), session_model)
+
+    @classmethod
+    def of_client(cls, client: Any, http_url: str, metrics_url: str | None) -> ClickCounters:
+        """The counters of ``client``'s clicks (a ``SAM2TritonClient`` or
+        ``SpeculativeSAM2Client``, connected): the session model's too where its clicks go
+        through it (``client.uses_server_embeddings``)."""
+        session_model = client.session_model if client.uses_server_embeddings else None
+        return cls.of(http_url, metrics_url, client.decoder_model, session_model)
+
+    @property
+    def models(self) -> list[str]:
+        """Every model counted: the decoders, then the session model (if any)."""
+        return [*self.decoders, *([self.session_model] if self.session_model else [])]
+
+    def __call__(self) -> ServerCounters:
+        text = _get_text(f"{self.metrics_url.rstrip('/')}/metrics") if self.metrics_url else None
+        total = ServerCounters()
+        for decoder in self.decoders:
+            total += _model_counters(self.http_url, text, decoder)
+        if self.session_model:
+            # only what it did not run: its own inferences are clicks counted at a decoder
+            session = _model_counters(self.http_url, text, self.session_model)
+            total += ServerCounters(
+                canceled=session.canceled,
+                session_cancelled=session.session_cancelled,
+                pending=session.pending,
+            )
+        return total
+
+
+def every_decoder(http_url: str) -> tuple[int, int]:
+    """(inferences, executions) summed over every model of the server whose name says it is
+    a decoder (``/v2/models/stats``): what ran, wherever the clicks went. The cross-check of
+    :class:`ClickCounters`, which reads only the decoders that a client's clicks run on.
+    """
+    stats = _get_json(f"{http_url.rstrip('/')}/v2/models/stats")["model_stats"]
+    decoders = [m for m in stats if "decoder" in m["name"]]
+    return (
+        sum(int(m.get("inference_count", 0)) for m in decoders),
+        sum(int(m.get("execution_count", 0)) for m in decoders),
     )
 
 

@@ -6,6 +6,10 @@ time is up (optionally re-encoding every ``encode_every`` prompts). Every reques
 and every failure is recorded; the resident memory of this process (the clients) and of the
 server (tritonserver plus its python-backend stub processes) is sampled throughout.
 
+Where the server's statistics endpoint is known, what its decoders executed for the clicks
+(:class:`triton_sam.bench.counters.ClickCounters`) is reported beside the answers the clients
+got: every click answered ran once.
+
 Distinct images cost one encoder run each (seconds on a CPU); ``images`` < ``sessions`` makes
 sessions share the embeddings of fewer images (:meth:`set_image_embedding`), which keeps a
 short run's time on the decoder, where interactive load is.
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
 from triton_sam.client.speculative import SpeculativeSAM2Client
 from triton_sam.errors import InputValidationError
 
@@ -83,11 +88,18 @@ class MemorySample:
 
 @dataclass
 class SoakReport:
-    """What a soak did. Latencies in ms; memory in bytes."""
+    """What a soak did. Latencies in ms; memory in bytes.
+
+    ``server`` holds the server's counters of the clicks over the prompting phase
+    (``executed``, ``cancelled``...; empty when its statistics endpoint is not known), read
+    from the models named in ``counted``.
+    """
 
     model: str
     protocol: str
     settings: SoakSettings
+    server: dict[str, int] = field(default_factory=dict)
+    counted: list[str] = field(default_factory=list)
     requests: int = 0
     failures: int = 0
     errors: list[str] = field(default_factory=list)
@@ -134,6 +146,7 @@ class SoakReport:
         return {
             "requests": self.requests,
             "failures": self.failures,
+            "executed_server": self.server.get("executed"),
             "decode_ms": self.percentiles(self.decode_ms),
             "encode_ms": self.percentiles(self.encode_ms),
             "decode_per_s": self.throughput,
@@ -278,6 +291,8 @@ async def run_soak(
     model_type: str = "sam2",
     server_pid: int | None = None,
     progress: Callable[[str], None] | None = None,
+    http_url: str | None = None,
+    metrics_url: str | None = None,
 ) -> SoakReport:
     """Run the soak against the server at ``url`` (see the module docstring).
 
@@ -289,6 +304,8 @@ async def run_soak(
         model_type: model family of the served models.
         server_pid: tritonserver's pid, to sample its memory (None: client only).
         progress: called with a line of text at each phase.
+        http_url / metrics_url: the server's statistics and metrics endpoints, to count
+            what its decoders executed (None: not counted).
     """
     say = progress or (lambda _: None)
     report = SoakReport(model_type, protocol, settings)
@@ -324,6 +341,13 @@ async def run_soak(
                     clients[i].set_image_embedding(embeddings[k], pictures[k].shape[:2])
             # a session whose image failed to encode (a counted failure) cannot prompt
             active = [(i, c) for i, c in enumerate(clients) if c.is_image_set]
+            counters = None
+            if http_url and active:  # every client takes the same path: ask the first
+                counters = await asyncio.to_thread(
+                    ClickCounters.of_client, active[0][1], http_url, metrics_url
+                )
+                report.counted = counters.models
+            before = await _quiet(counters)
             say(f"prompting for {settings.warmup_s:g} + {settings.duration_s:g} s")
             sampler.samples.clear()  # growth is measured over the prompting phase
             sampler.sample()
@@ -341,11 +365,21 @@ async def run_soak(
             )
             report.prompts_s = time.monotonic() - t0
             sampler.sample()
+            after = await _quiet(counters)
+            if before is not None and after is not None:
+                report.server = (after - before).as_dict()
         report.memory = list(sampler.samples)
     finally:
         for client in clients:
             await client.aclose()
     return report
+
+
+async def _quiet(counters: ClickCounters | None) -> ServerCounters | None:
+    """The counters once the server has settled (requests still running counted)."""
+    if counters is None:
+        return None
+    return await asyncio.to_thread(wait_until_quiet, counters, quiet_s=1.0)
 
 
 async def _encode(
@@ -387,6 +421,7 @@ def write_report(report: SoakReport, out_dir: Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(payload, indent=2))
     s, dec, enc = report.settings, summary["decode_ms"], summary["encode_ms"]
     cli, srv = summary["client_rss"], summary["server_rss"]
+    executed = "-" if summary["executed_server"] is None else summary["executed_server"]
     lines = [
         f"# Soak: {report.model} ({report.protocol})",
         "",
@@ -395,10 +430,12 @@ def write_report(report: SoakReport, out_dir: Path) -> dict[str, Path]:
         + (f", re-encoded every {s.encode_every} prompts" if s.encode_every else "")
         + ").",
         "",
-        "| requests | failures | decode p50 / p95 / p99 / max ms | decodes/s "
-        "| encode p50 / p95 ms | client RSS max (growth) MiB | server RSS max (growth) MiB |",
-        "|---|---|---|---|---|---|---|",
-        f"| {report.requests} | {report.failures} | {dec['p50']:.0f} / {dec['p95']:.0f} / "
+        "| requests | failures | decodes executed (server) | decode p50 / p95 / p99 / max ms "
+        "| decodes/s | encode p50 / p95 ms | client RSS max (growth) MiB "
+        "| server RSS max (growth) MiB |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {report.requests} | {report.failures} | {executed} "
+        f"| {dec['p50']:.0f} / {dec['p95']:.0f} / "
         f"{dec['p99']:.0f} / {dec['max']:.0f} | {report.throughput:.1f} | "
         f"{enc['p50']:.0f} / {enc['p95']:.0f} | {cli['max_mib']:.0f} "
         f"({cli.get('growth_mib', math.nan):+.0f}) | {srv['max_mib']:.0f} "
@@ -406,7 +443,10 @@ def write_report(report: SoakReport, out_dir: Path) -> dict[str, Path]:
         "",
         "Server RSS = PSS of tritonserver + its python-backend stub processes (shared memory "
         "counted once); growth = median of "
-        "the last third of the samples minus the median of the first third.",
+        "the last third of the samples minus the median of the first third. Decodes "
+        "executed = the `inference_count` of the decoders that ran the clicks ("
+        + (", ".join(f"`{m}`" for m in report.counted) or "not read")
+        + "), over the prompting phase.",
     ]
     if report.errors:
         lines += ["", "Errors (first ones):", *[f"- {e}" for e in report.errors]]
@@ -423,6 +463,8 @@ def run_soak_on_server(
     server_pid: int | None = None,
     model_name: str = "",
     progress: Callable[[str], None] | None = None,
+    http_url: str | None = None,
+    metrics_url: str | None = None,
 ) -> SoakReport:
     """Blocking entry point: synthetic images, :func:`run_soak`."""
     images = soak_images(settings.images or settings.sessions)
@@ -435,6 +477,8 @@ def run_soak_on_server(
             model_type=model_type,
             server_pid=server_pid,
             progress=progress,
+            http_url=http_url,
+            metrics_url=metrics_url,
         )
     )
     report.model = model_name or report.model

@@ -13,8 +13,9 @@ The same drags run in several modes, one after another, against the same server:
 - ``latest``: latest-wins (``track`` / ``latest``): one request in flight per session plus the
   newest event waiting; superseded events are never sent.
 
-Executed and cancelled requests come from the server's own counters (see
-:mod:`triton_sam.bench.counters`), read before and after each mode once the server is quiet.
+Executed and cancelled requests come from the server's own counters of the decoders that ran
+the clicks and of the session model they went through (:class:`triton_sam.bench.counters.
+ClickCounters`), read before and after each mode once the server is quiet.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.bench.counters import ServerCounters, read_counters, wait_until_quiet
+from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
 from triton_sam.client.speculative import SpeculativeSAM2Client, wait_for_latest_result
 from triton_sam.errors import InputValidationError
 
@@ -121,11 +122,16 @@ class ModeResult:
 
 @dataclass
 class StressReport:
-    """A stress run: settings, the decoder time D of this run, and one result per mode."""
+    """A stress run: settings, the decoder time D of this run, and one result per mode.
+
+    ``counted`` names the models whose counters fill ``ModeResult.server``: the decoders
+    that ran the clicks, then the session model they went through (if any).
+    """
 
     model: str
     protocol: str
     settings: DragSettings
+    counted: list[str] = field(default_factory=list)
     decoder_ms: list[float] = field(default_factory=list)
     decoder_concurrent_ms: list[float] = field(default_factory=list)
     modes: dict[str, ModeResult] = field(default_factory=dict)
@@ -166,6 +172,7 @@ class StressReport:
                     "cancelled_server": r.server.get("cancelled", 0),
                     "dropped_by_triton": r.server.get("canceled", 0),
                     "skipped_by_runner": r.server.get("skipped", 0),
+                    "unrun_by_session_model": r.server.get("session_cancelled", 0),
                     "model_executions": r.server.get("execution_count", 0),
                     "last_event_to_mask_p50_ms": lat["p50"],
                     "last_event_to_mask_p95_ms": lat["p95"],
@@ -214,12 +221,15 @@ async def run_stress(
         client: a ready client with its image set.
         settings: drags (events, rate, sessions, repeats).
         modes: any of :data:`MODES`, run in this order.
-        counters: reads the decoder's server counters (e.g. :func:`server_counters`);
-            None leaves ``ModeResult.server`` empty.
+        counters: reads the server's counters of the clicks (a
+            :class:`~triton_sam.bench.counters.ClickCounters`); None leaves
+            ``ModeResult.server`` empty.
         n_decoder: isolated decoder round trips that measure D.
     """
     check_modes(modes)
     report = StressReport(client.model_type, client.endpoint.protocol, settings)
+    if isinstance(counters, ClickCounters):
+        report.counted = counters.models
     report.decoder_ms = await measure_decoder(client, n_decoder)
     if settings.sessions > 1:
         report.decoder_concurrent_ms = await measure_decoder(
@@ -328,13 +338,6 @@ def counter_urls(
     )
 
 
-def server_counters(
-    http_url: str, metrics_url: str | None, model: str
-) -> Callable[[], ServerCounters]:
-    """A reader of ``model``'s counters on a running server (for :func:`run_stress`)."""
-    return lambda: read_counters(http_url, metrics_url, model)
-
-
 def run_stress_on_server(
     url: str,
     *,
@@ -361,7 +364,9 @@ def run_stress_on_server(
             await client.set_image_async(image)
             counters = None
             if http_url:
-                counters = server_counters(http_url, metrics_url, client.decoder_model)
+                counters = await asyncio.to_thread(
+                    ClickCounters.of_client, client, http_url, metrics_url
+                )
             report = await run_stress(client, settings=settings, modes=modes, counters=counters)
         report.model = model_name or report.model
         return report
@@ -385,6 +390,7 @@ def write_report(report: StressReport, out_dir: Path) -> dict[str, Path]:
             "p50": report.decoder_concurrent_p50_ms,
         },
         "execution_bound_per_drag": report.execution_bound(),
+        "counted_models": report.counted,
         "rows": rows,
         "modes": {k: asdict(v) for k, v in report.modes.items()},
     }
@@ -400,7 +406,7 @@ def write_report(report: StressReport, out_dir: Path) -> dict[str, Path]:
         f"(one request per session, all at once).",
         "",
         "| mode | events | requests sent | superseded (never sent) | cancelled by client "
-        "| executed (server) | per drag | cancelled (server: dropped + skipped) "
+        "| executed (server) | per drag | cancelled (server: dropped + skipped + unrun) "
         "| model executions | last event → mask p50 / p95 ms | p95 / D | p95 / D_S |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -408,17 +414,22 @@ def write_report(report: StressReport, out_dir: Path) -> dict[str, Path]:
         lines.append(
             f"| {r['mode']} | {r['events']} | {r['requests_sent']} | {r['superseded']} "
             f"| {r['cancelled_client']} | {r['executed']} | {r['executed_per_drag']:.1f} "
-            f"| {r['cancelled_server']} ({r['dropped_by_triton']} + {r['skipped_by_runner']}) "
+            f"| {r['cancelled_server']} ({r['dropped_by_triton']} + {r['skipped_by_runner']} "
+            f"+ {r['unrun_by_session_model']}) "
             f"| {r['model_executions']} | {r['last_event_to_mask_p50_ms']:.0f} / "
             f"{r['last_event_to_mask_p95_ms']:.0f} | {r['p95_over_D']:.2f} "
             f"| {r['p95_over_D_sessions']:.2f} |"
         )
+    counted = ", ".join(f"`{m}`" for m in report.counted) or "none"
     lines += [
         "",
-        "Executed = the decoder's `inference_count` (`/v2/models/<m>/stats`) minus the "
-        "python-runner fallback's `triton_sam_cancelled_requests_skipped` (`/metrics`; 0 on "
-        "the onnxruntime backend, which has no runner); "
-        'dropped = `nv_inference_request_failure{reason="CANCELED"}`. For `reference`, '
+        f"Counted: {counted}. Executed = the `inference_count` (`/v2/models/<m>/stats`) of the "
+        "decoders that ran the clicks (through the session model: the decoder its config "
+        "names) minus the python-runner fallback's `triton_sam_cancelled_requests_skipped` "
+        "(`/metrics`; 0 on the onnxruntime backend, which has no runner); "
+        'dropped = `nv_inference_request_failure{reason="CANCELED"}` (decoders and session '
+        "model); unrun = `triton_sam_session_cancelled_clicks` (clicks the session model "
+        "answered unrun, cancelled while they waited for a decoder slot). For `reference`, "
         "'cancelled by client' counts the requests still running at drag end, which the "
         "reference only marks cancelled in a dict.",
     ]
