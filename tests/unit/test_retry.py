@@ -59,7 +59,8 @@ def test_connection_errors_are_retried_with_backoff_then_succeed():
     )
     assert result == "ok" and fn.calls == 3
     assert sleeps == [0.1, 0.2]
-    assert len(reconnects) == 2  # a fresh connection before every retry
+    # a fresh connection after the connection error; not after the overloaded answer
+    assert len(reconnects) == 1
 
 
 def test_attempts_are_bounded_and_the_last_error_is_raised():
@@ -218,3 +219,36 @@ def test_server_rejections_are_not_retried(monkeypatch):
     with pytest.raises(InvalidRequestError, match="unexpected shape"):
         transport.infer("m", {"x": np.zeros((1, 4), np.float32)}, ["t"], idempotent=True)
     assert client.calls == ["infer"]
+
+
+def test_an_overloaded_answer_is_retried_on_the_same_connection():
+    """Reconnecting closes the shared channel, which cancels every other request in flight
+    on it: a stress run with four sessions lost all of them to one session's overload."""
+    errors = [ServerOverloadedError("full"), ServerUnavailableError("down")]
+    reconnects = []
+
+    def fn():
+        if errors:
+            raise errors.pop(0)
+        return "ok"
+
+    out = call_with_retry(fn, POLICY, before_retry=lambda: reconnects.append(1), sleep=lambda s: 0)
+    assert out == "ok" and reconnects == [1]  # only after the connection error
+
+    async def main():
+        errors[:] = [ServerOverloadedError("full"), ServerOverloadedError("full")]
+
+        async def afn():
+            if errors:
+                raise errors.pop(0)
+            return "ok"
+
+        async def reconnect():
+            reconnects.append(2)
+
+        async def no_sleep(_):
+            return None
+
+        return await acall_with_retry(afn, POLICY, before_retry=reconnect, sleep=no_sleep)
+
+    assert asyncio.run(main()) == "ok" and reconnects == [1]

@@ -15,7 +15,9 @@ Policy:
 - **How**: attempt ``n`` (from 1) waits ``initial_backoff_s * multiplier ** (n - 1)``, capped
   at ``max_backoff_s``, with up to ``jitter`` of it added at random so that many clients do not
   retry in lockstep. The transport reconnects (a fresh connection, see
-  ``Transport.reconnect``) before each retry, so a restarted server is reached at once.
+  ``Transport.reconnect``) before each retry, so a restarted server is reached at once;
+  not after an overloaded answer, whose server is up and whose connection other requests
+  are still using.
   No retry starts once the total time would exceed ``deadline_s``.
 """
 
@@ -28,7 +30,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from triton_sam.errors import InputValidationError, ModelNotReadyError, ServerUnavailableError
+from triton_sam.errors import (
+    InputValidationError,
+    ModelNotReadyError,
+    ServerOverloadedError,
+    ServerUnavailableError,
+)
 
 _T = TypeVar("_T")
 
@@ -79,6 +86,13 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, ServerUnavailableError) and not isinstance(error, ModelNotReadyError)
 
 
+def needs_reconnect(error: BaseException) -> bool:
+    """False for an overloaded server: it answered over a working connection, and a new
+    connection would cancel every other request in flight on the old one (the clients share
+    one channel between their concurrent calls)."""
+    return not isinstance(error, ServerOverloadedError)
+
+
 def _wait_s(policy: RetryPolicy, retry: int, started: float, deadline_s: float | None) -> float:
     """Seconds to wait before ``retry``, or -1 when no retry may start."""
     wait = policy.backoff_s(retry) * (1 + policy.jitter * random.random())
@@ -102,7 +116,8 @@ def call_with_retry(
         fn: the idempotent call.
         policy: attempts and backoff.
         deadline_s: default for ``policy.deadline_s`` (the transport's timeout).
-        before_retry: e.g. reconnect; its own errors are left to the next attempt.
+        before_retry: e.g. reconnect (not after an overloaded answer, see
+            :func:`needs_reconnect`); its own errors are left to the next attempt.
         sleep: injectable for tests.
 
     Raises:
@@ -117,8 +132,9 @@ def call_with_retry(
             wait = _wait_s(policy, attempt, started, deadline_s)
             if not is_retryable(e) or attempt == policy.max_attempts or wait < 0:
                 raise
+            reconnect = needs_reconnect(e)
         sleep(wait)
-        if before_retry is not None:
+        if before_retry is not None and reconnect:
             before_retry()
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -140,7 +156,8 @@ async def acall_with_retry(
             wait = _wait_s(policy, attempt, started, deadline_s)
             if not is_retryable(e) or attempt == policy.max_attempts or wait < 0:
                 raise
+            reconnect = needs_reconnect(e)
         await sleep(wait)
-        if before_retry is not None:
+        if before_retry is not None and reconnect:
             await before_retry()
     raise AssertionError("unreachable")  # pragma: no cover
