@@ -94,7 +94,7 @@ $(ORT_BACKEND)/libtriton_onnxruntime.so: $(STAMP) scripts/build_onnxruntime_back
 onnxruntime-backend: $(ORT_BACKEND)/libtriton_onnxruntime.so
 
 # nginx (Debian's nginx-light) for the image-affine proxy tests and `triton-sam
-# bench-replicas`; installs only when nginx is missing (apt-get, needs root or sudo).
+# bench replicas`; installs only when nginx is missing (apt-get, needs root or sudo).
 proxy-tools:
 	@bash scripts/install_nginx.sh
 

@@ -1,6 +1,6 @@
 """Latency of a small random-init SAM3 tracker (the real tensor contract, a 2-layer ViT):
 in-process onnxruntime vs the embedded Triton over HTTP and gRPC, with the same code as
-`triton-sam bench`. The full-size model is too heavy to export on a CPU-only machine.
+`triton-sam bench users`. The full-size model is too heavy to export on a CPU-only machine.
 
 Usage: python scripts/bench_sam3_small.py OUT_DIR
 """

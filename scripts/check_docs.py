@@ -15,6 +15,9 @@ Command lines are read from code only (fenced blocks and inline code spans), at 
 a shell command (after ``$``, ``&&``, ``|``, ``;``, environment assignments...), so a prose
 mention of the project or ``kubectl -n triton-sam ...`` is not mistaken for a command.
 
+No file of the sources, tests, docs, examples or deploy/ may cite an issue number of ours
+("issue N" with a number): readers of the repository cannot see the tracker.
+
 Relative links of the pages outside docs/ (README.md, deploy/README.md...) must point to files
 that exist, and their ``#anchors`` to headings of the target page (GitHub's heading ids); the
 pages inside docs/ are checked by ``mkdocs build --strict``, which renders them.
@@ -423,6 +426,71 @@ def check_api_page(page: Path, package_init: Path) -> list[Problem]:
     ]
 
 
+# --- references to the issue tracker ------------------------------------------------------
+
+# "issue N", "issue-N", "Issue #N", "issues N" (N a number): our tracker, which readers of the
+# repository cannot see, so the text must give the reason itself (or point to the page that
+# does). Another project's issue is named by its project or URL ("segment-anything #61",
+# ".../issues/61") and passes.
+_ISSUE_REFERENCE = re.compile(r"(?<![/\w])issues?[- ]?#?\d+\b", re.I)
+#: Where user-facing text and comments live.
+ISSUE_SCANNED = (
+    "README.md",
+    "Makefile",
+    "pyproject.toml",
+    "docs",
+    "deploy",
+    "examples",
+    "scripts",
+    "tests",
+    "triton_sam",
+)
+
+
+def scanned_files(root: Path = ROOT) -> list[Path]:
+    """The files of :data:`ISSUE_SCANNED`: tracked or new, not ignored (without git: a walk)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *ISSUE_SCANNED],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        return sorted(root / p for p in listed if (root / p).is_file())
+    except (OSError, subprocess.CalledProcessError):
+        found = [root / name for name in ISSUE_SCANNED if (root / name).is_file()]
+        for name in ISSUE_SCANNED:
+            if (root / name).is_dir():
+                found += [
+                    p
+                    for p in (root / name).rglob("*")
+                    if p.is_file() and not any(part.startswith(".") for part in p.parts)
+                ]
+        return sorted(found)
+
+
+def check_issue_references(root: Path = ROOT, files: Iterable[Path] | None = None) -> list[Problem]:
+    """Each mention of an issue number of ours in the sources, tests, docs and examples."""
+    problems = []
+    for path in scanned_files(root) if files is None else files:
+        data = path.read_bytes()
+        if b"\0" in data:
+            continue  # binary
+        where = str(path.relative_to(root))
+        for number, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
+            for m in _ISSUE_REFERENCE.finditer(line):
+                problems.append(
+                    Problem(
+                        where,
+                        number,
+                        f"{m.group(0)!r}: readers cannot see our issues; say the reason itself "
+                        "or point to the page that explains it",
+                    )
+                )
+    return problems
+
+
 # --- the pages ----------------------------------------------------------------------------
 
 
@@ -457,6 +525,7 @@ def check(root: Path = ROOT, names: Names | None = None, *, cli_help: bool = Tru
             problems += check_links(page, root)
     problems += check_pixi_tasks(names, root / "pyproject.toml")
     problems += check_api_page(root / "docs" / "api.md", root / "triton_sam" / "__init__.py")
+    problems += check_issue_references(root)
     if cli_help:
         problems += check_commands(names, cli_reference_markdown(names.cli), "triton-sam --help")
     return problems
@@ -548,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         print(problem)
     if problems:
         print(
-            f"{len(problems)} problem(s): the pages must name commands, tasks and files that exist"
+            f"{len(problems)} problem(s): the pages must name commands, tasks and files that "
+            "exist, and no text may cite our issue numbers"
         )
         return 1
     return 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nginx for the image-affine proxy tests (tests/integration/test_replicas.py) and
-# `triton-sam bench-replicas`: Debian's nginx-light, installed only when nginx is missing.
+# `triton-sam bench replicas`: Debian's nginx-light, installed only when nginx is missing.
 # Idempotent; needs root (or sudo) and the Debian package index.
 set -euo pipefail
 if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from triton_sam.errors import TritonSamError
 
@@ -36,6 +37,50 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+class _BenchGroup(TyperGroup):
+    """``triton-sam bench``: the measurements. Options with no subcommand (``triton-sam bench
+    --model X``, the old spelling of ``bench users``) still run ``bench users``, with a note."""
+
+    #: The order of `triton-sam bench --help`: what most users run first.
+    ORDER = (
+        "users",
+        "click",
+        "backends",
+        "video",
+        "concepts",
+        "stress",
+        "soak",
+        "storm",
+        "replicas",
+        "perf-analyzer",
+    )
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        rank = {name: i for i, name in enumerate(self.ORDER)}
+        return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
+            _renamed_note("bench", "bench users")
+            args = ["users", *args]
+        return super().parse_args(ctx, args)
+
+
+bench_app = typer.Typer(
+    name="bench",
+    cls=_BenchGroup,
+    help="Measure latency, throughput, cancellation, soak, scale-out.",
+    no_args_is_help=True,
+)
+proxy_app = typer.Typer(
+    name="proxy",
+    help="The nginx proxy before Triton replicas: config, tokens.",
+    no_args_is_help=True,
+)
+app.add_typer(bench_app)
+app.add_typer(proxy_app)
 
 ModelArg = Annotated[
     str, typer.Argument(help="Variant name, e.g. sam2.1_hiera_tiny (see `triton-sam models`).")
@@ -66,7 +111,7 @@ ReportDirOpt = Annotated[Path, typer.Option(help="Report directory.")]
 ONNX_COMMUNITY_DIR = Path("checkpoints/sam3-tracker-ONNX")
 
 
-@app.command("models")
+@app.command("models", short_help="List the model variants.")
 def models_cmd() -> None:
     """List the model variants that can be downloaded and exported."""
     from triton_sam.models.registry import get_model, model_names
@@ -76,7 +121,7 @@ def models_cmd() -> None:
         typer.echo(f"{name:28s} {spec.family.family:5s} {spec.description}")
 
 
-@app.command("config")
+@app.command("config", short_help="Print the configuration (defaults + overrides) as YAML.")
 def config_cmd(
     model: Annotated[str | None, typer.Argument()] = None, overrides: OverridesArg = None
 ) -> None:
@@ -88,7 +133,7 @@ def config_cmd(
     typer.echo(OmegaConf.to_yaml(load_config(model, overrides or [])))
 
 
-@app.command("download")
+@app.command("download", short_help="Download a checkpoint (resumable, sha256-verified).")
 def download_cmd(
     model: ModelArg,
     checkpoints: Annotated[Path, typer.Option(help="Checkpoint directory.")] = Path("checkpoints"),
@@ -104,7 +149,7 @@ def download_cmd(
     typer.echo(f"checkpoint ready: {path}")
 
 
-@app.command("download-onnx")
+@app.command("download-onnx", short_help="Download the pre-exported SAM3 tracker ONNX pair.")
 def download_onnx_cmd(
     dest: Annotated[Path, typer.Option(help="Download directory.")] = ONNX_COMMUNITY_DIR,
     repo: Annotated[str, typer.Option(help="Hugging Face repository.")] = (
@@ -126,7 +171,7 @@ def download_onnx_cmd(
     typer.echo(f"next: `triton-sam import-onnx {dest}`")
 
 
-@app.command("import-onnx")
+@app.command("import-onnx", short_help="Write a pre-exported ONNX pair into the repository.")
 def import_onnx_cmd(
     directory: Annotated[
         Path, typer.Argument(help="Folder with the pair (or its onnx/).")
@@ -165,7 +210,7 @@ def import_onnx_cmd(
     typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")
 
 
-@app.command("export")
+@app.command("export", short_help="Export a variant to ONNX, verified against torch.")
 def export_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
@@ -194,7 +239,7 @@ def export_cmd(
     _export(model, overrides, checkpoint, random_init, fp16, target, repository, download=False)
 
 
-@app.command("setup")
+@app.command("setup", short_help="Download, export, write the repository: all before serve.")
 def setup_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
@@ -324,7 +369,7 @@ def _export(
     typer.echo("next: `docker compose up -d` (GPU) or `triton-sam serve` (embedded)")
 
 
-@app.command("setup-video")
+@app.command("setup-video", short_help="Export the SAM2.1 video graphs and the tracker model.")
 def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
@@ -348,7 +393,7 @@ def setup_video_cmd(
     typer.echo("next: `triton-sam serve`, then `triton-sam track VIDEO --click x,y --out DIR`")
 
 
-@app.command("track")
+@app.command("track", short_help="Segment objects through a video or 3-D stack from clicks.")
 def track_cmd(
     video: Annotated[
         Path, typer.Argument(help="Folder of frames, mp4, multi-page TIFF stack or .npy volume.")
@@ -406,7 +451,7 @@ def track_cmd(
         run(server.grpc_url if protocol == "grpc" else server.http_url)
 
 
-@app.command("serve")
+@app.command("serve", short_help="Run the embedded tritonserver (no Docker) until Ctrl-C.")
 def serve_cmd(
     repository: RepositoryOpt = None,
     http_port: Annotated[
@@ -512,7 +557,7 @@ def serve_cmd(
                 watchdog.stop()
 
 
-@app.command("admin-key")
+@app.command("admin-key", short_help="Create or rotate the admin key (never printed).")
 def admin_key_cmd(
     env_file: Annotated[
         Path | None,
@@ -547,7 +592,7 @@ def admin_key_cmd(
         typer.echo(f"TRITON_ADMIN_KEY set in {write_env_file(env_file, key.value)} (mode 0600)")
 
 
-@app.command("check")
+@app.command("check", short_help="Smoke-test a running server: an encode and a click.")
 def check_cmd(
     url: ServerUrlOpt = None,
     protocol: ProtocolOpt = "http",
@@ -572,7 +617,7 @@ def check_cmd(
         )
 
 
-@app.command("segment")
+@app.command("segment", short_help="Segment every instance of a phrase (SAM3 concept model).")
 def segment_cmd(
     image: Annotated[Path, typer.Argument(help="Image to segment.")],
     text: Annotated[
@@ -603,7 +648,7 @@ def segment_cmd(
     typer.echo(f"wrote {result.overlay} and {result.coco}")
 
 
-@app.command("bench-concepts")
+@bench_app.command("concepts", short_help="Concept segmentation through Triton vs Sam3Model.")
 def bench_concepts_cmd(
     checkpoint: Annotated[
         Path | None,
@@ -636,7 +681,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-@app.command("demo")
+@app.command("demo", short_help="End to end here: export, serve, a click and a box, a PNG.")
 def demo_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     protocol: ProtocolOpt = "http",
@@ -674,7 +719,9 @@ def demo_cmd(
     typer.echo(f"  overlay: {report.overlay}")
 
 
-@app.command("bench")
+@bench_app.command(
+    "users", short_help="What users run: encode, click, box, refinement; goal ratios."
+)
 def bench_cmd(
     model: Annotated[
         str, typer.Option(help="Comma-separated variants, e.g. sam1_vit_b,sam2.1_hiera_tiny.")
@@ -712,7 +759,7 @@ def bench_cmd(
     predictor and onnxruntime in-process, and our client on the embedded server (session
     model and stateless decoder, onnxruntime backend; the python runner as one more row),
     a click during another image's encode, and encoder export variants; p50/p95/p99,
-    throughput, the issue-13 goal ratios and peak memory (JSON, markdown, PNG)."""
+    throughput, the same-run goal ratios and peak memory (JSON, markdown, PNG)."""
     from triton_sam.bench.users import (
         BASE_VARIANT,
         ENCODER_VARIANTS,
@@ -752,7 +799,7 @@ def bench_cmd(
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
-@app.command("bench-click")
+@bench_app.command("click", short_help="Where a session click's time goes, stage by stage.")
 def bench_click_cmd(
     model: Annotated[str, typer.Option(help="Variant, e.g. sam2.1_hiera_tiny.")] = (
         "sam2.1_hiera_tiny"
@@ -839,7 +886,7 @@ def _sizing(text: str) -> tuple[int, int] | None:
     return instances, threads
 
 
-@app.command("bench-backends")
+@bench_app.command("backends", short_help="onnxruntime backend vs the python-backend runner.")
 def bench_backends_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     protocol: ProtocolOpt = "grpc",
@@ -880,7 +927,7 @@ def bench_backends_cmd(
     _echo_report(paths)
 
 
-@app.command("bench-video")
+@bench_app.command("video", short_help="Frames/s of video propagation vs SAM2VideoPredictor.")
 def bench_video_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
@@ -922,7 +969,7 @@ def bench_video_cmd(
     _echo_report(paths)
 
 
-@app.command("perf-analyzer")
+@bench_app.command("perf-analyzer", short_help="Triton's perf_analyzer against the served models.")
 def perf_analyzer_cmd(
     model: Annotated[str, typer.Option(help="Variant (its family gives shapes).")] = (
         "sam2.1_hiera_tiny"
@@ -983,7 +1030,7 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-@app.command("stress")
+@bench_app.command("stress", short_help="Speculative decoding under simulated mouse drags.")
 def stress_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     url: RunningUrlOpt = None,
@@ -1043,7 +1090,7 @@ def stress_cmd(
         run(s.url, stats, metrics, s.family, s.name)
 
 
-@app.command("soak")
+@bench_app.command("soak", short_help="Many concurrent sessions for a while; exits 1 on a failure.")
 def soak_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     url: RunningUrlOpt = None,
@@ -1105,7 +1152,7 @@ def soak_cmd(
         run(s)
 
 
-@app.command("bench-storm")
+@bench_app.command("storm", short_help="Storms of concurrent embeds while users click.")
 def bench_storm_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     url: RunningUrlOpt = None,
@@ -1185,7 +1232,7 @@ def _checkpoints_dir() -> Path:
     return Path(load_config().paths.checkpoints)
 
 
-@app.command("bench-replicas")
+@bench_app.command("replicas", short_help="Replicas behind nginx, one killed mid-run.")
 def bench_replicas_cmd(
     model: VariantOpt = "sam2.1_hiera_tiny",
     protocol: Annotated[str, typer.Option(help="grpc | http | both")] = "both",
@@ -1251,7 +1298,7 @@ def bench_replicas_cmd(
         raise typer.Exit(1)
 
 
-@app.command("proxy-config")
+@proxy_app.command("config")
 def proxy_config_cmd(
     replicas: Annotated[int, typer.Option(min=1, help="Triton replicas (one per GPU).")] = 2,
     host_pattern: Annotated[
@@ -1271,7 +1318,7 @@ def proxy_config_cmd(
     typer.echo(render_nginx_conf(config), nl=False)
 
 
-@app.command("proxy-token")
+@proxy_app.command("token")
 def proxy_token_cmd(
     tenant: Annotated[str, typer.Argument(help="The tenant (team) the new token stands for.")],
     file: Annotated[
@@ -1286,6 +1333,53 @@ def proxy_token_cmd(
     token = new_token()
     write_tokens_file(file, {**tokens, token: tenant})
     typer.echo(token)
+
+
+#: Old command names -> their new spelling; kept, hidden, for one release.
+RENAMED = {
+    "bench-click": "bench click",
+    "bench-backends": "bench backends",
+    "bench-video": "bench video",
+    "bench-concepts": "bench concepts",
+    "bench-replicas": "bench replicas",
+    "bench-storm": "bench storm",
+    "perf-analyzer": "bench perf-analyzer",
+    "stress": "bench stress",
+    "soak": "bench soak",
+    "proxy-config": "proxy config",
+    "proxy-token": "proxy token",
+}
+
+
+def _renamed_note(old: str, new: str) -> None:
+    typer.echo(
+        f"`triton-sam {old}` is now `triton-sam {new}`; the old name goes in the next release",
+        err=True,
+    )
+
+
+def _renamed_command(old: str, new: str) -> type[TyperCommand]:
+    """A command class that prints the renaming note before anything else (--help included)."""
+
+    class Renamed(TyperCommand):
+        def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+            _renamed_note(old, new)
+            return super().parse_args(ctx, args)
+
+    return Renamed
+
+
+def _add_renamed_commands() -> None:
+    apps = {"bench": bench_app, "proxy": proxy_app}
+    for old, new in RENAMED.items():
+        group, name = new.split(" ", 1)
+        info = next(c for c in apps[group].registered_commands if c.name == name)
+        app.command(old, hidden=True, cls=_renamed_command(old, new), help=info.callback.__doc__)(
+            info.callback
+        )
+
+
+_add_renamed_commands()
 
 
 @app.callback()

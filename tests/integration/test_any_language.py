@@ -1,4 +1,4 @@
-"""Any language: prompts in original pixels, finished masks out, and real curl (issue 12).
+"""Any language: prompts in original pixels, finished masks out, and real curl.
 
 Against the embedded Triton, SAM2.1-tiny. Raw ``tritonclient`` requests with clicks and a box
 in original pixels get the masks our Python client computes (it upsamples on its side), as

@@ -49,7 +49,7 @@ def test_benchmark_reports_every_path_and_level_against_the_ort_baseline(
 def test_backend_comparison_times_both_serving_paths_of_one_repository(
     sam2_tiny_spec, sam2_tiny_export, sam2_tiny_server, embedded_triton, tmp_path
 ):
-    """`triton-sam bench-backends`: the onnxruntime backend (the session server) against the
+    """`triton-sam bench backends`: the onnxruntime backend (the session server) against the
     python-runner twins of the same export, requests alternating; every number is the
     server's answer time, so the runner path must have really served (its configs say so)."""
     from triton_sam.bench import backends

@@ -1,4 +1,4 @@
-"""`triton-sam bench-click`: where a session click's time goes (tiny n, no timing thresholds).
+"""`triton-sam bench click`: where a session click's time goes (tiny n, no timing thresholds).
 
 Checked on the SAM2.1-tiny session-scoped server (onnxruntime backend, features copied into
 the stub's memory: ``cpu_features=process``, the default) and on a second server of the same

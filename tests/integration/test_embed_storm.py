@@ -3,7 +3,7 @@
 Small counts (12 concurrent embeds, 2 clicking users): every answer is ok or the typed
 Overloaded refusal, never a transport error; the server tree's peak memory stays within
 the documented bound (``bench.storm.memory_bound``); a second storm does not grow it beyond
-the features it newly caches. Timing goals are reported by ``triton-sam bench-storm``, not
+the features it newly caches. Timing goals are reported by ``triton-sam bench storm``, not
 asserted here (a shared CI machine's timings are not the server's).
 """
 

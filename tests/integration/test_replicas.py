@@ -1,4 +1,4 @@
-"""Three embedded Triton replicas behind a real nginx, one killed mid-run (issue 15).
+"""Three embedded Triton replicas behind a real nginx, one killed mid-run.
 
 16 concurrent sessions (one sync client each, 6 images shared between them) click through
 the proxy; after 40 % of the clicks the replica holding the most images is SIGKILLed. Over
@@ -15,7 +15,7 @@ HTTP and over gRPC:
 - every metric the Grafana dashboard and the HPA's adapter rules query is on the replicas'
   /metrics (GPU metrics aside), with the flags deploy/ passes.
 
-The numbers are printed (``-s``); `triton-sam bench-replicas` runs the long version.
+The numbers are printed (``-s``); `triton-sam bench replicas` runs the long version.
 """
 
 from __future__ import annotations

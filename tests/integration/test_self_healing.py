@@ -1,4 +1,4 @@
-"""A killed python stub is detected and recovered (issue 12), against the embedded Triton.
+"""A killed python stub is detected and recovered, against the embedded Triton.
 
 Triton 2.51 on its own keeps the model READY with a dead stub and answers every request
 ``Stub process ... is not healthy`` (asserted here, so a Triton upgrade that changes it shows

@@ -1,4 +1,4 @@
-"""The session model owns its inputs (issue 12), against the embedded Triton, SAM2.1-tiny.
+"""The session model owns its inputs, against the embedded Triton, SAM2.1-tiny.
 
 Raw ``tritonclient`` requests bypass our client, as a hostile or foreign client would:
 

@@ -1,7 +1,7 @@
 """The short soak of CI: 16 concurrent sessions for 10 + 10 s on the embedded server; zero failed
 requests, latency percentiles reported, client and server memory sampled and bounded.
 
-The full run is `triton-sam soak --duration 60` (pixi task `soak`).
+The full run is `triton-sam bench soak --duration 60` (pixi task `soak`).
 """
 
 from __future__ import annotations

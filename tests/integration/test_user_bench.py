@@ -1,4 +1,4 @@
-"""`triton-sam bench`: every path a user can take, timed in one run (tiny n; no timing
+"""`triton-sam bench users`: every path a user can take, timed in one run (tiny n; no timing
 thresholds: the numbers only have to exist, the structure and the bytes on the wire must be
 right).
 
@@ -73,8 +73,8 @@ def test_bench_times_every_path_and_operation_of_one_run(
             assert 0 < sent[(op, "session-grpc", c)] < 1024, (op, c)
             assert 0 < sent[(op, "session-grpc-runner", c)] < 1024, (op, c)
             assert sent[(op, "stateless-grpc", c)] > 16 * 2**20, (op, c)
-    # The session path's embed sends the image's uint8 pixels (the server preprocesses them,
-    # issue 12), not the 12 MiB float32 encoder input; the stateless path sends that tensor.
+    # The session path's embed sends the image's uint8 pixels (the server preprocesses
+    # them), not the 12 MiB float32 encoder input; the stateless path sends that tensor.
     assert IMAGE.nbytes <= sent[("encode", "session-grpc", 1)] < IMAGE.nbytes + 1024
     assert sent[("encode", "stateless-grpc", 1)] >= 3 * 1024 * 1024 * 4
     assert sent[("click", "onnxruntime", 1)] == sent[("click", "official", 1)] == 0
@@ -137,7 +137,7 @@ def test_official_paths_answer_every_operation(family, request, sam1_vit_b_spec,
 def test_run_user_benchmark_isolates_the_model_and_times_the_fused_encoder(
     sam2_tiny_spec, sam2_tiny_checkpoint, sam2_tiny_export, sam2_tiny_repository, tmp_path
 ):
-    """The run as `triton-sam bench` makes it: the model measured in a spawned child (one
+    """The run as `triton-sam bench users` makes it: the model measured in a spawned child (one
     server at a time), the fused-attention encoder as a variant with its own served rows and
     its measured agreement with fp32 within the export check's fp32 tolerance, peak memory
     in the settings, and the goal ratios including the variant's encode."""

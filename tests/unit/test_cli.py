@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import tomllib
+
+from triton_sam.cli import RENAMED
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +39,7 @@ def test_help_lists_every_command():
         "check",
         "demo",
         "bench",
+        "proxy",
     ):
         assert cmd in out.stdout
 
@@ -72,7 +77,7 @@ def test_sam3_pixi_tasks_follow_the_reference():
     assert tasks["setup-sam3"]["cmd"].startswith("triton-sam import-onnx ")
     assert tasks["download-sam3-onnx"].startswith("triton-sam download-onnx")
     assert tasks["test-sam3"] == "triton-sam check --model-type sam3"
-    assert tasks["benchmark-sam3"].startswith("triton-sam bench")
+    assert tasks["benchmark-sam3"].startswith("triton-sam bench users")
 
 
 def test_config_applies_overrides():
@@ -248,3 +253,84 @@ def test_measuring_commands_use_the_url_or_an_embedded_production_server(monkeyp
         assert (s.url, s.http_url, s.metrics_url, s.pid) == ("g:1", "http://h:2", "http://h:3", 42)
         assert (s.family, s.name) == ("sam2", "sam2.1_hiera_tiny")
     assert built["checkpoints"] == Path(load_config().paths.checkpoints) and built["stopped"]
+
+
+# -- grouping: the top level fits a screen; measurements under `bench`, the proxy under `proxy`
+
+
+def test_the_top_level_help_fits_one_screen():
+    out = subprocess.run(
+        [sys.executable, "-c", "from triton_sam.cli import main; main()", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "80", "TERM": "dumb"},
+    )
+    lines = out.stdout.rstrip().splitlines()
+    assert out.returncode == 0 and len(lines) <= 40, out.stdout
+    assert max(len(line) for line in lines) <= 80
+    for group in ("bench", "proxy"):
+        assert re.search(rf"^\W*{group}\s", out.stdout, re.M), group
+
+
+def _invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from triton_sam.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _listed_commands(*args: str) -> set[str]:
+    """The command names of a group's --help (rich's table: first word of each row)."""
+    out = _invoke(*args, "--help").stdout
+    return {m.group(1) for m in re.finditer(r"^\W*([a-z][a-z0-9-]*)\s{2,}\S", out, re.M)}
+
+
+def test_the_measurements_are_under_bench():
+    listed = _listed_commands("bench")
+    assert {
+        "users",
+        "click",
+        "backends",
+        "video",
+        "concepts",
+        "replicas",
+        "storm",
+        "perf-analyzer",
+        "stress",
+        "soak",
+    } <= listed
+    assert {"config", "token"} <= _listed_commands("proxy")
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_an_old_name_still_works_with_a_note_and_is_hidden(old, new):
+    result = _invoke(old, "--help")
+    assert result.exit_code == 0 and "Usage" in result.stdout
+    note = f"`triton-sam {old}` is now `triton-sam {new}`; the old name goes in the next release"
+    assert note in result.stderr
+    assert old not in _listed_commands()
+    # the same options as the new name
+    new_options = set(re.findall(r"--[a-z][a-z0-9-]*", _invoke(*new.split(), "--help").stdout))
+    assert set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout)) == new_options
+
+
+def test_an_old_name_runs_the_command():
+    old = _invoke("proxy-config", "--replicas", "2")
+    new = _invoke("proxy", "config", "--replicas", "2")
+    assert old.exit_code == new.exit_code == 0
+    assert old.stdout == new.stdout and "upstream" in new.stdout
+    assert "now `triton-sam proxy config`" in old.stderr and not new.stderr
+
+
+def test_bench_with_options_is_the_old_bench_users():
+    """`triton-sam bench --opt` (the old spelling) runs `bench users`, with the note;
+    `triton-sam bench` alone lists the measurements."""
+    result = _invoke("bench", "--n-encode", "0")
+    assert result.exit_code == 2  # users' own validation, before anything runs
+    assert "now `triton-sam bench users`" in result.stderr
+    assert "--n-encode" in result.stderr and "bench users" in result.stderr
+    alone = _invoke("bench")
+    assert "users" in alone.stdout and "stress" in alone.stdout

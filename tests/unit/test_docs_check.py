@@ -226,3 +226,32 @@ def test_the_docs_lock_keeps_every_pin_of_the_main_lock():
     main, docs = pins("lock.txt"), pins("lock-docs.txt")
     assert {"mkdocs", "mkdocs-material", "mkdocstrings-python"} <= docs.keys()
     assert {k: (main[k], docs[k]) for k in main.keys() & docs.keys() if main[k] != docs[k]} == {}
+
+
+def test_a_reference_to_our_issue_numbers_fails(tmp_path):
+    """Readers cannot see our tracker: "issue N" in a comment, docstring or page fails; another
+    project's issue, named by its project or URL, passes."""
+    ours = "iss" + "ue"  # spelled apart so that this file passes the check itself
+    (tmp_path / "triton_sam").mkdir()
+    (tmp_path / "triton_sam" / "a.py").write_text(
+        f"x = 1  # the {ours}-13 goal\n"
+        "# segment-anything #61; https://github.com/facebookresearch/sam2/issues/61\n"
+        "# a tissue 3 mm thick\n"
+    )
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(f"# Page\n\nWhat moved in {ours} 16.\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(f'"""Owns its inputs ({ours.title()} #12)."""\n')
+    (tmp_path / "tests" / "blob.bin").write_bytes(b"\0" + f"{ours} 1".encode())
+    problems = check_docs.check_issue_references(tmp_path)
+    assert [(p.where, p.line) for p in problems] == [
+        ("docs/page.md", 3),
+        ("tests/test_x.py", 1),
+        ("triton_sam/a.py", 1),
+    ]
+    assert "readers cannot see our issues" in problems[0].message
+
+
+def test_the_repository_cites_no_issue_numbers_of_ours():
+    problems = check_docs.check_issue_references()
+    assert problems == [], "\n".join(map(str, problems))

@@ -144,10 +144,10 @@ def test_the_cli_adds_a_token_per_tenant_and_prints_it_once(tmp_path):
     path = tmp_path / "tokens.map"
     printed = []
     for tenant in ("team-a", "team-b"):
-        result = CliRunner().invoke(app, ["proxy-token", tenant, "--file", str(path)])
+        result = CliRunner().invoke(app, ["proxy", "token", tenant, "--file", str(path)])
         assert result.exit_code == 0, result.output
         printed.append(result.output.strip())
     assert read_tokens_file(path) == dict(zip(printed, ["team-a", "team-b"], strict=True))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    result = CliRunner().invoke(app, ["proxy-token", "bad name", "--file", str(path)])
+    result = CliRunner().invoke(app, ["proxy", "token", "bad name", "--file", str(path)])
     assert result.exit_code != 0 and len(read_tokens_file(path)) == 2

@@ -255,7 +255,14 @@ def test_report_files(tmp_path: Path):
 def test_stress_command_and_its_pixi_task():
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-c", "from triton_sam.cli import main; main()", "stress", "--help"],
+        [
+            sys.executable,
+            "-c",
+            "from triton_sam.cli import main; main()",
+            "bench",
+            "stress",
+            "--help",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -263,12 +270,20 @@ def test_stress_command_and_its_pixi_task():
     )
     assert out.returncode == 0 and "--sessions" in out.stdout and "--modes" in out.stdout
     tasks = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pixi"]["tasks"]
-    assert tasks["test-speculative"] == "triton-sam stress"  # the reference's task name
+    assert tasks["test-speculative"] == "triton-sam bench stress"  # the reference's task name
 
 
 def test_unknown_modes_fail_fast_with_one_line():
     out = subprocess.run(
-        [sys.executable, "-c", "from triton_sam.cli import main; main()", "stress", "--modes", "x"],
+        [
+            sys.executable,
+            "-c",
+            "from triton_sam.cli import main; main()",
+            "bench",
+            "stress",
+            "--modes",
+            "x",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

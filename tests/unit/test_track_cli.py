@@ -1,4 +1,4 @@
-"""``triton-sam track`` / ``setup-video`` / ``bench-video``: prompt parsing and user errors
+"""``triton-sam track`` / ``setup-video`` / ``bench video``: prompt parsing and user errors
 (no server: every case fails before one would start)."""
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("cmd", ["track", "setup-video", "bench-video"])
+@pytest.mark.parametrize("cmd", [("track",), ("setup-video",), ("bench", "video")])
 def test_video_commands_explain_themselves(cmd):
-    out = run_cli(cmd, "--help")
+    out = run_cli(*cmd, "--help")
     assert out.returncode == 0 and "Usage" in out.stdout
 
 

@@ -24,7 +24,7 @@ total (HTTP/gRPC, Triton's request handling, the stub IPC of the request and res
 crossing into the stub's shared memory and Triton, the IPC both ways).
 
 The server is any running Triton with the family's session and decoder models (HTTP port for
-the statistics, metrics port for the stages); ``triton-sam bench-click`` starts the embedded
+the statistics, metrics port for the stages); ``triton-sam bench click`` starts the embedded
 one.
 """
 

@@ -1,6 +1,6 @@
 """Concurrent sessions through the image-affine proxy, with a replica killed mid-run.
 
-The scenario (``triton-sam bench-replicas``, and short in tests/integration/test_replicas.py):
+The scenario (``triton-sam bench replicas``, and short in tests/integration/test_replicas.py):
 
 1. ``sessions`` threads, each with its own client (the sync ``SAM2TritonClient`` on the
    session model, as an annotation tool uses it), embed one of ``images`` images (several

@@ -18,7 +18,7 @@ For each model the same image and prompts go through (see :mod:`triton_sam.bench
 
 Operations: ``encode``, ``click``, ``box``, ``refine`` (chained refinement; by reference on
 the session path), and ``click-during-encode``: a session click on a cached image sent while
-another caller's encode of a new image is running (the issue's "a click never waits for
+another caller's encode of a new image is running (the goal: "a click never waits for
 another image's encode"). Every encode gets an image no server has seen (one pixel differs),
 so the session path really encodes. Clicks run on an image encoded (untimed) per caller, one
 image per caller, so concurrent callers never evict each other's kept logits. Ratios compare
@@ -134,7 +134,7 @@ class UserReport:
         return rows
 
     def goals(self) -> list[dict[str, object]]:
-        """The issue's goal ratios, one row per (model, session path), from same-run p50s:
+        """The serving goals as ratios, one row per (model, session path), from same-run p50s:
 
         - ``click_x_ort``: session click p50 / in-process ORT click p50, c=1 (goal <= 1.3);
         - ``clicks_per_s_x_ort``: session clicks/s / ORT clicks/s at the highest concurrency
@@ -828,7 +828,7 @@ def markdown(report: UserReport, rows: list[dict[str, object]] | None = None) ->
     return "\n".join(lines) + "\n"
 
 
-# The issue's goals: (goal-row key, column title, test on the ratio, goal text).
+# The serving goals: (goal-row key, column title, test on the ratio, goal text).
 GOALS: tuple[tuple[str, str, Callable[[float], bool], str], ...] = (
     ("click_x_ort", "session click p50 / ORT click, c=1", lambda x: x <= 1.3, "<= 1.3"),
     ("clicks_per_s_x_ort", "session clicks/s / ORT clicks/s, c={top}", lambda x: x >= 0.8,

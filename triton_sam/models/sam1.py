@@ -13,7 +13,7 @@ export (``segment_anything.utils.onnx.SamOnnxModel`` with ``return_single_mask=T
 
 The official ONNX selection rule instead returns the best of tokens 1-3 when the prompt has
 fewer than 3 points (counting the padding point) and token 0 otherwise. Users of SAM1 and
-the issue's parity requirement are on the predictor's semantics, so that is what the graph
+our parity tests are on the predictor's semantics, so that is what the graph
 computes; a client that wants the ONNX rule has every token it needs (token 0 from
 ``masks``, tokens 1-3 from ``multimask_masks``).
 

@@ -448,7 +448,7 @@ def size_cpu_decoder(config: ModelConfig, cores: int) -> ModelConfig:
 
     Why: a click is one decoder run, so its latency is set by the threads one run gets;
     concurrent clicks queue for the instance (or run on the next one). Measured on SAM2.1-tiny,
-    2 quiet cores, both sizings in one `triton-sam bench-click --decoder-sizing 2x1,1x2
+    2 quiet cores, both sizings in one `triton-sam bench click --decoder-sizing 2x1,1x2
     --concurrency 4` run: 1 x 2 threads gave a single session click of 1.20-1.25x in-process
     ORT (2 x 1: 1.88-1.92x, a run on one thread) and 0.58-0.76x ORT's clicks/s at c=4
     (2 x 1: 0.89-0.93x). Interactive latency is what this server is for, so one instance gets

@@ -5,10 +5,10 @@ GPU). On a CPU host the embedded server may serve a rewritten copy of an encoder
 attention fused (:func:`~triton_sam.export.optimize.fuse_attention`), onnxruntime's CPU
 provider runs MLAS flash attention rather than materialising each head's score matrix, which
 is what made the SAM2.1-tiny encoder slower than the official predictor's ``set_image`` on
-the same cores (measured in issue 13: fp32 1.03-1.05x torch, fused 0.91-1.04x; same math up to
-float reassociation, 2e-6 on features, within the fp32 export tolerance). For the SAM3
-tracker the same rewrite also folds ``conv_s0``/``conv_s1`` into the FPN's 3x3 convs
-(exact up to rounding; see ``export/optimize.py``).
+the same cores (measured by ``triton-sam bench users``: fp32 1.03-1.05x torch, fused
+0.91-1.04x; same math up to float reassociation, 2e-6 on features, within the fp32 export
+tolerance). For the SAM3 tracker the same rewrite also folds ``conv_s0``/``conv_s1`` into the
+FPN's 3x3 convs (exact up to rounding; see ``export/optimize.py``).
 
 Copies live beside the twin (``.<twin>.cpu_graphs/<model>/``), never inside a repository
 (Triton loads every subdirectory), and are reused while the source files are unchanged

@@ -290,7 +290,7 @@ def session_variant(model: ModelFiles, *, cpu_features: str) -> ModelFiles:
     """A session model artifact (e.g. read from a repository) with ``cpu_features`` set and
     ``model.py`` and its package taken from this source tree; the rest of its config (bounds,
     models it calls) is kept. For comparing both feature stores on one export
-    (``triton-sam bench-click``).
+    (``triton-sam bench click``).
 
     Raises:
         InputValidationError: ``cpu_features`` not in ``protocol.CPU_FEATURES``, or

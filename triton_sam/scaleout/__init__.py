@@ -6,7 +6,7 @@
 - :mod:`triton_sam.scaleout.replicas`: N embedded Triton replicas on one repository, and
   killing one of them as an orchestrator's failure would.
 - ``triton_sam.bench.replicas``: concurrent sessions through the proxy with a replica killed
-  mid-run (``triton-sam bench-replicas``).
+  mid-run (``triton-sam bench replicas``).
 
 The routing key itself is chosen client side, in :mod:`triton_sam.client.routing`.
 """

@@ -9,8 +9,9 @@ Why these numbers:
 
 - ``MAX_POINTS`` = 64 prompt points per request, box corners included. SAM's decoder attends
   over every prompt token: 4,096 points took 1.35 s and 20,000 points grew the decoder past
-  23 GB until the OOM killer ended it (issue 12). Interactive tools send a handful of clicks;
-  64 leaves room for scripted prompts while keeping a request's memory that of a few clicks.
+  23 GB until the OOM killer ended it (before this bound). Interactive tools send a handful
+  of clicks; 64 leaves room for scripted prompts while keeping a request's memory that of a
+  few clicks.
 - ``MAX_BOXES`` = 1: one prompt set per request gives one set of masks (the official
   predictors' single-image API takes one box); several boxes are several requests. Boxes
   are counted wherever they travel: ``input_boxes``, or corner pairs (labels 2 and 3) in a

@@ -18,7 +18,8 @@ One request, three uses (every input is ``optional``):
   tensor) plus the models and preprocessing, and answers it as ``image_id``: features are only
   ever kept under an id the server computed from their content. A client may send the
   ``image_id`` it expects with the image (a routing and lookup hint); it binds nothing, so no
-  client can bind features to content the server did not hash (issue 12's cache poisoning).
+  client can bind features to content the server did not hash (no cache poisoning: pixels
+  sent under another image's id are kept under their own id).
   Runs the encoder unless the id is already cached, answers ``encoded`` = 1 (ran) or 0.
 - **probe**: ``image_id`` alone. ``encoded`` = 0 when cached, else the miss error below.
 - **predict**: ``image_id`` + the decoder's prompt tensors (``point_coords``,
@@ -77,7 +78,7 @@ click), at the cost of holding the cache in /dev/shm (docs/cpu-performance.md). 
 where a click's time goes inside this model: counters
 ``triton_sam_session_stage_microseconds{stage=...}`` and ``_stage_count{stage=...}`` per
 stage of ``protocol.embedding_cache.STAGES`` (requests that ran the decoder only), which
-``triton-sam bench-click`` reads beside Triton's own per-model statistics.
+``triton-sam bench click`` reads beside Triton's own per-model statistics.
 
 Config ``parameters`` read here: ``protocol.embedding_cache.PARAM_KEYS`` (the renderer writes
 the same keys from the same module).
