@@ -289,3 +289,33 @@ def test_unknown_modes_fail_fast_with_one_line():
         timeout=120,
     )
     assert out.returncode == 1 and "modes:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_reference_drag_counts_refused_requests_and_keeps_going():
+    """The reference behaviour sends every event; requests beyond the server's click queue
+    are refused at once as overloaded, which the run counts instead of crashing on."""
+    import asyncio
+
+    from triton_sam.bench.stress import ModeResult, _drag
+    from triton_sam.errors import ServerOverloadedError
+
+    class Client:
+        sent = 0
+
+        async def predict_async(self, points, labels, *, session_id):
+            Client.sent += 1
+            refused = Client.sent in (2, 3)
+
+            async def answer():
+                await asyncio.sleep(0)
+                if refused:
+                    raise ServerOverloadedError("exceeds maximum queue size")
+                return "mask"
+
+            return f"r{Client.sent}", asyncio.ensure_future(answer())
+
+    result = ModeResult("reference")
+    path = np.array([[1.0, 1.0]] * 4)
+    asyncio.run(_drag(Client(), "reference", "s", path, 1000.0, result))
+    assert result.refused == 2 and result.events == 4
+    assert len(result.last_event_to_mask_ms) == 1  # the last request was answered

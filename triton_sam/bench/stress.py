@@ -33,7 +33,7 @@ import numpy as np
 
 from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
 from triton_sam.client.speculative import SpeculativeSAM2Client, wait_for_latest_result
-from triton_sam.errors import InputValidationError
+from triton_sam.errors import InputValidationError, ServerOverloadedError
 
 MODES: tuple[str, ...] = ("reference", "cancel", "latest")
 
@@ -89,6 +89,8 @@ class ModeResult:
     Attributes:
         events: mouse events issued.
         requests_sent: decoder requests the client sent.
+        refused: requests the server refused at once as overloaded (its click queue was
+            full: the reference behaviour sends every event, more than it holds).
         cancelled_client: requests the client cancelled (``cancel``), or that the reference
             would have marked cancelled locally (``reference``: still running at drag end).
         superseded: events never sent (``latest``).
@@ -103,6 +105,7 @@ class ModeResult:
     requests_sent: int = 0
     cancelled_client: int = 0
     superseded: int = 0
+    refused: int = 0
     server: dict[str, int] = field(default_factory=dict)
     last_event_to_mask_ms: list[float] = field(default_factory=list)
     drag_ms: list[float] = field(default_factory=list)
@@ -166,6 +169,7 @@ class StressReport:
                     "events": r.events,
                     "requests_sent": r.requests_sent,
                     "superseded": r.superseded,
+                    "refused": r.refused,
                     "cancelled_client": r.cancelled_client,
                     "executed": r.server.get("executed", 0),
                     "executed_per_drag": r.server.get("executed", 0) / drags,
@@ -314,13 +318,25 @@ async def _drag(
         if await wait_for_latest_result(tasks, client, session_id) is None:
             raise RuntimeError(f"{session_id}: the last request was cancelled")
     else:
-        # The reference marks these "cancelled" in a dict; the server runs them all.
+        # The reference marks these "cancelled" in a dict; the server runs every one it
+        # admits and refuses the rest at once (its click queue is bounded).
         result.cancelled_client += sum(not task.done() for _, task in tasks[:-1])
-        await tasks[-1][1]
+        try:
+            await tasks[-1][1]
+        except ServerOverloadedError:
+            pass  # counted below with the others; no mask, so no latency for this drag
+        else:
+            result.last_event_to_mask_ms.append((time.perf_counter() - t_last) * 1e3)
+        outcomes = await asyncio.gather(*(task for _, task in tasks), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, ServerOverloadedError):
+                result.refused += 1
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        result.drag_ms.append((t_last - t_first) * 1e3)
+        return
     result.last_event_to_mask_ms.append((time.perf_counter() - t_last) * 1e3)
     result.drag_ms.append((t_last - t_first) * 1e3)
-    if mode == "reference":
-        await asyncio.gather(*(task for _, task in tasks))
 
 
 def counter_urls(
@@ -405,15 +421,17 @@ def write_report(report: StressReport, out_dir: Path) -> dict[str, Path]:
         f"{report.execution_bound()} per drag. D_S = {report.decoder_concurrent_p50_ms:.0f} ms "
         f"(one request per session, all at once).",
         "",
-        "| mode | events | requests sent | superseded (never sent) | cancelled by client "
+        "| mode | events | requests sent | superseded (never sent) | refused (overloaded) "
+        "| cancelled by client "
         "| executed (server) | per drag | cancelled (server: dropped + skipped + unrun) "
         "| model executions | last event → mask p50 / p95 ms | p95 / D | p95 / D_S |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['mode']} | {r['events']} | {r['requests_sent']} | {r['superseded']} "
-            f"| {r['cancelled_client']} | {r['executed']} | {r['executed_per_drag']:.1f} "
+            f"| {r['refused']} | {r['cancelled_client']} | {r['executed']} "
+            f"| {r['executed_per_drag']:.1f} "
             f"| {r['cancelled_server']} ({r['dropped_by_triton']} + {r['skipped_by_runner']} "
             f"+ {r['unrun_by_session_model']}) "
             f"| {r['model_executions']} | {r['last_event_to_mask_p50_ms']:.0f} / "
