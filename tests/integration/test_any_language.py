@@ -133,8 +133,8 @@ def test_curl_infer_example_matches_the_python_client(sam2_tiny_server, tmp_path
     assert healthy.returncode == 0, healthy.stderr
 
 
-def test_the_readme_curl_example_runs(sam2_tiny_server, tmp_path):
-    readme = (SCRIPTS.parent / "README.md").read_text()
+def test_the_documented_curl_example_runs(sam2_tiny_server, tmp_path):
+    readme = (SCRIPTS.parent / "docs" / "clients.md").read_text()
     block = readme.split("With bash and curl only", 1)[1].split("```bash\n", 1)[1]
     script = block.split("```", 1)[0]
     script = script.replace("URL=localhost:8000", f"URL={sam2_tiny_server.http_address}")
