@@ -175,7 +175,7 @@ def fill_report(report, runs, entries, kill, replicas, encoder_model, session_mo
 # Two servers running the same graphs on the same inputs agree to float32 rounding, not
 # bit for bit: onnxruntime's CPU kernels split work over threads, and the reassociated sums
 # differ in the last bits (measured, 3 replicas vs one server, 96 clicks per protocol:
-# mask logits within 3.6e-7, IoU scores within 6e-8; 1,440 clicks: see the README). A
+# mask logits within 3.6e-7, IoU scores within 6e-8; 1,440 clicks: see docs/deployment.md). A
 # mask pixel whose logit is that close to 0 may take either side; that is not a different
 # mask. LOGIT_TOLERANCE bounds the logits' difference well above that noise and far below
 # any real change (a wrong image or prompt moves logits by whole units).

@@ -263,7 +263,8 @@ class CachedImage:
             )
         # The expected id goes along as a hint: the server ignores it for binding (it keys
         # features by what it decodes), but a proxy routes the embed by it, to the replica
-        # the clicks on this image will reach (image-affine routing: the README's "Scaling out").
+        # the clicks on this image will reach (image-affine routing: docs/deployment.md,
+        # "Scaling out").
         return {IMAGE_ID: bytes_tensor(self.image_id), **embed_inputs(self.rgb, self.encoded)}
 
     def _reference(self, mask_input: Any) -> tuple[str, int] | None:

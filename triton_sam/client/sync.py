@@ -38,7 +38,7 @@ class SAM2TritonClient:
         timeout_s: per-request timeout in seconds.
         retry: backoff for idempotent calls (health, encoder, stateless decoder; never
             calls on server-side state); None uses ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
-        tls: certificates for an ``https://`` server (see README, "Remote use and TLS").
+        tls: certificates for an ``https://`` server (see docs/deployment.md, "Remote use and TLS").
         use_server_embeddings: keep each image's features on the server (the
             ``<family>_session`` model): ``set_image`` sends the image once, a click sends
             the image id and its prompts (a few hundred bytes instead of 4-21 MiB). None

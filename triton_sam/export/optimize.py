@@ -20,7 +20,7 @@ both run before the ORT-vs-torch check, which then uses the tolerance of what wa
   graph on the small SAM3 tracker's features.
 - :func:`quantize_int8` quantizes the weights of every MatMul with a constant weight to int8
   (onnxruntime's dynamic quantization: activations quantized per run). It changes results
-  (see :data:`INT8_TOLERANCE` and the README for the measured agreement): an option for
+  (see :data:`INT8_TOLERANCE` and docs/benchmark.md for the measured agreement): an option for
   CPU throughput, never the default.
 """
 
