@@ -1,7 +1,8 @@
 """The export check (``onnx_utils.FP32_TOLERANCE``) on the real SAM2.1-tiny video encoder:
 it passes checkpoints that are not ours (several seeds, and one whose features are 30x larger,
-like a fine-tuned checkpoint with other activations), and it still refuses a graph with a
-planted bug (a weight off by 1%, a dropped bias, a dropped residual).
+like a fine-tuned checkpoint with other activations: the errors, in ulps of the features'
+scale, are the same), and it still refuses a graph with a planted bug (a weight off by 1%, a
+dropped bias, a dropped residual) where its bound is largest in absolute terms.
 
 The encoder is the graph where reassociation error is largest (Hiera's 12 blocks, attention
 over 64x64 tokens) and where an element-wise ``atol=rtol=1e-4`` refused a good export of a
@@ -77,18 +78,6 @@ def test_the_gate_passes_checkpoints_that_are_not_ours(encoder_exports, seed, sc
     }
     print(f"\nseed {seed} x{scale}: max error in ulps of max|torch|:", worst)
     assert set(worst) == {"vision_feats", "high_res_feats_0", "high_res_feats_1"}
-    assert max(worst.values()) < 64  # measured <= 12; the bound is 512
-
-
-def test_the_large_checkpoint_is_what_an_element_wise_check_refused(encoder_exports):
-    """Same graph, errors 30x larger with the features: atol=rtol=1e-4 trips on the elements
-    near 0, though the export is exact up to rounding (the gate above passed it)."""
-    result, [(_, feeds, expected)] = encoder_exports(*LARGE)
-    actual = onnx_utils.run_onnx(result.graphs["video_encoder"], feeds)
-    assert any(
-        not np.isclose(actual[name], ref, atol=1e-4, rtol=1e-4).all()
-        for name, ref in expected.items()
-    )
 
 
 def _planted(path: Path, out: Path, bug: str) -> Path:
