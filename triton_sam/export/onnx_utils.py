@@ -101,8 +101,8 @@ class Tolerance:
         """The bounds in words, for reports."""
         return (
             f"max error <= {self._in_units(self.max_rel)} of max|torch|, "
-            f"rms error <= {self._in_units(self.rms_rel)} of rms(torch), "
-            f"both at least of {self.floor:g}"
+            f"rms error <= {self._in_units(self.rms_rel)} of rms(torch) "
+            f"(scales of at least {self.floor:g})"
         )
 
     def _in_units(self, fraction: float) -> str:
