@@ -373,16 +373,27 @@ def _export(
 def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="SAM2.1 checkpoint file, e.g. a fine-tuned one: checked against the "
+            "variant's architecture. Default: the downloaded, hash-verified one."
+        ),
+    ] = None,
     random_init: RandomInitOpt = False,
     target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
     repository: RepositoryOpt = None,
 ) -> None:
     """Export the SAM2.1 video graphs (verified against torch) and write them with the
-    sam2_tracker model into the repository (next to the image models)."""
+    sam2_tracker model into the repository (next to the image models).
+
+    A fine-tuned checkpoint: `triton-sam setup-video sam2.1_hiera_tiny --checkpoint
+    my_finetuned.pt` (the variant must be the architecture it was fine-tuned from).
+    """
     from triton_sam.pipeline import build_video_repository
 
     plan = _export_plan(
-        model, overrides, None, random_init=random_init, target=target, repository=repository
+        model, overrides, checkpoint, random_init=random_init, target=target, repository=repository
     )
     repo = plan.repository
     build = build_video_repository(plan.spec, repo, **plan.build_args)

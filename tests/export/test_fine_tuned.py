@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from triton_sam.errors import CheckpointError
+from triton_sam.export import sam2
 from triton_sam.export.optimize import FUSED_METADATA_KEY
 from triton_sam.models import get_model
 from triton_sam.models.checkpoints import checkpoint_sha256
@@ -151,3 +152,47 @@ def test_a_sam3_directory_whose_weights_do_not_fit_its_config(tmp_path, sam3_sma
     message = str(err.value)
     assert "does not match the architecture of its config.json" in message
     assert "keys with other shapes (first: mask_decoder.transformer.layers.0.mlp" in message
+
+
+def _setup_video(*args: str):
+    from typer.testing import CliRunner
+
+    from triton_sam.cli import app
+
+    return CliRunner().invoke(app, ["setup-video", "sam2.1_hiera_tiny", *args])
+
+
+def test_setup_video_checks_the_given_checkpoint_against_the_architecture(tmp_path):
+    """The file given reaches the exporter's structural check (not the published file)."""
+    small = tmp_path / "my_small_finetune.pt"
+    torch.save({"model": _shaped_like(sam2.structure(get_model("sam2.1_hiera_small")))}, small)
+    result = _setup_video(
+        "--checkpoint", str(small), "--repository", str(tmp_path / "repo"),
+        f"paths.checkpoints={tmp_path / 'checkpoints'}",
+    )  # fmt: skip
+    assert isinstance(result.exception, CheckpointError), result.output
+    assert "does not match the architecture of sam2.1_hiera_tiny" in str(result.exception)
+    assert "matches sam2.1_hiera_small instead" in str(result.exception)
+    assert not (tmp_path / "checkpoints").exists()  # nothing downloaded
+
+
+def test_setup_video_names_a_missing_checkpoint(tmp_path):
+    result = _setup_video("--checkpoint", str(tmp_path / "nowhere.pt"))
+    assert isinstance(result.exception, CheckpointError)
+    assert "nowhere.pt does not exist" in str(result.exception)
+
+
+@slow
+def test_setup_video_exports_a_fine_tuned_checkpoint(sam2_tiny_spec, tmp_path):
+    """A seeded checkpoint that is not ours, every video graph checked against torch."""
+    from triton_sam.export import save_random_checkpoint
+
+    mine = save_random_checkpoint(sam2_tiny_spec, tmp_path / "my_finetuned.pt", seed=5)
+    repo = tmp_path / "repo"
+    result = _setup_video(
+        "--checkpoint", str(mine), "--repository", str(repo), "--target", "python",
+        f"paths.checkpoints={tmp_path / 'checkpoints'}",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "onnxruntime vs torch max abs error over the graphs" in result.output
+    assert (repo / "sam2_tracker" / "config.pbtxt").is_file()

@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from triton_sam.errors import ExportError
+from triton_sam.export import onnx_utils
 from triton_sam.export.sam2_video import GRAPH_KEYS, TRACKER_CONFIG_FILENAME, tracker_config
 from triton_sam.serving.protocol import tracker as protocol
 from triton_sam.serving.tracking.config import TrackerConfig
@@ -45,7 +46,7 @@ def test_memory_and_pointer_counts_are_shared_dynamic_axes(sam2_video_export):
 def test_export_check_covered_every_output_within_tolerance(sam2_video_export):
     expected = {f"{key}.{name}" for key in GRAPH_KEYS for name, _, _ in protocol.GRAPHS[key][1]}
     assert set(sam2_video_export.max_abs_error) == expected
-    assert sam2_video_export.tolerance == (1e-4, 1e-4)
+    assert sam2_video_export.tolerance is onnx_utils.FP32_TOLERANCE
     assert max(sam2_video_export.max_abs_error.values()) < 1e-4
 
 

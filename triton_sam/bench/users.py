@@ -93,8 +93,8 @@ class ServedModel:
 class UserReport:
     """Series of every (model, operation, path, concurrency) of one run, plus its settings.
 
-    ``agreement``: model -> encoder variant -> ``{"max_abs": {output: float}, "tolerance":
-    [atol, rtol], "within": bool}`` (see :func:`encoder_agreement`).
+    ``agreement``: model -> encoder variant -> ``{"max_abs": {output: float}, "tolerance": str,
+    "within": bool}`` (see :func:`encoder_agreement`).
     """
 
     series: dict[str, list[Series]] = field(default_factory=dict)  # model -> series
@@ -359,8 +359,8 @@ def encoder_agreement(
     ``onnx_utils.Tolerance``) is the one the export check uses for that variant.
 
     Returns:
-        ``{"max_abs": {output: float}, "tolerance": [atol, rtol], "within": bool}``;
-        ``within``: every element satisfies |v - r| <= atol + rtol * |r|.
+        ``{"max_abs": {output: float}, "tolerance": str, "within": bool}``;
+        ``within``: every output is within ``tolerance`` (``Tolerance.mismatch``).
     """
     import onnxruntime as ort
 
@@ -378,8 +378,8 @@ def encoder_agreement(
     max_abs, within = {}, True
     for name, r, v in zip(names, *outputs, strict=True):
         max_abs[name] = float(np.max(np.abs(v - r)))
-        within &= bool(np.allclose(v, r, atol=tolerance.atol, rtol=tolerance.rtol))
-    return {"max_abs": max_abs, "tolerance": [tolerance.atol, tolerance.rtol], "within": within}
+        within &= tolerance.mismatch(v, r) is None
+    return {"max_abs": max_abs, "tolerance": tolerance.describe(), "within": within}
 
 
 def _bench_paths(
@@ -861,11 +861,10 @@ def goals_markdown(report: UserReport) -> str:
     for model, variants in report.agreement.items():
         for variant, a in variants.items():
             worst = max(a["max_abs"].values())  # type: ignore[attr-defined]
-            atol, rtol = a["tolerance"]  # type: ignore[misc]
             verdict = "within" if a["within"] else "OUTSIDE"
             lines.append(
                 f"\n{model} encoder `{variant}` vs fp32 (same image, in-process ORT): max |diff| "
-                f"{worst:.2e}, {verdict} the export check's tolerance (atol {atol}, rtol {rtol})"
+                f"{worst:.2e}, {verdict} the export check's tolerance ({a['tolerance']})"
             )
     for model, why in dict(report.settings.get("skipped_variants", {})).items():  # type: ignore[call-overload]
         lines.append(f"\n{model}: no encoder variant {why}")

@@ -20,12 +20,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import GraphSpec, ModelSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from triton_sam.export.onnx_utils import Tolerance
 
 
 @dataclass(frozen=True)
@@ -78,17 +81,17 @@ class ExportResult:
             family's order.
         seconds: wall time per stage (build, export_<role>, verify).
         max_abs_error: largest |ORT - torch| per output over the verification cases.
-        tolerance: the (atol, rtol) the check used (the decoder's, and the encoder's unless
-            ``encoder_tolerance`` differs: int8 weights).
-        encoder_tolerance: the (atol, rtol) the encoder's check used.
+        tolerance: the tolerance the check used (the decoder's, and the encoder's unless
+            ``encoder_tolerance`` differs: int8 weights); None without a check.
+        encoder_tolerance: the tolerance the encoder's check used.
         fused_operators: operator counts from ``fuse_attention`` (empty without it).
     """
 
     graphs: dict[str, Path]
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
-    tolerance: tuple[float, float] = (0.0, 0.0)
-    encoder_tolerance: tuple[float, float] = (0.0, 0.0)
+    tolerance: Tolerance | None = None
+    encoder_tolerance: Tolerance | None = None
     fused_operators: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -184,9 +187,8 @@ def export_model(
         tolerances["encoder"] = optimize.INT8_TOLERANCE
     for graph in fam.graphs:
         finish_graph(graphs[graph.role], graph, options, metadata)
-    result = ExportResult(graphs, seconds, tolerance=(tolerance.atol, tolerance.rtol))
-    encoder_tolerance = tolerances.get("encoder", tolerance)
-    result.encoder_tolerance = (encoder_tolerance.atol, encoder_tolerance.rtol)
+    result = ExportResult(graphs, seconds, tolerance=tolerance)
+    result.encoder_tolerance = tolerances.get("encoder", tolerance)
     result.fused_operators = fused
     if options.verify:
         t0 = time.perf_counter()

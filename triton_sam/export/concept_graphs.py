@@ -28,17 +28,21 @@ from triton_sam.models.sam3_concept import ConceptFamilySpec
 from triton_sam.models.spec import GraphSpec, ModelSpec
 
 # Vision and text graphs: the fp32 default (ORT and torch differ by reassociation only).
-# Decoder scores, boxes and presence: 1e-3, far above what is measured (< 1e-6 on the small
-# config, and the selection of queries is exact).
-DECODER_TOLERANCE = onnx_utils.Tolerance(atol=1e-3, rtol=1e-3)
+# Decoder scores, boxes and presence: 1e-3 of the tensor's scale (~8,400 float32 ulps), far
+# above what is measured (< 1e-6 on the small config, and the selection of queries is exact):
+# these come after the DETR encoder/decoder's many normalised layers, whose reassociation
+# error was never measured on trained weights, and a bug still moves them by far more.
+DECODER_TOLERANCE = onnx_utils.Tolerance(max_rel=1e-3, rms_rel=1e-3)
 # Decoder mask logits are dot products taken after the DETR encoder/decoder and the pixel
 # decoder's GroupNorms, which ORT fuses and reassociates: the error grows with depth and with
 # the logits' range, and what matters downstream is their sign (sigmoid > 0.5). So the bound
-# is 1e-3 plus this fraction of the case's largest |logit|. Measured: small config 2.9e-4
-# at a range of 37 (8e-6 of it); the full-size model (default Sam3Config, re-scaled random
-# init) 0.017 at a range of 419 (4.1e-5 of it; 22 sign flips in 33M logits, all within 0.02
-# of 0). 1e-4 of the range leaves a 2.4x margin over the worst of them.
+# is this fraction of the case's largest |logit|. Measured: small config 2.9e-4 at a range of
+# 37 (8e-6 of it); the full-size model (default Sam3Config, re-scaled random init) 0.017 at a
+# range of 419 (4.1e-5 of it; 22 sign flips in 33M logits, all within 0.02 of 0). 1e-4 of the
+# range leaves a 2.4x margin over the worst of them; the rms error is bounded by the same
+# fraction of the logits' rms.
 MASK_RANGE_FRACTION = 1e-4
+MASK_TOLERANCE = onnx_utils.Tolerance(max_rel=MASK_RANGE_FRACTION, rms_rel=MASK_RANGE_FRACTION)
 
 
 @dataclass
@@ -51,8 +55,8 @@ class ConceptExportResult:
         pad_token_id: the tokenizer's padding id.
         seconds: wall time per stage.
         max_abs_error: largest |ORT - torch| per output (``<role>.<name>``).
-        tolerance: (atol, rtol) per output (``<role>.<name>``); the largest atol used when it
-            depends on the case (mask logits).
+        tolerance: the tolerance of each output (``<role>.<name>``), relative to the
+            reference's magnitude in each case.
     """
 
     graphs: dict[str, Path]
@@ -60,7 +64,7 @@ class ConceptExportResult:
     pad_token_id: int
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
-    tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)
+    tolerance: dict[str, onnx_utils.Tolerance] = field(default_factory=dict)
 
     def files(self) -> list[Path]:
         """Every file the export wrote (graphs, external-data sidecars, tokenizer)."""
@@ -213,16 +217,11 @@ def _gap(scores: np.ndarray) -> float:
     return float((middle[i] + middle[i + 1]) / 2)
 
 
-def tolerance_for(role: str, name: str, reference: np.ndarray) -> onnx_utils.Tolerance:
-    """The ORT-vs-torch tolerance of one output of one case (see the constants above)."""
+def tolerance_for(role: str, name: str) -> onnx_utils.Tolerance:
+    """The ORT-vs-torch tolerance of one output (see the constants above)."""
     if role != "decoder":
         return onnx_utils.FP32_TOLERANCE
-    if name != contract.MASKS:
-        return DECODER_TOLERANCE
-    scale = float(np.abs(reference).max(initial=0.0))
-    return onnx_utils.Tolerance(
-        atol=DECODER_TOLERANCE.atol + MASK_RANGE_FRACTION * scale, rtol=DECODER_TOLERANCE.rtol
-    )
+    return MASK_TOLERANCE if name == contract.MASKS else DECODER_TOLERANCE
 
 
 def _verify(
@@ -246,9 +245,7 @@ def _verify(
             actual = dict(zip(names, session.run(names, dict(feeds)), strict=True))
             for name, reference in expected.items():
                 key = f"{graph.role}.{name}"
-                tolerance = tolerance_for(graph.role, name, reference)
-                atol = max(result.tolerance.get(key, (0.0, 0.0))[0], tolerance.atol)
-                result.tolerance[key] = (atol, tolerance.rtol)
+                tolerance = result.tolerance[key] = tolerance_for(graph.role, name)
                 prefix = f"{graph.role}: [{label}] "
                 found = onnx_utils.compare_outputs(
                     actual, {name: reference}, tolerance, label=prefix

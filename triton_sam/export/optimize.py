@@ -50,9 +50,12 @@ ATTENTION_FUSION_TYPES = {"sam2": "sam2", "sam3": SDPA_FUSION}
 FUSED_METADATA_KEY = "triton_sam.attention"
 QUANTIZE_CHOICES = ("none", "int8")
 # A guard against a broken conversion, not a statement of accuracy: on SAM2.1-tiny (random
-# init, features up to |3.1|) int8 weights moved encoder outputs by up to 0.082; trained
-# weights are smoother. The agreement that matters (masks) is measured on the prompt matrix.
-INT8_TOLERANCE = Tolerance(atol=0.25, rtol=0.1)
+# init, features up to |3.1|) int8 weights moved encoder outputs by up to 0.082 (2.6% of the
+# scale); trained weights are smoother. int8 steps are ~1/127 of each weight row's range, so
+# the errors scale with the tensor, not the element: 10% of max|torch| on the worst element,
+# 3% of rms(torch) in rms (a dropped term or a wrong scale is of the order of the tensor).
+# The agreement that matters (masks) is measured on the prompt matrix.
+INT8_TOLERANCE = Tolerance(max_rel=0.1, rms_rel=0.03)
 
 
 def has_attention_fusion(family: str) -> bool:

@@ -304,14 +304,14 @@ class VideoExportResult:
         config: the tracker hyperparameters read from the model.
         seconds: wall time per stage.
         max_abs_error: largest |ORT - torch| per ``graph.output`` over the verification cases.
-        tolerance: the (atol, rtol) of the check.
+        tolerance: the tolerance of the check (relative to each output's magnitude).
     """
 
     graphs: dict[str, Path]
     config: TrackerConfig
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
-    tolerance: tuple[float, float] = (0.0, 0.0)
+    tolerance: onnx_utils.Tolerance | None = None
 
 
 def export_video(
@@ -351,7 +351,7 @@ def export_video(
 
     cases = VerificationCases(model, config, np.random.default_rng(options.seed))
     tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
-    result = VideoExportResult({}, config, seconds, tolerance=(tolerance.atol, tolerance.rtol))
+    result = VideoExportResult({}, config, seconds, tolerance=tolerance)
     declared = {g.role: g for g in video_graphs()}
     traced, checks = [], {}
     for key in graphs:  # every reference before any export, as export_model does
