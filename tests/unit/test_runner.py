@@ -230,3 +230,43 @@ def test_skipped_cancelled_requests_are_counted_for_the_metrics_endpoint(model) 
     model.execute([_request(1, 3, 0, cancelled=True), _request(1, 3, 1)])
     model.execute([_request(1, 3, 0, cancelled=True), _request(1, 3, 1, cancelled=True)])
     assert metric.value == 3
+
+
+def test_a_background_runner_lowers_its_priority_before_onnxruntime_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Onnxruntime's threads inherit the niceness of the thread that creates the session, so
+    the runner must lower it first; without the parameter it leaves it alone."""
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
+    spec = importlib.util.spec_from_file_location("tiny_runner_nice", writer.RUNNER_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "1").mkdir()
+    _tiny_model(tmp_path / "1" / "model.onnx")
+    calls = []
+    monkeypatch.setattr(module.os, "nice", lambda inc: calls.append(("nice", inc)) or inc)
+    real_session = module.ort.InferenceSession
+    monkeypatch.setattr(
+        module.ort,
+        "InferenceSession",
+        lambda *a, **k: calls.append(("session",)) or real_session(*a, **k),
+    )
+    for parameters, expected in (({"nice": {"string_value": "10"}}, [("nice", 10)]), ({}, [])):
+        calls.clear()
+        config = {
+            "max_batch_size": 8,
+            "input": [{"name": n, "data_type": "TYPE_FP32"} for n in ("x", "p")],
+            "output": [{"name": n, "data_type": "TYPE_FP32"} for n in OUTPUTS],
+            "parameters": parameters,
+        }
+        module.TritonPythonModel().initialize(
+            {
+                "model_config": json.dumps(config),
+                "model_repository": str(tmp_path),
+                "model_version": "1",
+                "model_instance_kind": "CPU",
+                "model_name": "tiny",
+                "model_instance_name": "tiny_0_0",
+            }
+        )
+        assert calls == [*expected, ("session",)]

@@ -520,7 +520,7 @@ def test_only_a_decoder_a_session_model_calls_gets_an_unbatched_copy(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     repo = _gpu_pair(tmp_path)
     write_session(repo, TINY, GPU_TRT, SessionOptions())
-    twin = embedded_repository(repo)
+    twin = embedded_repository(repo, background_encoder=False)
     assert list_models(twin) == sorted([*list_models(repo), "tiny_decoder_unbatched"])
     for name in ("tiny_decoder", "tiny_decoder_unbatched"):  # 2 cores: 1 instance x 2 threads
         config = parse_config(twin / name / "config.pbtxt")
@@ -537,3 +537,34 @@ def test_only_a_decoder_a_session_model_calls_gets_an_unbatched_copy(
     runner = parse_config(runner_dir / "tiny_decoder" / "config.pbtxt")
     assert runner.instance_group[0].count == 2
     assert "tiny_decoder_unbatched" not in list_models(runner_dir)
+
+
+def test_the_session_models_embeds_run_on_a_niced_copy_of_its_encoder(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Clicks keep the cores during a storm of embeds: the encoder a session model calls
+    gets a background copy (same graph, python runner, lower CPU priority); clients calling
+    the encoder directly keep the onnxruntime one."""
+    from triton_sam.repository.session_config import SessionOptions, write_session
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    repo = _gpu_pair(tmp_path)
+    write_session(repo, TINY, GPU_TRT, SessionOptions())
+    twin = embedded_repository(repo)
+    assert "tiny_encoder_background" in list_models(twin)
+    session = parse_config(twin / "tiny_session" / "config.pbtxt")
+    assert session.parameters["encoder_model"].string_value == "tiny_encoder_background"
+    background = parse_config(twin / "tiny_encoder_background" / "config.pbtxt")
+    assert background.backend == "python"
+    assert background.parameters["nice"].string_value == "10"
+    assert background.parameters["intra_op_threads"].string_value == "2"
+    encoder = parse_config(twin / "tiny_encoder" / "config.pbtxt")
+    assert encoder.platform == "onnxruntime_onnx"  # the stateless path's encoder as it was
+    version = twin / "tiny_encoder_background" / "1"
+    assert (version / "model.py").read_text() == (
+        Path(__file__).resolve().parents[2] / "triton_sam/serving/runner_model.py"
+    ).read_text()
+    assert (version / "model.onnx").resolve() == (twin / "tiny_encoder/1/model.onnx").resolve()
+    # Off: the session model calls the onnxruntime encoder.
+    plain = embedded_repository(repo, tmp_path / "plain", background_encoder=False)
+    assert "tiny_encoder_background" not in list_models(plain)

@@ -36,6 +36,7 @@ from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
     Target,
+    background_cpu_encoder,
     bounded_cpu_encoder,
     check_model_name,
     config_to_text,
@@ -402,6 +403,7 @@ def embedded_repository(
     *,
     target: Target = "onnxruntime",
     fuse_attention: bool = True,
+    background_encoder: bool = True,
 ) -> Path:
     """A repository the embedded tritonserver (a CPU host) can serve, derived from ``repo_dir``.
 
@@ -415,7 +417,10 @@ def embedded_repository(
     model bounds and cancels them itself), while clients calling the decoder keep its
     batcher; and with ``fuse_attention`` the encoder it calls is served as a copy with fused
     attention where its family has a fusion (:mod:`~triton_sam.repository.cpu_graphs`;
-    faster on CPU, fp32 parity). The production repository's graphs are never changed.
+    faster on CPU, fp32 parity); with ``background_encoder`` the session model's embeds run
+    on a copy of that encoder at a lower CPU priority, so clicks keep the cores during a storm
+    of embeds (:func:`~.config.background_cpu_encoder`). The production repository's graphs
+    are never changed.
     Models of the user's own are served as they are (see :func:`embedded_twin`).
     When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
     ``twin_dir`` (default: ``<repo>_embedded`` beside it) as one atomic set, with symlinks to
@@ -442,6 +447,8 @@ def embedded_repository(
         twins = _bound_session_embeds(twins)
         if fuse_attention:
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
+        if background_encoder:
+            twins = _background_session_encoders(twins, len(os.sched_getaffinity(0)))
     if len(twins) == len(models) and all(
         _same_model(m, t) for m, t in zip(models, twins, strict=True)
     ):
@@ -514,6 +521,33 @@ def _bound_session_embeds(twins: list[ModelFiles]) -> list[ModelFiles]:
         text = config_to_text(c)
         out.append(t if text == before else ModelFiles(t.name, text, t.files))
     return out
+
+
+def _background_session_encoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
+    """``twins`` plus a background copy (:func:`~.config.background_cpu_encoder`, same
+    files and the runner's) of each onnxruntime encoder a session model calls, which those
+    session models call instead."""
+    configs = [parse_config(t.config_text) for t in twins]
+    key = embedding_cache.PARAM_ENCODER_MODEL
+    encoders = _session_callees(configs, key)
+    taken = {t.name for t in twins}
+    added, renamed = [], {}
+    for t, c in zip(twins, configs, strict=True):
+        if t.name not in encoders or not _is_onnxruntime(c):
+            continue
+        background = background_cpu_encoder(c, cores)
+        if background.name not in taken:
+            files = dict(t.files) | {RUNNER_NAME: RUNNER_SOURCE} | shipped_modules(RUNNER_MODULES)
+            added.append(ModelFiles(background.name, config_to_text(background), files))
+        renamed[t.name] = background.name
+    out = []
+    for t, c in zip(twins, configs, strict=True):
+        callee = c.parameters[key].string_value if key in c.parameters else None
+        if model_kind(c) == protocol.KIND_EMBEDDING_CACHE and callee in renamed:
+            c.parameters[key].string_value = renamed[callee]
+            t = ModelFiles(t.name, config_to_text(c), t.files)
+        out.append(t)
+    return out + added
 
 
 def _session_callees(configs: list[ModelConfig], key: str) -> set[str]:

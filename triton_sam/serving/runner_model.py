@@ -36,6 +36,9 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         onnx_file = params.get(protocol.PARAM_ONNX_FILE) or protocol.DEFAULT_ONNX_FILE
         path = os.path.join(args["model_repository"], args["model_version"], onnx_file)
+        nice = int(params.get(protocol.PARAM_NICE) or 0)
+        if nice > 0:  # before the session: its threads inherit the calling thread's niceness
+            os.nice(min(nice, 19))
         options = ort.SessionOptions()
         threads = int(params.get(protocol.PARAM_INTRA_OP_THREADS) or 0)
         if threads > 0:

@@ -11,7 +11,12 @@ KIND = KIND_RUNNER
 PARAM_KIND = KIND_PARAM
 PARAM_ONNX_FILE = "onnx_file"  # the graph's file in the version directory
 PARAM_INTRA_OP_THREADS = "intra_op_threads"  # onnxruntime intra-op threads, 0 = its default
-PARAM_KEYS = (PARAM_KIND, PARAM_ONNX_FILE, PARAM_INTRA_OP_THREADS)
+# How much the stub lowers its own CPU priority (Linux nice increment, 0..19), before
+# onnxruntime starts its threads, which inherit it. A background graph (the encoder behind a
+# CPU twin's session model) yields the cores to the clicks' decoder whenever both want them,
+# and runs at full speed when they do not.
+PARAM_NICE = "nice"
+PARAM_KEYS = (PARAM_KIND, PARAM_ONNX_FILE, PARAM_INTRA_OP_THREADS, PARAM_NICE)
 DEFAULT_ONNX_FILE = "model.onnx"
 # Custom counter on Triton's metrics endpoint (triton_sam.bench.counters reads it). Triton
 # counts a request answered unrun as a successful inference; this says how many were.
