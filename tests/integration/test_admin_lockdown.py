@@ -54,7 +54,13 @@ RESTRICTED_GRPC = [
     "get_trace_settings",
     "get_log_settings",
 ]
-SERVE_MODELS = {"sam2_encoder", "sam2_decoder", "sam2_decoder_unbatched", "sam2_session"}
+SERVE_MODELS = {
+    "sam2_encoder",
+    "sam2_encoder_background",
+    "sam2_decoder",
+    "sam2_decoder_unbatched",
+    "sam2_session",
+}
 
 
 def evil_model(marker: Path) -> tuple[str, bytes]:

@@ -32,6 +32,8 @@ from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.models import get_family
 from triton_sam.repository.config import (
+    background_cpu_encoder,
+    bounded_cpu_encoder,
     parse_config,
     size_cpu_decoder,
     to_cpu_twin,
@@ -166,11 +168,19 @@ def test_committed_configs_load_with_only_the_mechanical_cpu_changes(
         expected = to_cpu_twin(parse_config(COMMITTED / model / "config.pbtxt"))
         if model == "sam2_decoder":  # the session model's decoder: sized for this host
             expected = with_warmup(size_cpu_decoder(expected, cores))
+        else:  # its encoder: batch 1, so onnxruntime's CPU arena stays at one image's size
+            expected = bounded_cpu_encoder(expected)
         assert parse_config(twin_dir / model / "config.pbtxt") == expected
-    # The session model's clicks run on an unbatched copy of its decoder.
+    # The session model's clicks run on an unbatched copy of its decoder, its embeds on a
+    # background copy of its encoder (the python runner at a lower CPU priority).
     unbatched = unbatched_cpu_decoder(parse_config(twin_dir / "sam2_decoder" / "config.pbtxt"))
     assert parse_config(twin_dir / unbatched.name / "config.pbtxt") == unbatched
-    served = ["sam2_encoder", "sam2_decoder", "sam2_session", unbatched.name]
+    encoder = parse_config(twin_dir / "sam2_encoder" / "config.pbtxt")
+    background = background_cpu_encoder(encoder, cores)
+    assert parse_config(twin_dir / background.name / "config.pbtxt") == background
+    session = parse_config(twin_dir / "sam2_session" / "config.pbtxt")
+    assert session.parameters["encoder_model"].string_value == background.name
+    served = ["sam2_encoder", "sam2_decoder", "sam2_session", unbatched.name, background.name]
     server = embedded_triton(twin_dir)
     for model in served:
         assert _served_config(server, model)["instance_group"][0]["kind"] == "KIND_CPU"

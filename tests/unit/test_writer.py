@@ -554,6 +554,8 @@ def test_the_session_models_embeds_run_on_a_niced_copy_of_its_encoder(
     assert "tiny_encoder_background" in list_models(twin)
     session = parse_config(twin / "tiny_session" / "config.pbtxt")
     assert session.parameters["encoder_model"].string_value == "tiny_encoder_background"
+    # image ids stay those the clients compute from the encoder they know
+    assert session.parameters["encoder_identity"].string_value == "tiny_encoder"
     background = parse_config(twin / "tiny_encoder_background" / "config.pbtxt")
     assert background.backend == "python"
     assert background.parameters["nice"].string_value == "10"

@@ -545,6 +545,10 @@ def _background_session_encoders(twins: list[ModelFiles], cores: int) -> list[Mo
         callee = c.parameters[key].string_value if key in c.parameters else None
         if model_kind(c) == protocol.KIND_EMBEDDING_CACHE and callee in renamed:
             c.parameters[key].string_value = renamed[callee]
+            # image ids stay those of the encoder the clients know
+            identity = embedding_cache.PARAM_ENCODER_IDENTITY
+            if identity not in c.parameters:
+                c.parameters[identity].string_value = callee
             t = ModelFiles(t.name, config_to_text(c), t.files)
         out.append(t)
     return out + added

@@ -290,8 +290,9 @@ class TritonPythonModel:
         ]
         pre_json = params.get(protocol.PARAM_PREPROCESSING) or ""
         self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
+        identity = params.get(protocol.PARAM_ENCODER_IDENTITY) or self.encoder_model
         self.namespaces = {
-            kind: intake.session_namespace(self.name, self.encoder_model, pre_json, kind)
+            kind: intake.session_namespace(self.name, identity, pre_json, kind)
             for kind in ("rgb", *self.encoder_inputs)
         }
         self.max_points = int(params.get(protocol.PARAM_MAX_POINTS) or bounds.MAX_POINTS)

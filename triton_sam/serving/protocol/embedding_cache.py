@@ -105,6 +105,10 @@ STAGES = (
 PARAM_KIND = KIND_PARAM
 PARAM_ENCODER_MODEL = "encoder_model"
 PARAM_DECODER_MODEL = "decoder_model"
+# The encoder name image ids are computed with, when the session model calls another copy of
+# it (the CPU twin's background encoder): clients compute the same ids from the encoder they
+# know. Absent: encoder_model. CPU twin only, like decoder_slots below.
+PARAM_ENCODER_IDENTITY = "encoder_identity"
 PARAM_ENCODER_INPUTS = "encoder_inputs"  # comma-separated
 PARAM_EMBEDDING_NAMES = "embedding_names"  # encoder outputs = decoder inputs, comma-separated
 PARAM_EMBEDDING_BYTES = "embedding_bytes"  # one image's features (the LRU's byte bound counts it)
