@@ -32,12 +32,12 @@ def test_the_memory_bound_is_the_documented_formula() -> None:
         base_bytes=600 * mib,
         encoder_bytes=1024 * mib,
         max_concurrent_embeds=1,
-        max_waiting_embeds=4,
+        max_waiting_embeds=16,
         request_bytes=64 * mib,
         embed_bytes=48 * mib,
         cache_bytes=256 * mib,
     )
-    assert bound == (600 + 1024 + 5 * 64 + 48 + 256) * mib
+    assert bound == (600 + 1024 + 17 * 64 + 48 + 256) * mib
     assert storm.sam2_cpu_bound(600 * mib) == bound  # the CPU twin's defaults
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from triton_sam.bench.soak import MemorySampler
 from triton_sam.errors import InputValidationError, ServerOverloadedError, TritonSamError
+from triton_sam.repository.config import CPU_MAX_CONCURRENT_EMBEDS, CPU_MAX_WAITING_EMBEDS
 
 MIB = 2**20
 IMAGE_BYTES = "image_bytes"
@@ -254,8 +255,8 @@ def sam2_cpu_bound(
     loaded_bytes: float,
     *,
     request_bytes: int = 64 * MIB,
-    max_concurrent_embeds: int = 1,
-    max_waiting_embeds: int = 4,
+    max_concurrent_embeds: int = CPU_MAX_CONCURRENT_EMBEDS,
+    max_waiting_embeds: int = CPU_MAX_WAITING_EMBEDS,
     max_images: int = 16,
 ) -> int:
     """:func:`memory_bound` of SAM2.1-tiny on the embedded server, from the loaded server's
