@@ -162,6 +162,18 @@ def session_decoder(http_url: str, session_model: str) -> str | None:
     return parameters.get(embedding_cache.PARAM_DECODER_MODEL, {}).get("string_value") or None
 
 
+def session_encoder(http_url: str, session_model: str) -> str | None:
+    """The encoder the session model's embeds run on: its config's ``encoder_model``
+    parameter (on the CPU twin, the background copy); None when the config does not say.
+
+    Raises:
+        ServerUnavailableError: the config cannot be read (the model is not served).
+    """
+    config = _get_json(f"{http_url.rstrip('/')}/v2/models/{session_model}/config")
+    parameters = config.get("parameters", {})
+    return parameters.get(embedding_cache.PARAM_ENCODER_MODEL, {}).get("string_value") or None
+
+
 @dataclass(frozen=True)
 class ClickCounters:
     """Reads what ran a client's clicks: calling it returns the counters of every decoder

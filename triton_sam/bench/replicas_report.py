@@ -111,10 +111,13 @@ def owners(entries: Sequence[Any], replicas: Any) -> dict[str, int]:
 
 
 def counters(server: Any, encoder_model: str, session_model: str) -> tuple[int, int]:
-    """(encoder inferences, session-model misses) of one replica."""
-    from triton_sam.bench.counters import _get_text, parse_metrics, read_counters
+    """(encoder inferences, session-model misses) of one replica. The encodes are counted on
+    the encoder the session model calls (its config says: on a CPU host a background copy of
+    ``encoder_model``), where its embeds run."""
+    from triton_sam.bench.counters import _get_text, parse_metrics, read_counters, session_encoder
 
-    encodes = read_counters(server.http_url, None, encoder_model).inference_count
+    encoder = session_encoder(server.http_url, session_model) or encoder_model
+    encodes = read_counters(server.http_url, None, encoder).inference_count
     metrics = parse_metrics(_get_text(f"{server.metrics_url}/metrics"), session_model)
     misses = int(sum(v for k, v in metrics.items() if k.startswith("triton_sam_session_misses")))
     return encodes, misses
