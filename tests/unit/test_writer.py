@@ -490,7 +490,9 @@ def test_the_decoder_behind_a_session_model_is_sized_for_the_host(tmp_path: Path
     assert embedded_repository(twin) == twin  # a twin is served as it is
 
 
-@pytest.mark.parametrize(("given", "served"), [((4, 32), ("1", "16")), ((4, 16), ("1", "16")), ((1, 2), ("1", "2"))])
+@pytest.mark.parametrize(
+    ("given", "served"), [((4, 32), ("1", "16")), ((4, 16), ("1", "16")), ((1, 2), ("1", "2"))]
+)
 def test_a_cpu_host_encodes_one_image_at_a_time(
     tmp_path: Path, given: tuple[int, int], served: tuple[str, str]
 ) -> None:
