@@ -115,14 +115,20 @@ def _tiny_model(path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _runner_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str):
+    """The runner's model.py loaded as a module (fake pb_utils), the tiny graph in ``1/``."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
-    spec = importlib.util.spec_from_file_location("tiny_runner", writer.RUNNER_SOURCE)
+    spec = importlib.util.spec_from_file_location(name, writer.RUNNER_SOURCE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     (tmp_path / "1").mkdir()
     _tiny_model(tmp_path / "1" / "model.onnx")
+    return module
+
+
+@pytest.fixture
+def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    module = _runner_module(tmp_path, monkeypatch, "tiny_runner")
     config = {
         "max_batch_size": 8,
         "input": [{"name": "x", "data_type": "TYPE_FP32"}, {"name": "p", "data_type": "TYPE_FP32"}],
@@ -237,12 +243,7 @@ def test_a_background_runner_lowers_its_priority_before_onnxruntime_starts(
 ) -> None:
     """Onnxruntime's threads inherit the niceness of the thread that creates the session, so
     the runner must lower it first; without the parameter it leaves it alone."""
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
-    spec = importlib.util.spec_from_file_location("tiny_runner_nice", writer.RUNNER_SOURCE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (tmp_path / "1").mkdir()
-    _tiny_model(tmp_path / "1" / "model.onnx")
+    module = _runner_module(tmp_path, monkeypatch, "tiny_runner_nice")
     calls = []
     monkeypatch.setattr(module.os, "nice", lambda inc: calls.append(("nice", inc)) or inc)
     real_session = module.ort.InferenceSession
