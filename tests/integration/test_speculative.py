@@ -173,8 +173,9 @@ def _flood(client, counters):
             clicks = [[w * (0.2 + 0.6 * k / n), h / 2] for k in range(i + 1)]
             tasks.append(await client.predict_async(clicks, [1] * (i + 1), "s"))
         await asyncio.wait([tasks[0][1]])
-        # the rest has arrived and waits: ~n x D of work, far more than this pause
-        await asyncio.sleep(max(0.05, 3 * d_ms / 1e3))
+        # the rest has arrived and waits: ~2 s of work, far more than this pause. Capped: a D
+        # measured while the machine was busy once made the pause outlast the whole queue.
+        await asyncio.sleep(min(0.25, max(0.05, 3 * d_ms / 1e3)))
         cancelled = client.cancel_session_requests("s")
         result = await wait_for_latest_result(tasks, client, "s")
         after = await asyncio.to_thread(quiet, counters)
