@@ -194,6 +194,20 @@ def test_bad_requests_are_refused_naming_the_field(
     assert field in answer["error"]
 
 
+def test_the_readmes_curl_command_runs(sam2_tiny_server, tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Lambda `sam2` JSON contract", 1)[1].split("```bash\n", 1)[1]
+    script = block.split("```", 1)[0].replace("localhost:8000", sam2_tiny_server.http_address)
+    Image.fromarray(IMAGE).save(tmp_path / "photo.jpg")
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    result = result_of(json.loads(done.stdout))
+    assert result["ok"] is True and result["image_size"] == [H, W]
+    assert png_mask(result["mask"]["data"]).shape == (H, W)
+
+
 def test_the_tenant_header_travels_to_the_session_model(sam2_tiny_server, tmp_path):
     """The model keeps no state; the session model's cache is per tenant. An image sent
     through ``sam2`` as team-a is cached for team-a only: an embed of it by team-a is a
