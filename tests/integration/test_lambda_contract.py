@@ -61,12 +61,8 @@ CASES = {
         [{"box": BOX, "point_coords": [[70, 50]], "point_labels": [1]}],
     ),
     "two_boxes": ({"boxes": [BOX, BOX_2]}, [{"box": BOX}, {"box": BOX_2}]),
-    # No prompt: the decoder's padding point alone, as the official predictor answers an
-    # empty point array (the seed's model passed None, see docs/clients.md).
-    "no_prompt": (
-        {"points": [], "boxes": []},
-        [{"point_coords": np.zeros((0, 2)), "point_labels": np.zeros(0, np.int64)}],
-    ),
+    # The seed script's default prompt: the seed's model called predict() without prompts.
+    "no_prompt": ({"points": [], "boxes": []}, [{}]),
 }
 
 

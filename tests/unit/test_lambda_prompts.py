@@ -42,7 +42,8 @@ def test_the_seeds_forms_and_the_documented_others_give_the_same_prompt():
     named = parse({"boxes": [{"x1": 1, "y1": 2, "x2": 30, "y2": 40}]})
     for prompt in (flat, nested, named):
         np.testing.assert_array_equal(prompt.boxes, [[1, 2, 30, 40]])
-    assert parse({}).requests()[0][0].shape == (0, 2)  # no prompt: one request, no clicks
+    assert parse({}).empty and parse({"points": [], "boxes": []}).empty
+    assert not parse({"points": [[1, 2]]}).empty and not parse({"boxes": [1, 2, 3, 4]}).empty
     assert parse({"points": None, "boxes": None}).requests()[0][2] is None
 
 

@@ -22,6 +22,7 @@ from triton_sam.repository.config import (
 )
 from triton_sam.repository.session_config import SessionOptions
 from triton_sam.repository.writer import SERVING_DIR, ModelFiles, shipped_modules
+from triton_sam.serving import intake
 from triton_sam.serving.protocol import lambda_json as protocol
 
 LAMBDA_SOURCE = SERVING_DIR / "lambda_model.py"
@@ -32,7 +33,11 @@ SHIPPED_MODULES = (
     "protocol/lambda_json",
     "protocol/tenancy",
     "bounds",
+    "intake",
     "lambda_prompts",
+    "prompt_frame",
+    "resample",
+    "rules",
 )
 
 
@@ -83,6 +88,7 @@ def build_lambda_config(
         protocol.PARAM_MAX_POINTS: str(session.max_points),
         protocol.PARAM_MAX_BOXES: str(protocol.DEFAULT_MAX_BOXES),
         protocol.PARAM_MAX_PROMPT_BYTES: str(protocol.DEFAULT_MAX_PROMPT_BYTES),
+        protocol.PARAM_PREPROCESSING: intake.preprocessing_json(family.preprocessing),
     }
     for key, value in params.items():
         config.parameters[key].string_value = value

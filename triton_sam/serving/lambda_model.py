@@ -31,13 +31,13 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
-    from triton_sam_serving import bounds, lambda_prompts
+    from triton_sam_serving import bounds, intake, lambda_prompts, prompt_frame
     from triton_sam_serving import protocol as envelope
     from triton_sam_serving.protocol import embedding_cache as session
     from triton_sam_serving.protocol import lambda_json as protocol
     from triton_sam_serving.protocol import tenancy
 except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import bounds, lambda_prompts
+    from triton_sam.serving import bounds, intake, lambda_prompts, prompt_frame
     from triton_sam.serving import protocol as envelope
     from triton_sam.serving.protocol import embedding_cache as session
     from triton_sam.serving.protocol import lambda_json as protocol
@@ -46,6 +46,9 @@ except ImportError:  # imported from the triton_sam source tree (unit tests)
 # What each session call asks for: masks at the original size as bits, their scores, the
 # size, and the id of the features it cached (for the next box).
 WANTED = [session.MASKS_BITS, session.MASK_SCORES, session.IMAGE_SIZE, session.IMAGE_ID]
+# The no-prompt answer: the decoder's own inputs with no point at all (the session model's
+# pixel prompts always add the padding point), low-res logits and score back.
+UNPROMPTED = ["masks", "iou_predictions"]
 
 
 class _SessionError(Exception):
@@ -72,6 +75,8 @@ class TritonPythonModel:
         self.max_prompt_bytes = int(
             params.get(protocol.PARAM_MAX_PROMPT_BYTES) or protocol.DEFAULT_MAX_PROMPT_BYTES
         )
+        pre_json = params.get(protocol.PARAM_PREPROCESSING) or ""
+        self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="triton_sam_lambda", daemon=True
@@ -131,6 +136,8 @@ class TritonPythonModel:
 
     async def _masks(self, image, prompt, tenant):
         """(masks bool [H, W] each, scores, (H, W)): one session call per box (or one)."""
+        if prompt.empty:
+            return await self._unprompted(image, tenant)
         calls = prompt.requests()
         first = await self._call(tenant, calls[0], image=image, box_index=0)
         image_id = first[3]
@@ -142,6 +149,29 @@ class TritonPythonModel:
         )
         answers = [first, *rest]
         return [a[0] for a in answers], [a[1] for a in answers], first[2]
+
+    async def _unprompted(self, image, tenant):
+        """The seed's answer to ``{"points": [], "boxes": []}``: ``SAM2ImagePredictor.predict``
+        without prompts, whose prompt encoder then adds no token (not even the padding point
+        the session model's pixel prompts carry). Sent to the session model as the decoder's
+        own prompt tensors with N = 0, and its low-res logits upsampled here by the family's
+        rule, at the size of the image the session model decoded (decoded again here: this
+        prompt is a smoke test's, not a click's)."""
+        if self.pre is None:
+            raise bounds.RequestError(protocol.PROMPT_JSON, "no points and no boxes: send one")
+        inputs = [
+            _bytes_tensor(session.IMAGE_BYTES, image),
+            pb_utils.Tensor("point_coords", np.zeros((1, 0, 2), np.float32)),
+            pb_utils.Tensor("point_labels", np.zeros((1, 0), np.float32)),
+        ]
+        out = await self._session(tenant, inputs, UNPROMPTED, box_index=None)
+        rgb = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: intake.decode_image(image, max_pixels=0, field=protocol.IMAGE_B64)
+        )
+        hw = (int(rgb.shape[0]), int(rgb.shape[1]))
+        low = np.asarray(out["masks"], np.float32)
+        mask = prompt_frame.upsample(low[:, :1], hw, self.pre)[0, 0] > 0
+        return [mask], [float(np.asarray(out["iou_predictions"]).reshape(-1)[0])], hw
 
     async def _call(self, tenant, call, *, image, box_index, image_id=None):
         """One session prediction: by ``image_id`` when given (a miss sends the file once),
@@ -167,13 +197,24 @@ class TritonPythonModel:
         if box is not None:
             inputs.append(pb_utils.Tensor(session.BOX, box.astype(np.float32)[None]))
         inputs.append(pb_utils.Tensor(session.MULTIMASK, np.zeros((1, 1), np.int32)))
+        out = await self._session(tenant, inputs, WANTED, box_index=box_index)
+        h, w = (int(v) for v in out[session.IMAGE_SIZE].reshape(-1)[:2])
+        bits = bytes(out[session.MASKS_BITS].reshape(-1)[0])
+        mask = np.unpackbits(np.frombuffer(bits, np.uint8), count=h * w).reshape(h, w) > 0
+        score = float(out[session.MASK_SCORES].reshape(-1)[0])
+        answered_id = bytes(out[session.IMAGE_ID].reshape(-1)[0]).decode("utf-8")
+        return mask, score, (h, w), answered_id
+
+    async def _session(self, tenant, inputs, wanted, *, box_index):
+        """One BLS call to the session model as ``tenant``: output name -> array, or
+        _SessionError with the session model's code and the client's field names."""
         kwargs = {}
         if tenant != tenancy.DEFAULT_TENANT:
             kwargs["parameters"] = {tenancy.TENANT_HEADER: tenant}
         bls = pb_utils.InferenceRequest(
             model_name=self.session_model,
             inputs=inputs,
-            requested_output_names=WANTED,
+            requested_output_names=wanted,
             **kwargs,
         )
         response = await bls.async_exec()
@@ -185,13 +226,7 @@ class TritonPythonModel:
             header = envelope.error_message(parsed, "")
             text = message[message.find(header) + len(header) :]
             raise _SessionError(parsed, lambda_prompts.client_message(text, box_index))
-        out = {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in WANTED}
-        h, w = (int(v) for v in out[session.IMAGE_SIZE].reshape(-1)[:2])
-        bits = bytes(out[session.MASKS_BITS].reshape(-1)[0])
-        mask = np.unpackbits(np.frombuffer(bits, np.uint8), count=h * w).reshape(h, w) > 0
-        score = float(out[session.MASK_SCORES].reshape(-1)[0])
-        answered_id = bytes(out[session.IMAGE_ID].reshape(-1)[0]).decode("utf-8")
-        return mask, score, (h, w), answered_id
+        return {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in wanted}
 
 
 def _bytes_tensor(name, value):

@@ -41,10 +41,15 @@ class Prompt:
     boxes: np.ndarray
     given: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def empty(self) -> bool:
+        """No points and no boxes (the seed script's default prompt)."""
+        return not len(self.points) and not len(self.boxes)
+
     def requests(self) -> list[tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]]:
         """(points [N, 2], labels [N], box [4]) of each session request, None where absent:
-        one per box (points only beside a single box), else one with the points, which may
-        be none (the no-prompt answer)."""
+        one per box (points only beside a single box), else one with the points (an empty
+        prompt is answered otherwise: :attr:`empty`)."""
         if len(self.boxes):
             clicks = (self.points, self.labels) if len(self.points) else (None, None)
             return [(*clicks, box) for box in self.boxes]

@@ -14,8 +14,9 @@ Prompt forms accepted (pixels of the original image, X right, Y down):
 - ``boxes``: one box as ``[x1, y1, x2, y2]`` (the seed's form), or a list of such boxes, or
   ``{"x1": .., "y1": .., "x2": .., "y2": ..}`` objects. Several boxes give one mask each
   (``masks``, in order; ``mask`` is the first), and cannot be combined with points;
-- neither (``{"points": [], "boxes": []}``): the decoder's answer to no prompt but its padding
-  point (the official predictor's ``predict`` with an empty point array).
+- neither (``{"points": [], "boxes": []}``): the decoder's answer to no prompt at all, as the
+  seed's model answered it (the official predictor's ``predict()`` without prompts: no
+  prompt token, not even the padding point).
 
 Refused with ``InvalidInput`` naming the field (``image_b64``, ``prompt_json``,
 ``prompt_json.points[i].x``, ``prompt_json.boxes[i]`` ...): base64 that does not decode, JSON
@@ -46,6 +47,9 @@ PARAM_MAX_IMAGE_BYTES = "max_image_bytes"  # the session model's bound on the de
 PARAM_MAX_POINTS = "max_points"  # the session model's, box corners and padding included
 PARAM_MAX_BOXES = "max_boxes"
 PARAM_MAX_PROMPT_BYTES = "max_prompt_bytes"
+# The family's preprocessing (serving/intake.py JSON): the no-prompt answer's low-res logits
+# are upsampled here, by the family's rule, as the session model does for pixel prompts.
+PARAM_PREPROCESSING = "preprocessing"
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_SESSION_MODEL,
@@ -53,6 +57,7 @@ PARAM_KEYS = (
     PARAM_MAX_POINTS,
     PARAM_MAX_BOXES,
     PARAM_MAX_PROMPT_BYTES,
+    PARAM_PREPROCESSING,
 )
 # Boxes of one request: each is one decoder run on the cached features (a batch of clicks).
 # 16 is the decoder's default batch (RepositoryOptions.decoder_max_batch_size), so all the
