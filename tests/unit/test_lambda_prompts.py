@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -17,9 +18,13 @@ from PIL import Image
 
 from triton_sam.models import get_family
 from triton_sam.repository.config import RepositoryOptions, parse_config
-from triton_sam.repository.lambda_config import lambda_artifact, serves_lambda
+from triton_sam.repository.lambda_config import (
+    lambda_artifact,
+    lambda_artifact_for,
+    serves_lambda,
+)
 from triton_sam.repository.session_config import SessionOptions
-from triton_sam.repository.writer import embedded_twin, written_by_triton_sam
+from triton_sam.repository.writer import embedded_twin, write_models, written_by_triton_sam
 from triton_sam.serving import lambda_prompts
 from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.protocol import lambda_json
@@ -165,3 +170,19 @@ def test_the_config_is_the_seeds_tensors_over_the_session_model():
     assert written_by_triton_sam(artifact)
     twin = parse_config(embedded_twin(artifact, "onnxruntime").config_text)
     assert [(g.kind, g.count) for g in twin.instance_group] == [(config.instance_group[0].kind, 1)]
+
+
+def test_setup_keeps_a_sam2_model_of_the_users_own_and_rewrites_its_own(tmp_path, caplog):
+    family, options = get_family("sam2"), RepositoryOptions()
+    repo = tmp_path / "model_repository"
+    assert lambda_artifact_for(repo, family, options) is not None  # nothing there yet
+    write_models(repo, [lambda_artifact_for(repo, family, options)])
+    assert lambda_artifact_for(repo, family, options) is not None  # ours: rewritten
+    shutil.rmtree(repo / "sam2")
+    (repo / "sam2" / "1").mkdir(parents=True)  # the seed's own python model
+    (repo / "sam2" / "config.pbtxt").write_text('name: "sam2"\nbackend: "python"\n')
+    (repo / "sam2" / "1" / "model.py").write_text("class TritonPythonModel: ...\n")
+    with caplog.at_level("WARNING"):
+        assert lambda_artifact_for(repo, family, options) is None
+    assert "model of your own" in caplog.text
+    assert lambda_artifact_for(repo, get_family("sam1"), options) is None

@@ -12,6 +12,10 @@ the session model, and keeps no state. Its bounds are the session model's (one
 
 from __future__ import annotations
 
+import logging
+import os
+from pathlib import Path
+
 from triton_sam.models.spec import FamilySpec
 from triton_sam.repository.config import (
     ModelConfig,
@@ -21,9 +25,18 @@ from triton_sam.repository.config import (
     model_config_pb2,
 )
 from triton_sam.repository.session_config import SessionOptions
-from triton_sam.repository.writer import SERVING_DIR, ModelFiles, shipped_modules
+from triton_sam.repository.writer import (
+    CONFIG_FILENAME,
+    SERVING_DIR,
+    ModelFiles,
+    read_model,
+    shipped_modules,
+    written_by_triton_sam,
+)
 from triton_sam.serving import intake
 from triton_sam.serving.protocol import lambda_json as protocol
+
+log = logging.getLogger(__name__)
 
 LAMBDA_SOURCE = SERVING_DIR / "lambda_model.py"
 SHIPPED_MODULES = (
@@ -103,3 +116,31 @@ def lambda_artifact(
     config = build_lambda_config(family, options, session)
     files = {"model.py": LAMBDA_SOURCE} | shipped_modules(SHIPPED_MODULES)
     return ModelFiles(config.name, config_to_text(config), files)
+
+
+def lambda_artifact_for(
+    repository: str | os.PathLike[str],
+    family: FamilySpec,
+    options: RepositoryOptions,
+    session: SessionOptions | None = None,
+) -> ModelFiles | None:
+    """The ``sam2`` artifact to write into ``repository`` beside ``family``'s session model,
+    or None: the family has none (:func:`serves_lambda`), or the repository already holds a
+    ``sam2`` model of the user's own (the Lambda seed's python model, say), which ``setup``
+    keeps as it is, with a warning, rather than replace it."""
+    if not serves_lambda(family):
+        return None
+    existing = Path(repository) / protocol.DEFAULT_NAME
+    ours = not (existing / CONFIG_FILENAME).is_file() or written_by_triton_sam(
+        read_model(repository, protocol.DEFAULT_NAME)
+    )
+    if not ours:
+        log.warning(
+            "%s is a model of your own: kept as it is, and the Lambda JSON contract model of "
+            "triton-sam not written (rename or move yours, then run setup again, to serve "
+            "the contract over %s)",
+            existing,
+            family.session_model,
+        )
+        return None
+    return lambda_artifact(family, options, session)
