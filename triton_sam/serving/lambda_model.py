@@ -114,10 +114,19 @@ class TritonPythonModel:
                 max_boxes=self.max_boxes,
                 max_bytes=self.max_prompt_bytes,
             )
-            image = lambda_prompts.decode_image_b64(image_b64, max_bytes=self.max_image_bytes)
+            # Base64 (up to 85 MiB of it) and PNG encoding off the loop: other requests' BLS
+            # calls go on meanwhile.
+            loop = asyncio.get_running_loop()
+            image = await loop.run_in_executor(
+                None,
+                lambda: lambda_prompts.decode_image_b64(image_b64, max_bytes=self.max_image_bytes),
+            )
             masks, scores, size = await self._masks(image, prompt, tenant)
-            text = lambda_prompts.result_json(
-                self.name, len(image_b64), prompt, masks, scores, size
+            text = await loop.run_in_executor(
+                None,
+                lambda: lambda_prompts.result_json(
+                    self.name, len(image_b64), prompt, masks, scores, size
+                ),
             )
             out = np.array([[text.encode("utf-8")]], dtype=np.object_)
             return pb_utils.InferenceResponse(
