@@ -8,7 +8,8 @@ model, what they share here:
 - :mod:`.embedding_cache`: ``<family>_session``, image features kept on the server;
 - :mod:`.concept`: ``sam3_concept``, text prompts to instances;
 - :mod:`.tracker`: ``sam2_tracker`` and the five video graphs it calls;
-- :mod:`.runner`: the python-target runner of an ONNX graph.
+- :mod:`.runner`: the python-target runner of an ONNX graph;
+- :mod:`.lambda_json`: ``sam2``, the Lambda seed's JSON contract over the session model.
 
 Model kinds: every python-backend model the writer renders carries its kind in the config
 parameter :data:`KIND_PARAM`, so tools recognise it by what it says it is, not by sniffing
@@ -36,7 +37,8 @@ KIND_PARAM = "triton_sam.kind"
 KIND_EMBEDDING_CACHE = "embedding_cache"  # <family>_session
 KIND_CONCEPT = "concept"  # sam3_concept
 KIND_TRACKER = "tracker"  # sam2_tracker
-KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER)  # BLS models: they call others
+KIND_LAMBDA_JSON = "lambda_json"  # sam2: the Lambda seed's JSON contract
+KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER, KIND_LAMBDA_JSON)  # BLS models
 KIND_RUNNER = "onnx_runner"  # an ONNX graph on the python target (runner_model.py)
 # The top-level name the package is shipped under beside model.py: unique, so nothing on the
 # stub's sys.path (which holds the server interpreter's site-packages) can shadow it.
