@@ -528,7 +528,7 @@ def serve_cmd(
     """
     from triton_sam.admin_key import HTTP_HEADER, load_or_create
     from triton_sam.config import load_config, section
-    from triton_sam.health import Watchdog, session_models
+    from triton_sam.health import Watchdog, watched_models
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
 
@@ -552,7 +552,7 @@ def serve_cmd(
         typer.echo(f"HTTP    {server.http_url}\ngRPC    {server.grpc_url}")
         typer.echo(f"metrics {server.metrics_url}/metrics\nlog     {server.log_path}")
         typer.echo(f"admin   header {HTTP_HEADER}: the key in {key.source}")
-        watched = session_models(repo) if self_heal else []
+        watched = watched_models(repo) if self_heal else {}
         watchdog = (
             Watchdog(server.http_address, watched, repository=repo).start() if watched else None
         )

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,12 +44,16 @@ LIVENESS_ID = "triton-sam-liveness"
 DEAD_MARKER = "is not healthy"
 
 
-def probe(client: object, model: str) -> str:
-    """``"alive"`` or ``"dead"`` for one session model, by a probe request.
+def probe(client: object, model: str, kind: str | None = None) -> str:
+    """``"alive"`` or ``"dead"`` for one python model we ship, by a probe request.
 
     Args:
         client: a ``tritonclient.http.InferenceServerClient``.
-        model: a ``<family>_session`` model (or any model answering an ``image_id`` probe).
+        model: a ``<family>_session`` model (or any model answering an ``image_id`` probe),
+            or, with ``kind`` the Lambda JSON kind, a ``sam2`` model: it gets an empty
+            ``image_b64``, which its stub refuses as our typed ``InvalidInput`` before it
+            calls anything.
+        kind: the model's kind (``protocol.KIND_*``); None: a session model.
 
     Raises:
         tritonclient.utils.InferenceServerException: any other error (server down, unknown
@@ -58,14 +62,21 @@ def probe(client: object, model: str) -> str:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    tensor = httpclient.InferInput("image_id", [1, 1], "BYTES")
-    tensor.set_data_from_numpy(np.array([[LIVENESS_ID.encode()]], dtype=np.object_))
+    if kind == envelope.KIND_LAMBDA_JSON:
+        values = {"image_b64": b"", "prompt_json": b"{}"}
+    else:
+        values = {"image_id": LIVENESS_ID.encode()}
+    tensors = []
+    for name, value in values.items():
+        tensor = httpclient.InferInput(name, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[value]], dtype=np.object_))
+        tensors.append(tensor)
     try:
-        client.infer(model, [tensor])
+        client.infer(model, tensors)
     except InferenceServerException as e:
         message = str(e)
-        if envelope.error_code(message) == envelope.ERR_EMBEDDING_NOT_FOUND:
-            return "alive"  # the stub answered our protocol's miss
+        if envelope.error_code(message) is not None:
+            return "alive"  # the stub answered in our protocol (the miss, or a refusal)
         if DEAD_MARKER in message:
             return "dead"
         raise
@@ -74,15 +85,24 @@ def probe(client: object, model: str) -> str:
 
 def session_models(repo_dir: str | os.PathLike[str]) -> list[str]:
     """The ``<family>_session`` models of a repository (by the kind their configs declare)."""
+    return [
+        m for m, kind in watched_models(repo_dir).items() if kind == envelope.KIND_EMBEDDING_CACHE
+    ]
+
+
+def watched_models(repo_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """The python models a watchdog probes, name -> kind: the session models and the Lambda
+    JSON models (a dead stub of either answers every request with an error until reloaded)."""
     from triton_sam.repository.config import model_kind, parse_config
     from triton_sam.repository.writer import CONFIG_FILENAME, list_models
 
-    kind = envelope.KIND_EMBEDDING_CACHE
-    return [
-        name
-        for name in list_models(repo_dir)
-        if model_kind(parse_config(Path(repo_dir) / name / CONFIG_FILENAME)) == kind
-    ]
+    kinds = (envelope.KIND_EMBEDDING_CACHE, envelope.KIND_LAMBDA_JSON)
+    found = {}
+    for name in list_models(repo_dir):
+        kind = model_kind(parse_config(Path(repo_dir) / name / CONFIG_FILENAME))
+        if kind in kinds:
+            found[name] = kind
+    return found
 
 
 def heal(client: object, model: str, *, admin_key: str) -> float:
@@ -114,7 +134,12 @@ def touch(repository: str | os.PathLike[str], model: str) -> None:
 
 
 def heal_by_touch(
-    client: object, repository: str | os.PathLike[str], model: str, *, timeout_s: float = 300.0
+    client: object,
+    repository: str | os.PathLike[str],
+    model: str,
+    *,
+    kind: str | None = None,
+    timeout_s: float = 300.0,
 ) -> float:
     """:func:`touch` ``model``, then wait until it answers a probe; returns the seconds it took.
 
@@ -128,17 +153,18 @@ def heal_by_touch(
     touch(repository, model)
     while time.perf_counter() - start < timeout_s:
         time.sleep(0.25)
-        if probe(client, model) == "alive":
+        if probe(client, model, kind) == "alive":
             return time.perf_counter() - start
     raise TimeoutError(f"{model}: still dead {timeout_s:.0f} s after touching its files")
 
 
 class Watchdog:
-    """Probes session models every ``interval_s`` and reloads the dead ones (a thread).
+    """Probes our python models every ``interval_s`` and reloads the dead ones (a thread).
 
     Args:
         address: ``host:port`` of the server's HTTP endpoint.
-        models: the session models to watch.
+        models: the models to watch: session model names, or name -> kind
+            (:func:`watched_models`).
         repository: the served repository, for a server in poll mode: a dead model is
             reloaded by :func:`heal_by_touch`.
         admin_key: for a server in explicit mode: a dead model is reloaded by :func:`heal`.
@@ -154,7 +180,7 @@ class Watchdog:
     def __init__(
         self,
         address: str,
-        models: Sequence[str],
+        models: Sequence[str] | Mapping[str, str],
         *,
         repository: str | os.PathLike[str] | None = None,
         admin_key: str | None = None,
@@ -165,7 +191,10 @@ class Watchdog:
                 "repository", "give repository (poll mode) or admin_key (explicit), one of them"
             )
         self.address = address
-        self.models = tuple(models)
+        self.kinds: dict[str, str | None] = (
+            dict(models) if isinstance(models, Mapping) else dict.fromkeys(models)
+        )
+        self.models = tuple(self.kinds)
         self.repository = Path(repository) if repository is not None else None
         self.admin_key = admin_key
         self.interval_s = float(interval_s)
@@ -179,12 +208,13 @@ class Watchdog:
 
         client = httpclient.InferenceServerClient(self.address)
         try:
-            found = {m: probe(client, m) for m in self.models}
+            found = {m: probe(client, m, kind) for m, kind in self.kinds.items()}
             for model, status in found.items():
                 if status != "dead":
                     continue
                 if self.repository is not None:
-                    seconds = heal_by_touch(client, self.repository, model)
+                    kind = self.kinds[model]
+                    seconds = heal_by_touch(client, self.repository, model, kind=kind)
                 else:
                     seconds = heal(client, model, admin_key=self.admin_key)
                 self.reloads.append((model, seconds))

@@ -23,24 +23,28 @@ import tritonclient.http as httpclient
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.errors import ServerError
-from triton_sam.health import Watchdog, probe
+from triton_sam.health import Watchdog, probe, watched_models
+from triton_sam.serving.protocol import KIND_LAMBDA_JSON
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 
 SESSION = "sam2_session"
+LAMBDA = "sam2"  # the Lambda seed's JSON contract, over SESSION
 HEALTH_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "health_check.sh"
 IMAGE = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
 RECOVERY_BOUND_S = 60.0  # watchdog period + reload (0.5 s measured) + the re-embed, shared CPU
 
 
-def stub_pid(server, model: str) -> int:
-    """The python-backend stub process serving ``model`` (its argv names the model)."""
+def stub_pid(server, model: str | bytes) -> int:
+    """The python-backend stub process serving ``model`` (its argv names the model; bytes:
+    a marker matched as is, e.g. ``b"/sam2/"`` for a name other models' names contain)."""
+    marker = model if isinstance(model, bytes) else model.encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == server.pid:
             continue
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if os.getpgid(int(pid)) == server.pid and any(model.encode() in a for a in argv):
+            if os.getpgid(int(pid)) == server.pid and any(marker in a for a in argv):
                 return int(pid)
         except OSError:
             continue
@@ -112,6 +116,62 @@ def test_a_killed_stub_is_detected_and_the_model_recovers(
         raw.close()
     if mode == "poll":  # only the dead model was loaded again
         assert loads(server.log_path) == {**{m: 1 for m in loads(server.log_path)}, SESSION: 2}
+
+
+def lambda_request(server) -> dict:
+    """One request of the Lambda seed's JSON contract to the ``sam2`` model."""
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(IMAGE).save(buf, format="PNG")
+    inputs = []
+    for name, text in (
+        ("image_b64", base64.b64encode(buf.getvalue())),
+        ("prompt_json", json.dumps({"points": [{"x": 30, "y": 20, "label": 1}]}).encode()),
+    ):
+        tensor = httpclient.InferInput(name, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[text]], dtype=np.object_))
+        inputs.append(tensor)
+    raw = httpclient.InferenceServerClient(server.http_address)
+    try:
+        out = raw.infer(LAMBDA, inputs).as_numpy("result_json")
+    finally:
+        raw.close()
+    return json.loads(out.reshape(-1)[0])
+
+
+def test_the_watchdog_also_heals_the_lambda_json_model(embedded_triton, sam2_tiny_repository):
+    """The ``sam2`` model (the Lambda seed's contract) is a python stub too: found in the
+    repository by its kind, probed with an empty ``image_b64`` (our typed refusal = alive)."""
+    watched = watched_models(sam2_tiny_repository)
+    assert watched.get(LAMBDA) == KIND_LAMBDA_JSON and SESSION in watched
+    server = embedded_triton(sam2_tiny_repository, model_control="poll")
+    before = lambda_request(server)["mask"]["data"]
+    raw = httpclient.InferenceServerClient(server.http_address)
+    try:
+        assert probe(raw, LAMBDA, KIND_LAMBDA_JSON) == "alive"
+        os.kill(stub_pid(server, f"/{LAMBDA}/".encode()), signal.SIGKILL)
+        time.sleep(1.0)
+        assert probe(raw, LAMBDA, KIND_LAMBDA_JSON) == "dead"
+        watchdog = Watchdog(
+            server.http_address, watched, repository=sam2_tiny_repository, interval_s=1.0
+        )
+        killed_at = time.perf_counter()
+        watchdog.start()
+        try:
+            while probe(raw, LAMBDA, KIND_LAMBDA_JSON) == "dead":
+                assert time.perf_counter() - killed_at < RECOVERY_BOUND_S
+                time.sleep(0.5)
+        finally:
+            watchdog.stop()
+        assert [m for m, _ in watchdog.reloads] == [LAMBDA]
+        assert lambda_request(server)["mask"]["data"] == before
+    finally:
+        raw.close()
 
 
 def loads(log: Path) -> dict[str, int]:
