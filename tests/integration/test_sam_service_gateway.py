@@ -203,9 +203,10 @@ def test_bad_inputs_get_typed_errors_naming_the_field(gateway):
         }
     )
     assert bad_flag.status_code == 400 and bad_flag.json()["field"] == "cancel_pending"
+    head = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.jpg"\r\n\r\n'
     too_long = requests.post(  # chunked, no Content-Length: refused while it streams
         f"{url}/embedded_model",
-        data=(b"x" * 2**20 for _ in range(9)),
+        data=iter([head, *(b"x" * 2**20 for _ in range(9))]),
         headers={"Content-Type": "multipart/form-data; boundary=b"},
         timeout=30,
     )
