@@ -257,7 +257,10 @@ async def embedded_model(request: Request) -> Response:
     b64 = base64.b64encode(np.ascontiguousarray(embedding, dtype="<f4").tobytes())
     if request.query_params.get("encoding", "none") != "compress":
         return PlainTextResponse(b64)
-    body = await asyncio.to_thread(gzip.compress, b64)
+    # Level 1, not gzip.compress's 9 (SAM_service's): base64 of floats shrinks ~25% at
+    # any level; measured on this project's CPU machine 174 ms vs 363 ms for 5.6 MB, and
+    # 2% more bytes. Any level decodes the same.
+    body = await asyncio.to_thread(gzip.compress, b64, 1)
     headers = {"Content-Type": "application/gzip", "Content-Encoding": "gzip"}
     return Response(body, headers=headers)
 
