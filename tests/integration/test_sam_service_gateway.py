@@ -7,8 +7,9 @@ JPEG, ``Accept-Encoding: gzip,deflate``: see tests/gateway_support.py for the Pa
 replays). The formats are SAM_service's code (JaneliaSciComp/SAM_service
 ``sam_service/sam_queue.py`` and ``sam_service/sam_fast_api.py``, branch dev at a0f3346).
 
-Encodes are slow on CPU (ViT-B: seconds each): the module makes three (the parity embedding,
-the one request of a session left after two cancellations, one ``/prediction``).
+Encodes are slow on CPU (ViT-B: seconds each): the module makes four (the parity embedding,
+the one request of a session left after two cancellations, a ``/prediction`` in each of two
+tenants).
 
 Tolerances:
 - embedding vs ``SamPredictor.get_image_embedding()`` on the same weights and the same decoded
@@ -173,6 +174,13 @@ def test_prediction_keeps_the_image_on_the_server(gateway, upstream):
     again = requests.post(f"{url}/prediction", files=files, timeout=600)
     assert again.content == first.content
     assert read_counters(server.http_url, None, encoder).inference_count == before.inference_count
+    # The tenant header travels to Triton: another tenant's cache does not have the image.
+    other = requests.post(
+        f"{url}/prediction", files=files, headers={"triton-sam-tenant": "lab-b"}, timeout=600
+    )
+    assert other.content == first.content
+    after = read_counters(server.http_url, None, encoder)
+    assert after.inference_count == before.inference_count + 1
 
 
 def test_bad_inputs_get_typed_errors_naming_the_field(gateway):

@@ -139,3 +139,21 @@ def test_content_length_over_the_bound_is_refused_before_reading(gateway):
     r = conn.getresponse()
     assert r.status == 413 and json.loads(r.read())["field"] == "body"
     conn.close()
+
+
+def test_images_that_are_not_images_or_too_large_are_typed(gateway):
+    import io
+
+    url, _, backend = gateway
+    bad = requests.post(
+        f"{url}/embedded_model", files={"image": ("x.jpg", b"GIF89a?", "image/jpeg")}, timeout=10
+    )
+    assert bad.status_code == 400 and bad.json()["code"] == "InvalidInput"
+    assert bad.json()["field"] == "image"
+    big = io.BytesIO()
+    Image.new("L", (5000, 4000)).save(big, "PNG")  # over 4096 x 4096 pixels; a small file
+    huge = requests.post(
+        f"{url}/embedded_model", files={"image": ("b.png", big.getvalue())}, timeout=10
+    )
+    assert huge.status_code == 413 and huge.json()["code"] == "LimitExceeded"
+    assert backend.started == 0  # neither reached the encoder

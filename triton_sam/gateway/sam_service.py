@@ -179,9 +179,11 @@ async def decode_image(request: Request, data: bytes) -> np.ndarray:
     try:
         return await asyncio.to_thread(intake.decode_image, data, max_pixels=limit, field="image")
     except bounds.RequestError as e:
-        status = 413 if "expected at most" in str(e) else 400
-        code = ERR_LIMIT if status == 413 else "InvalidInput"
-        raise GatewayError(status, code, "image", str(e).removeprefix("image: ")) from None
+        message = str(e).removeprefix("image: ")
+        # too many pixels (bounds.check_image_size) or PIL's bomb guard: too large, not bad
+        if "pixels, expected at most" in message or "decompression-bomb" in message:
+            raise GatewayError(413, ERR_LIMIT, "image", message) from None
+        raise invalid("image", message) from None
 
 
 def gateway(request: Request) -> Any:
@@ -194,7 +196,7 @@ def _request_id() -> str:
     return f"gateway-{next(_request_ids)}"
 
 
-async def _queued(request: Request, queue: Any, work: Any, session: str | None) -> Any:
+async def _queued(queue: Any, work: Any, session: str | None) -> Any:
     try:
         return await queue.submit(work, session)
     except QueueFullError as e:
@@ -245,7 +247,7 @@ async def embedded_model(request: Request) -> Response:
         return await state.backend.embed(rgb, tenant=tenant, request_id=_request_id())
 
     try:
-        embedding = await _queued(request, state.embeds, work, session)
+        embedding = await _queued(state.embeds, work, session)
     except CancelledByClientError:
         return _cancelled()
     if embedding.shape != EMBEDDING_SHAPE:
@@ -295,7 +297,7 @@ async def from_model(request: Request) -> Response:
             embedding, (x, y), (height, width), tenant=tenant, request_id=_request_id()
         )
 
-    mask = await _queued(request, state.decodes, work, None)
+    mask = await _queued(state.decodes, work, None)
     return Response(await asyncio.to_thread(_png, mask), media_type="image/png")
 
 
@@ -332,7 +334,7 @@ async def prediction(request: Request) -> Response:
 
     # On the embeds' queue: it may encode (the decodes' queue is for clicks on embeddings,
     # which must not wait behind encodes).
-    mask = await _queued(request, state.embeds, work, None)
+    mask = await _queued(state.embeds, work, None)
     return Response(await asyncio.to_thread(_png, mask), media_type="image/png")
 
 
