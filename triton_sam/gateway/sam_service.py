@@ -18,8 +18,9 @@ sam_fast_api.py`` for ``/from_model`` and ``/prediction``):
 - ``POST /prediction`` (multipart ``image``, ``x``, ``y``): the mask of one click on an image,
   as a PNG; the image is kept by the session model, so the same image again costs no encode.
 
-``GET /models`` and ``GET /health`` are not in SAM_service's code (its README upstream of
-this project lists them): here they answer JSON, ``/health`` 503 while Triton is not ready.
+``GET /models`` and ``GET /health`` are not in SAM_service's code (the reference README this
+project re-creates lists them): here they answer JSON, ``/health`` 503 while Triton is not
+ready.
 
 What differs, on purpose: session ids must be ones this gateway issued (to the same tenant),
 queues are bounded, and bad input gets a typed JSON error naming the field instead of a 500.
