@@ -568,6 +568,25 @@ def serve_cmd(
                 watchdog.stop()
 
 
+@app.command("gateway", short_help="Serve Janelia SAM_service's HTTP API on top of Triton.")
+def gateway_cmd(
+    triton_url: Annotated[
+        str, typer.Option(help="Triton's gRPC address (cancels reach Triton).")
+    ] = "localhost:8001",
+    protocol: ProtocolOpt = "grpc",
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    model_type: Annotated[str, typer.Option(help="Family served (SAM_service: sam1).")] = "sam1",
+    workers: Annotated[int, typer.Option(help="Encodes sent to Triton at once.")] = 2,
+) -> None:
+    """/embedded_model, /new_session_id, /cancel_pending, /from_model, /prediction, /models
+    and /health as SAM_service answers them (docs/gateway.md)."""
+    from triton_sam.gateway import BackendOptions, GatewayOptions, serve
+
+    backend = BackendOptions(url=triton_url, protocol=protocol, model_type=model_type)
+    serve(GatewayOptions(backend=backend, workers=workers), host=host, port=port)
+
+
 @app.command("admin-key", short_help="Create or rotate the admin key (never printed).")
 def admin_key_cmd(
     env_file: Annotated[

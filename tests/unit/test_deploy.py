@@ -125,7 +125,12 @@ def _one(objects: list[dict], kind: str, name: str | None = None) -> dict:
     return found[0]
 
 
-LAYERS = [K8S / "base", K8S / "overlays" / "init-container", K8S / "overlays" / "tenancy"]
+LAYERS = [
+    K8S / "base",
+    K8S / "overlays" / "init-container",
+    K8S / "overlays" / "tenancy",
+    K8S / "overlays" / "sam-service-gateway",
+]
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda p: p.name)

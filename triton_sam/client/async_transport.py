@@ -92,6 +92,8 @@ class AsyncTransport:
         retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
             uses ``DEFAULT_RETRY``.
         tls: certificates for an ``https://`` / ``grpcs://`` endpoint.
+        headers: sent with every inference request (HTTP headers / gRPC metadata), e.g. the
+            tenant a gateway that speaks for many tenants forwards.
     """
 
     def __init__(
@@ -101,8 +103,10 @@ class AsyncTransport:
         timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         tls: TlsOptions | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.retry = DEFAULT_RETRY if retry is None else retry
         self.tls = tls or TlsOptions()
@@ -250,7 +254,8 @@ class AsyncTransport:
             body = prepared.wire + encode_infer_request(
                 inputs, model=model, outputs=outputs, request_id=request_id
             )
-            call = self._raw_infer(body, timeout=self.timeout_s)
+            metadata = tuple(self.headers.items()) or None
+            call = self._raw_infer(body, timeout=self.timeout_s, metadata=metadata)
             result = self._module.InferResult(await self._call(what, call))
             return {n: result.as_numpy(n) for n in outputs}
         shared = prepared.infer_inputs if prepared is not None else ()
@@ -269,7 +274,8 @@ class AsyncTransport:
                 infer_inputs,
                 outputs=requested,
                 request_id=request_id,
-                headers=routing_headers(inputs),  # image affinity behind a proxy
+                # image affinity behind a proxy
+                headers={**self.headers, **(routing_headers(inputs) or {})} or None,
                 **kwargs,
             ),
         )

@@ -60,7 +60,9 @@ class Connection:
         tls: TlsOptions | None = None,
         session_model: str | None = None,
         use_server_embeddings: bool | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
+        self.headers = dict(headers or {})  # on every asyncio request (a gateway's tenant)
         self.family: FamilySpec = get_family(model_type)
         self.session_model = session_model or self.family.session_model
         self.uses_server_embeddings = False
@@ -142,7 +144,11 @@ class Connection:
         if self._aio is None or self.loop is not loop:
             # A transport is bound to the loop that made it (grpc.aio, aiohttp).
             self._aio = AsyncTransport(
-                self.endpoint, timeout_s=self.timeout_s, retry=self.retry, tls=self.tls
+                self.endpoint,
+                timeout_s=self.timeout_s,
+                retry=self.retry,
+                tls=self.tls,
+                headers=self.headers,
             )
             self.loop = loop
         return self._aio
