@@ -130,3 +130,37 @@ def test_the_writer_and_the_cpu_twin_carry_ensembles(tmp_path: Path):
     pixels = parse_config(twin / "sam1_encoder_pixels" / "config.pbtxt")
     assert pixels.platform == "onnxruntime_onnx"
     assert [g.kind for g in pixels.instance_group] == [pixels.instance_group[0].KIND_CPU]
+
+
+def test_setup_paintera_writes_each_family_through_the_bundle(monkeypatch, tmp_path: Path):
+    from typer.testing import CliRunner
+
+    import triton_sam.paintera as paintera
+    from triton_sam.cli import app
+
+    written = []
+
+    def fake_family(spec, repository, **build_args):
+        written.append((spec.name, build_args["random_init"], build_args["checkpoint"]))
+        build = type("Build", (), {"models": (), "metadata": {}, "onnx_bytes": {}})()
+        build.export = type("Export", (), {"max_abs_error": {}})()
+        return paintera.PainteraFamily(build, (f"{spec.family.family}_entry",))
+
+    monkeypatch.setattr(paintera, "build_paintera_family", fake_family)
+    args = [
+        "setup",
+        "paintera",
+        "--random-init",
+        "-r",
+        str(tmp_path),
+        "--sam2",
+        "sam2.1_hiera_tiny",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert written == [
+        ("sam1_vit_h", True, None),
+        ("sam2.1_hiera_tiny", True, None),
+        ("sam3_tracker", True, None),
+    ]
+    assert "http://<host>:8001" in result.output
