@@ -233,13 +233,12 @@ def test_an_abrupt_stream_cancel_leaves_the_server_ready(server, samlink):
     assert response.error_message == ""
 
 
-@pytest.mark.parametrize("session", [False, True], ids=["stateless", "session"])
-def test_our_client_on_the_paintera_repository_equals_the_plain_one(
-    server, sam1_vit_b_server, session
-):
+def test_our_client_on_the_paintera_repository_equals_the_plain_one(server, sam1_vit_b_server):
     """``sam1_encoder`` is Paintera's entry there: our client finds the ensemble and encodes
     with ``sam1_encoder_normalized``; clicks and embeddings equal those of the plain SAM1
-    repository (same checkpoint, exported alone by ``tests/conftest.py``)."""
+    repository (same checkpoint, exported alone by ``tests/conftest.py``). One client covers
+    both paths: ``set_image`` + ``predict`` go through ``sam1_session`` (whose encoder is
+    ``sam1_encoder_normalized``), ``get_image_embedding`` through the stateless encoder."""
     from triton_sam.client import SAM2TritonClient
     from triton_sam.export.onnx_utils import FP32_TOLERANCE
     from triton_sam.sample import sample_image
@@ -248,7 +247,7 @@ def test_our_client_on_the_paintera_repository_equals_the_plain_one(
     found = []
     for s in (server, sam1_vit_b_server):
         with SAM2TritonClient(
-            s.grpc_url, model_type="sam1", protocol="grpc", use_server_embeddings=session
+            s.grpc_url, model_type="sam1", protocol="grpc", use_server_embeddings=True
         ) as client:
             client.set_image(image)
             masks, scores = client.predict(point_coords=[[200, 300]], point_labels=[1])
