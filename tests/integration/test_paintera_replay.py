@@ -258,3 +258,15 @@ def test_our_client_on_the_paintera_repository_equals_the_plain_one(server, sam1
     # Two exports of one checkpoint on one server build: equal up to float rounding.
     for a, b in zip(ours, plain, strict=True):
         assert FP32_TOLERANCE.mismatch(np.asarray(a), np.asarray(b)) is None
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_our_client_names_a_missing_encoder_as_before(server, protocol):
+    """The encoder's metadata replaced its readiness check on start-up: a missing encoder
+    is still reported as not ready, with what to run."""
+    from triton_sam.client import SAM2TritonClient
+    from triton_sam.errors import ServerUnavailableError
+
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    with pytest.raises(ServerUnavailableError, match="'no_such_encoder' is not ready.*setup"):
+        SAM2TritonClient(url, model_type="sam1", protocol=protocol, encoder_model="no_such_encoder")
