@@ -33,7 +33,9 @@ max|reference|, rms <= 64 ulps of its rms). The entry model is our exported enco
 a normalisation done in upstream's operation order, so what it adds to the export's
 onnxruntime-vs-torch rounding is a float32 rounding of the pixels (sam-link's
 ``u8 * (1/255f)`` instead of upstream's ``u8 / 255``: at most 1 ulp per pixel), which the
-network's LayerNorms do not amplify past that gate.
+network's LayerNorms do not amplify past that gate. Measured (max abs error / max|reference|):
+SAM1 ViT-B 5.5e-6 / 1.3e-6, SAM2.1-tiny image_embed 4.2e-6 / 1.3e-6 (high-res levels
+1.2e-6 relative), small SAM3 tracker 1.1e-6 / 1.3e-6 at most: about 11 float32 ulps.
 """
 
 from __future__ import annotations
