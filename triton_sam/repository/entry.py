@@ -18,9 +18,13 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from triton_sam.errors import RepositoryError
 from triton_sam.models.naming import ENSEMBLE_PLATFORM
+
+if TYPE_CHECKING:  # the writer imports this module's callers; no cycle at run time
+    from triton_sam.repository.writer import ModelFiles
 from triton_sam.models.spec import FamilySpec, GraphSpec, TensorSpec
 from triton_sam.repository.config import (
     ModelConfig,
@@ -210,7 +214,7 @@ def entry_artifacts(
     encoder: ModelConfig,
     options: RepositoryOptions,
     work_dir: Path,
-) -> list:
+) -> list[ModelFiles]:
     """The models of one entry (``writer.ModelFiles``): the ensemble and, when the pixel
     contracts differ, its normalising graph (written into ``work_dir`` first).
 
