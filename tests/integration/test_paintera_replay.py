@@ -48,7 +48,8 @@ from servers import module_server
 
 from triton_sam.bench.paintera import LANES, SamLinkReplay, samlink_pixels
 
-pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1500)]
+# alone: its server holds three families (6 GB resident on the CPU twin)
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.alone, pytest.mark.timeout(1500)]
 
 ENTRIES = {  # model -> (input, edge, (lo, hi), outputs and their element counts)
     "sam1_encoder": ("image", 1024, (0.0, 1.0), {"image_embeddings": 256 * 64 * 64}),
