@@ -1,6 +1,6 @@
 """Three embedded Triton replicas behind a real nginx, one killed mid-run.
 
-16 concurrent sessions (one sync client each, 6 images shared between them) click through
+16 concurrent sessions (one sync client each, 8 images shared between them) click through
 the proxy; after 40 % of the clicks the replica holding the most images is SIGKILLed. Over
 HTTP and over gRPC:
 
@@ -9,9 +9,10 @@ HTTP and over gRPC:
 - the masks equal, click by click, those of the same scenario against one server: logits
   within LOGIT_TOLERANCE (1e-3; two servers agree to float32 rounding, not bit for bit), so
   binary masks equal except pixels whose logit is within that of 0; IoU scores within 1e-5;
-- every replica answered session requests (spread), only the killed replica's images moved
-  (consistent hashing), the survivors re-encoded them (re-embeds counted from their own
-  counters), and one client on one connection reached more than one replica;
+- every replica answered requests and the images spread over several (spread), only the
+  killed replica's images moved (consistent hashing), the survivors re-encoded them
+  (re-embeds counted from their own counters), and one client on one connection reached more
+  than one replica;
 - every metric the Grafana dashboard and the HPA's adapter rules query is on the replicas'
   /metrics (GPU metrics aside), with the flags deploy/ passes.
 
@@ -28,7 +29,7 @@ import pytest
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(900)]
 
-OPTIONS = dict(replicas=3, sessions=16, clicks=6, images=6, kill_after=0.4)
+OPTIONS = dict(replicas=3, sessions=16, clicks=6, images=8, kill_after=0.4)
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # Exported only where Triton sees a GPU.
 GPU_METRICS = {"nv_gpu_utilization", "nv_gpu_memory_used_bytes"}
@@ -77,9 +78,16 @@ def test_replicas_survive_a_killed_replica(
     assert report.mask_mismatches == 0
     assert report.max_logit_diff is not None and report.max_logit_diff <= LOGIT_TOLERANCE
     assert report.max_score_diff is not None and report.max_score_diff <= 1e-5
-    # spread: every replica answered session requests
-    assert sorted(report.requests_per_replica) == [0, 1, 2]
-    assert min(report.requests_per_replica.values()) > 0
+    # spread: every replica answered requests, and the images were hashed over several of them.
+    # Which replica owns which image depends on the ring, which nginx builds from the replicas'
+    # addresses (ports drawn at random each run): one replica owns none of the 8 images with
+    # p = 3 * (2/3)^8 ~ 4 %, so that is allowed; all 8 on one replica (p = 3^-7 ~ 0.05 %) is not.
+    # Requests without the routing header are spread round-robin, so each replica answers some.
+    answered = set(report.requests_per_replica) | set(report.other_requests)
+    assert sorted(answered) == [0, 1, 2]
+    owners = set(report.owners_before.values())
+    assert len(owners) >= 2
+    assert owners <= {r for r, n in report.requests_per_replica.items() if n > 0}
     # failover: the victim held images; they (and only they) moved, and were embedded anew
     assert report.victim is not None
     victim_images = [k for k, owner in report.owners_before.items() if owner == report.victim]

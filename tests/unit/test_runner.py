@@ -149,9 +149,10 @@ def model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     runner.runs = []
     real_run = runner.session.run
 
-    def counting_run(names, feeds):
+    def counting_run(names, feeds, run_options=None):
         runner.runs.append((list(names), {k: v.shape for k, v in feeds.items()}))
-        return real_run(names, feeds)
+        runner.run_options_seen = run_options
+        return real_run(names, feeds, run_options)
 
     runner.session.run = counting_run
     return runner
@@ -214,10 +215,10 @@ def test_cancelled_requests_do_not_run(model) -> None:
 def test_a_failing_request_does_not_fail_its_batch_mates(model) -> None:
     real_run = model.session.run
 
-    def fail_on_big_batches(names, feeds):
+    def fail_on_big_batches(names, feeds, run_options=None):
         if len(feeds["x"]) > 1 or feeds["x"][0, 0] > 100:
             raise RuntimeError("simulated onnxruntime failure")
-        return real_run(names, feeds)
+        return real_run(names, feeds, run_options)
 
     model.session.run = fail_on_big_batches
     good, bad = _request(1, 3, 0), _request(1, 3, 1)
@@ -271,3 +272,38 @@ def test_a_background_runner_lowers_its_priority_before_onnxruntime_starts(
             }
         )
         assert calls == [*expected, ("session",)]
+
+
+def test_shrink_arena_parameter_becomes_the_run_option(tmp_path: Path, monkeypatch) -> None:
+    """``shrink_arena`` (the CPU twin's background encoder sets "cpu:0") reaches every run as
+    onnxruntime's arena-shrinkage run option; without it runs take no run options."""
+    module = _runner_module(tmp_path, monkeypatch, "shrinking_runner")
+    for params, expected in (({"shrink_arena": {"string_value": "cpu:0"}}, "cpu:0"), ({}, None)):
+        config = {
+            "max_batch_size": 8,
+            "input": [{"name": n, "data_type": "TYPE_FP32"} for n in ("x", "p")],
+            "output": [{"name": n, "data_type": "TYPE_FP32"} for n in OUTPUTS],
+            "parameters": params,
+        }
+        runner = module.TritonPythonModel()
+        runner.initialize(
+            {
+                "model_config": json.dumps(config),
+                "model_repository": str(tmp_path),
+                "model_version": "1",
+                "model_instance_kind": "CPU",
+                "model_name": "tiny",
+                "model_instance_name": "tiny_0_0",
+            }
+        )
+        seen = []
+        real_run = runner.session.run
+
+        def run(names, feeds, run_options=None, real_run=real_run, seen=seen):
+            seen.append(run_options)
+            return real_run(names, feeds, run_options)
+
+        runner.session.run = run
+        _check_values(request := _request(1, 3, 0), runner.execute([request])[0])
+        option = seen[0] and seen[0].get_run_config_entry("memory.enable_memory_arena_shrinkage")
+        assert option == expected

@@ -502,18 +502,26 @@ CPU_ENCODER_MAX_BATCH_SIZE = 1
 
 def bounded_cpu_encoder(config: ModelConfig) -> ModelConfig:
     """A session model's encoder on a CPU host: ``max_batch_size``
-    :data:`CPU_ENCODER_MAX_BATCH_SIZE`, so onnxruntime's arena settles at what one image
-    needs (a larger batch, from any client, is refused as a shape error). GPU configs are
-    not touched: there the CUDA arena is bounded by ``max_batch_size`` already and batches
-    are what make a GPU fast."""
-    if 0 < config.max_batch_size <= CPU_ENCODER_MAX_BATCH_SIZE:
-        return config
+    :data:`CPU_ENCODER_MAX_BATCH_SIZE`, so onnxruntime's arena peaks at what one image
+    needs (a larger batch, from any client, is refused as a shape error), and the arena
+    shrinks after each run (:data:`CPU_ARENA_SHRINKAGE`): the activations of an encode are
+    many times the weights (SAM1 ViT-B: ~3.5 GB against 0.4 GB), and with the arena kept, an
+    idle server held them for good from its warm-up on (two copies of the encoder, this one
+    and the background one, made a ViT-B server 8 GB resident). GPU configs are not touched:
+    there the CUDA arena is bounded by ``max_batch_size`` already and batches are what make
+    a GPU fast."""
     bounded = ModelConfig()
     bounded.CopyFrom(config)
-    bounded.max_batch_size = CPU_ENCODER_MAX_BATCH_SIZE
+    if not 0 < config.max_batch_size <= CPU_ENCODER_MAX_BATCH_SIZE:
+        bounded.max_batch_size = CPU_ENCODER_MAX_BATCH_SIZE
+    if ARENA_SHRINKAGE_PARAM not in bounded.parameters:
+        bounded.parameters[ARENA_SHRINKAGE_PARAM].string_value = CPU_ARENA_SHRINKAGE
     return bounded
 
 
+# onnxruntime's run option: the CPU arena gives back, after each run, the memory that run took.
+ARENA_SHRINKAGE_PARAM = "memory.enable_memory_arena_shrinkage"
+CPU_ARENA_SHRINKAGE = "cpu:0"
 BACKGROUND_ENCODER_SUFFIX = "_background"
 # The background encoder's nice increment: at 10 a Linux thread weighs 110 against a default
 # thread's 1024, so the clicks' decoder gets about 90% of a core both want.
@@ -539,6 +547,7 @@ def background_cpu_encoder(config: ModelConfig, cores: int) -> ModelConfig:
     twin.parameters[runner_protocol.PARAM_NICE].string_value = str(BACKGROUND_NICE)
     if INTRA_OP_THREADS_PARAM not in twin.parameters:
         twin.parameters[INTRA_OP_THREADS_PARAM].string_value = str(max(1, cores))
+    twin.parameters[runner_protocol.PARAM_SHRINK_ARENA].string_value = CPU_ARENA_SHRINKAGE
     return twin
 
 

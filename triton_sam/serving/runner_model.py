@@ -44,6 +44,11 @@ class TritonPythonModel:
         if threads > 0:
             options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(path, sess_options=options, providers=_providers(args))
+        self.run_options = None
+        shrink = params.get(protocol.PARAM_SHRINK_ARENA) or ""
+        if shrink:
+            self.run_options = ort.RunOptions()
+            self.run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrink)
         self.input_names = [t["name"] for t in config["input"]]
         self.output_names = [t["name"] for t in config["output"]]
         self.output_dtypes = {
@@ -110,10 +115,10 @@ class TritonPythonModel:
     def _run(self, members, wanted):
         """Run ``members`` as one ORT batch (concatenated on dim 0); split the outputs back."""
         if len(members) == 1:
-            results = self.session.run(wanted, members[0][1])
+            results = self.session.run(wanted, members[0][1], self.run_options)
             return [{n: self._cast(n, r) for n, r in zip(wanted, results, strict=True)}]
         feeds = {n: np.concatenate([m[1][n] for m in members]) for n in self.input_names}
-        results = self.session.run(wanted, feeds)
+        results = self.session.run(wanted, feeds, self.run_options)
         sizes = [len(m[1][self.input_names[0]]) for m in members]
         per_request = [{} for _ in members]
         for name, result in zip(wanted, results, strict=True):
