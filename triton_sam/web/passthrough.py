@@ -53,6 +53,8 @@ FORWARD_RESPONSE = (
     "inference-header-content-length",
 )
 CHUNK_BYTES = 2**16
+# Bodies up to this size pass in one piece (a click and its masks): one write each way.
+BUFFER_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,11 @@ class PassThrough:
         tenant = tenant_of(request)
         if tenant != DEFAULT_TENANT:
             headers[TENANT_HEADER] = tenant
-        body = _stream(request) if request.method == "POST" else None
+        body = None
+        if request.method == "POST":
+            length = request.headers.get("content-length", "")
+            small = length.isdigit() and int(length) <= BUFFER_BYTES
+            body = await request.body() if small else _stream(request)
         url = self.options.base + path + (f"?{request.url.query}" if request.url.query else "")
         session = self._client_session()
         try:
@@ -120,6 +126,13 @@ class PassThrough:
                 503, "Unavailable", "triton", f"cannot reach Triton: {e}", retry_after_s=5
             ) from e
         answer = {k: v for k, v in upstream.headers.items() if k.lower() in FORWARD_RESPONSE}
+        size = upstream.headers.get("content-length", "")
+        if size.isdigit() and int(size) <= BUFFER_BYTES:
+            try:
+                content = await upstream.read()
+            finally:
+                upstream.release()
+            return Response(content, status_code=upstream.status, headers=answer)
         return StreamingResponse(
             upstream.content.iter_chunked(CHUNK_BYTES),
             status_code=upstream.status,

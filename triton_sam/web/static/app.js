@@ -37,6 +37,7 @@ const state = {
 
 const stats = {
   clickMs: [], // click (pointerup) to its mask drawn, ms
+  clickParts: [], // where each click's time went: {queued, request, draw, paint} ms
   hoverMs: [], // hover round trips (request sent to answer drawn), ms
   hoverEvents: 0,
   hoverFirst: null,
@@ -157,6 +158,7 @@ async function runPrediction(job, signal) {
     }
   }
   result.started = started;
+  result.answered = performance.now();
   return result;
 }
 
@@ -180,9 +182,16 @@ function showPrediction(object, result, job) {
   clearError();
   drawMasks();
   drawObjectsList();
+  const drawn = performance.now();
   afterPaint(() => {
     const ms = performance.now() - job.t0;
     stats.clickMs.push(ms);
+    stats.clickParts.push({
+      queued: result.started - job.t0,
+      request: result.answered - result.started,
+      draw: drawn - result.answered,
+      paint: performance.now() - drawn,
+    });
     showStats(`click: ${ms.toFixed(0)} ms to the mask on screen · sent ${result.sent} B · received ${result.received} B · score ${object.score.toFixed(3)}`);
   });
 }
