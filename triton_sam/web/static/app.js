@@ -5,7 +5,7 @@
 // object's requests and the hover preview run in their own latest-wins lane (lane.js).
 // window.annotator exposes the state and timings (read by the browser test).
 
-import { ServerError, concepts, embed, predict } from "./kserve.js";
+import { ServerError, concepts, embed, predict, setToken } from "./kserve.js";
 import { Lane } from "./lane.js";
 import { decode } from "./rle.js";
 import { coco, grayPng, labels } from "./export.js";
@@ -22,7 +22,7 @@ const ui = {
   model: $("model"), file: $("file"), stage: $("stage"), image: $("image"), masks: $("masks"),
   hover: $("hover"), marks: $("marks"), objects: $("objects"), stats: $("stats"),
   error: $("error"), errorText: $("error-text"), refine: $("refine"), concept: $("concept"),
-  phrase: $("phrase"),
+  phrase: $("phrase"), tokenForm: $("token-form"), token: $("token"),
 };
 
 const state = {
@@ -418,6 +418,7 @@ function showError(error, context) {
   stats.errors.push(message);
   ui.errorText.textContent = message;
   ui.error.hidden = false;
+  if (error instanceof ServerError && error.code === "Unauthorized") ui.tokenForm.hidden = false;
 }
 
 function clearError() {
@@ -517,6 +518,13 @@ $("undo").addEventListener("click", undo);
 $("error-close").addEventListener("click", clearError);
 $("export-png").addEventListener("click", () => exportPng());
 $("export-coco").addEventListener("click", () => exportCoco());
+ui.tokenForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  setToken(ui.token.value.trim());
+  ui.token.value = "";
+  ui.tokenForm.hidden = true;
+  clearError();
+});
 ui.concept.addEventListener("submit", (event) => {
   event.preventDefault();
   segmentConcept(ui.phrase.value.trim());
@@ -571,12 +579,21 @@ async function start() {
   document.body.dataset.ready = "true";
 }
 
+const idle = () => hoverLane.idle && state.objects.every((o) => o.lane.idle);
+
 window.annotator = {
   state,
   stats,
   hoverLane,
   /** Nothing in flight or waiting, in any lane. */
-  idle: () => hoverLane.idle && state.objects.every((o) => o.lane.idle),
+  idle,
+  /** Resolves once idle and the last answer is on screen (checked in the page, so a test
+   * waiting for it sends no polling traffic through WebDriver while it measures). */
+  whenIdle: () =>
+    new Promise((resolve) => {
+      const check = () => (idle() ? afterPaint(resolve) : setTimeout(check, 2));
+      check();
+    }),
   requestsSent: () => hoverLane.sent + state.objects.reduce((n, o) => n + o.lane.sent, 0),
 };
 

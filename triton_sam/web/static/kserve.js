@@ -8,6 +8,17 @@
 // for refinement. Errors come back as {"error": "triton_sam.<Code>: <field>: <message>"}.
 
 const encoder = new TextEncoder();
+const TOKEN_KEY = "triton-sam-token";
+
+// A bearer token for servers behind the token-checking proxy or ingress (kept for this tab
+// only); without one, no Authorization header is sent.
+let token = sessionStorage.getItem(TOKEN_KEY);
+
+export function setToken(value) {
+  token = value || null;
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
 
 /** A request the server (or the network) refused, with a message a person can read. */
 export class ServerError extends Error {
@@ -29,12 +40,14 @@ export function parseError(status, body) {
   }
   const match = /^triton_sam\.(\w+): ([\s\S]*)$/.exec(text || "");
   if (match) return new ServerError(status, match[1], match[2]);
+  if (status === 401) return new ServerError(status, "Unauthorized", "this server needs an access token");
   return new ServerError(status, `HTTP ${status}`, text || `HTTP ${status}`);
 }
 
 async function infer(model, body, headers, signal) {
   const sent = body instanceof Blob ? body.size : encoder.encode(body).length;
   let response;
+  if (token) headers = { ...headers, Authorization: `Bearer ${token}` };
   try {
     response = await fetch(`/v2/models/${encodeURIComponent(model)}/infer`, {
       method: "POST",
