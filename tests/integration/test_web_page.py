@@ -1,10 +1,11 @@
 """The browser annotator in a real headless Chromium, against the embedded server.
 
 Debian's ``chromium`` and ``chromedriver`` (``make browser-tools``) driven by selenium; the
-page is served by the gateway (``triton_sam.web``) in front of the embedded Triton serving
-the production repository of SAM2.1-tiny (random-init weights, ``tests/conftest.py``). The
-page opens a PNG through its file input, gets clicks, a box drag and a storm of 50 mouse
-moves through WebDriver's input actions (real pointer events), and exports its labels.
+page is served as ``triton-sam serve --web`` serves it (``triton_sam.web.serve.WebServer``:
+the gateway with the page) in front of the embedded Triton serving the production repository
+of SAM2.1-tiny (random-init weights, ``tests/conftest.py``). The page opens a PNG through
+its file input, gets clicks, a box drag and a storm of 50 mouse moves through WebDriver's
+input actions (real pointer events), and exports its labels.
 
 Checked against the Python client (``SAM2TritonClient``) on the same image with the page's
 own prompts (read from the page, so sub-pixel positions are the same):
@@ -38,15 +39,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from gateway_support import running_gateway
 from PIL import Image
 
 from triton_sam.bench.counters import ClickCounters, session_decoder, wait_until_quiet
 from triton_sam.client import SAM2TritonClient
-from triton_sam.gateway import BackendOptions, GatewayOptions, create_app
 from triton_sam.sample import sample_image
 from triton_sam.serving import masks as mask_codec
-from triton_sam.web import PassThroughOptions, web_routes
+from triton_sam.web.serve import WebServer, served_family
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 
@@ -67,12 +66,12 @@ def find_browser() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def page_url(sam2_tiny_server):
-    routes, close = web_routes(PassThroughOptions(sam2_tiny_server.http_url))
-    backend = BackendOptions(url=sam2_tiny_server.grpc_address, model_type="sam2")
-    app = create_app(GatewayOptions(backend=backend), extra_routes=routes, on_close=[close])
-    with running_gateway(app) as base:
-        yield f"{base}/web/"
+def page_url(sam2_tiny_server, sam2_tiny_repository):
+    """The page as `triton-sam serve --web` serves it (its WebServer, any free port)."""
+    family = served_family(sam2_tiny_repository)
+    server = sam2_tiny_server
+    with WebServer(server.http_url, server.grpc_address, port=0, model_type=family) as web:
+        yield web.url
 
 
 @pytest.fixture(scope="module")
@@ -392,6 +391,7 @@ def test_page_masks_exports_and_hover_storm_match_the_python_client(
     # The README's screenshot: made here, copied into docs/ when asked (a test run leaves
     # the checkout as it was).
     shot = downloads / SCREENSHOT.name
+    browser.set_window_size(1000, 560)  # the README's width; the canvas stays at 1:1
     browser.save_screenshot(str(shot))
     if os.environ.get("TRITON_SAM_UPDATE_SCREENSHOT"):
         shutil.copyfile(shot, SCREENSHOT)

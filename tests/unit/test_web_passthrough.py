@@ -22,6 +22,7 @@ from triton_sam.serving.protocol import KIND_CONCEPT, KIND_EMBEDDING_CACHE, KIND
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 from triton_sam.web import PassThroughOptions, web_routes
 from triton_sam.web.passthrough import BUFFER_BYTES, allowed
+from triton_sam.web.serve import WebServer, served_family
 
 pytest.importorskip("uvicorn")
 web = pytest.importorskip("aiohttp.web")
@@ -197,3 +198,18 @@ def test_models_answer_503_when_triton_is_unreachable():
         assert answer.status_code == 503 and answer.json()["field"] == "triton"
         infer = requests.post(f"{base}/v2/models/sam2_session/infer", data=b"{}", timeout=10)
         assert infer.status_code == 503
+
+
+def test_web_server_serves_the_page_beside_a_running_triton(tmp_path):
+    for name in ("sam2_decoder", "sam2_session", "sam2_encoder"):
+        (tmp_path / name).mkdir()
+    assert served_family(tmp_path) == "sam2"
+    assert served_family(tmp_path / "sam2_decoder", default="sam1") == "sam1"  # no session
+    with FakeTriton() as triton_url:
+        with WebServer(triton_url, "127.0.0.1:1", port=0) as server:
+            assert server.port != 0 and server.url.endswith("/web/")
+            assert "triton-sam annotator" in requests.get(server.url, timeout=10).text
+            models = requests.get(server.url + "models", timeout=10).json()["models"]
+            assert models[0]["name"] == "sam2_session"
+        with pytest.raises(requests.ConnectionError):
+            requests.get(server.url, timeout=2)  # stopped
