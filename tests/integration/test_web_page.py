@@ -168,13 +168,12 @@ def click(browser, x: float, y: float, *, shift: bool = False) -> None:
     from selenium.webdriver.common.keys import Keys
 
     marks = browser.find_element("id", "marks")
-    actions = ActionChains(browser, duration=0).move_to_element_with_offset(
-        marks, *offset(browser, x, y)
-    )
+    actions = ActionChains(browser, duration=0)
+    if shift:  # held while the pointer moves there, as a person aiming a negative point does
+        actions.key_down(Keys.SHIFT)
+    actions.move_to_element_with_offset(marks, *offset(browser, x, y)).click()
     if shift:
-        actions.key_down(Keys.SHIFT).click().key_up(Keys.SHIFT)
-    else:
-        actions.click()
+        actions.key_up(Keys.SHIFT)
     actions.perform()
     settle(browser)
 
@@ -286,6 +285,7 @@ def test_page_masks_exports_and_hover_storm_match_the_python_client(
         expected.append(mask)
         page_ms = list(js(browser, "return annotator.stats.clickMs"))
         parts = js(browser, "return annotator.stats.clickParts")
+        adopted = js(browser, "return annotator.stats.clickParts.filter(p => p.adopted).length")
         # The page's own requests again, from Python: through the gateway and to Triton
         # directly (where the browser's time goes: its request vs drawing; the gateway hop).
         image_id = js(browser, "return annotator.state.image.imageId")
@@ -358,7 +358,8 @@ def test_page_masks_exports_and_hover_storm_match_the_python_client(
     request_ms = [p["request"] for p in parts]
     draw_ms = [p["draw"] + p["paint"] for p in parts]
     print(
-        f"click to mask on screen (browser): {percentiles(page_ms)}\n"
+        f"click to mask on screen (browser): {percentiles(page_ms)}; {adopted} of "
+        f"{len(page_ms)} took the answer of the preview in flight under the cursor\n"
         f"  of which its request: {percentiles(request_ms)}; decode + draw + paint: "
         f"{percentiles(draw_ms)}\n"
         f"the page's requests from Python: through the gateway {percentiles(via_gateway)}; "

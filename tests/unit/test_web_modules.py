@@ -174,10 +174,16 @@ lane.submit(52);
 await tick();
 pending.shift()();
 await tick();
+lane.submit(53);                                        // in flight
+lane.submit(54);                                        // waiting
+lane.dropWaiting();                                     // a click took over: 54 never sent
+await tick();
+pending.shift()();
+await tick();
 console.log(JSON.stringify({{ storm, started, delivered, sent: lane.sent, idle: lane.idle }}));
 """
     result = json.loads(run_node(script))
     assert result["storm"] == {"started": [1, 50], "delivered": [1, 50], "idle": True}
-    assert result["started"] == [1, 50, 51, 52]
-    assert result["delivered"] == [1, 50, 52]
-    assert result["sent"] == 4 and result["idle"] is True
+    assert result["started"] == [1, 50, 51, 52, 53]
+    assert result["delivered"] == [1, 50, 52, 53]
+    assert result["sent"] == 5 and result["idle"] is True

@@ -37,7 +37,7 @@ const state = {
 
 const stats = {
   clickMs: [], // click (pointerup) to its mask drawn, ms
-  clickParts: [], // where each click's time went: {queued, request, draw, paint} ms
+  clickParts: [], // where each click's time went: {queued, request, draw, paint} ms, adopted
   hoverMs: [], // hover round trips (request sent to answer drawn), ms
   hoverEvents: 0,
   hoverFirst: null,
@@ -138,6 +138,17 @@ async function withImage(run) {
 }
 
 async function runPrediction(job, signal) {
+  if (job.adopt) {
+    // The preview under the cursor asked for exactly these prompts: its answer is this
+    // click's (no second request for the server to run first).
+    const started = performance.now();
+    try {
+      const result = await job.adopt;
+      return { ...result, started, answered: performance.now(), adopted: true };
+    } catch (e) {
+      if (e.name !== "AbortError") throw e; // the preview was cancelled: ask ourselves
+    }
+  }
   const multimask = multimaskFor(job.prompts);
   const options = { multimask, keepLogits: job.kind === "click" };
   if (job.kind === "click" && job.refineFrom) {
@@ -191,26 +202,49 @@ function showPrediction(object, result, job) {
       request: result.answered - result.started,
       draw: drawn - result.answered,
       paint: performance.now() - drawn,
+      adopted: Boolean(result.adopted),
     });
-    showStats(`click: ${ms.toFixed(0)} ms to the mask on screen · sent ${result.sent} B · received ${result.received} B · score ${object.score.toFixed(3)}`);
+    const how = result.adopted ? " (the preview's request)" : "";
+    showStats(`click: ${ms.toFixed(0)} ms to the mask on screen · sent ${result.sent} B · received ${result.received} B${how} · score ${object.score.toFixed(3)}`);
   });
 }
 
 function submitClick(t0) {
   const object = current();
+  const prompts = promptsOf(object);
   const refineFrom = ui.refine.checked && object.logitsKey ? { key: object.logitsKey, index: object.maskIndex } : null;
-  hoverLane.cancel(); // a click does not wait behind a preview
-  clearHover();
-  object.lane.submit({ kind: "click", prompts: promptsOf(object), t0, image: state.image, refineFrom });
+  const key = promptKey(prompts);
+  let adopt = null;
+  if (!refineFrom && hoverDone?.key === key && hoverDone.image === state.image) {
+    adopt = Promise.resolve(hoverDone.result);
+  } else if (!refineFrom && hoverInflight?.key === key && hoverInflight.image === state.image) {
+    adopt = hoverInflight.promise;
+  }
+  if (!adopt) hoverLane.cancel(); // a click does not wait for a preview it cannot use
+  hideHover();
+  object.lane.submit({ kind: "click", prompts, t0, image: state.image, refineFrom, adopt });
 }
 
-// Hover preview: the current object's prompts plus a positive point under the cursor.
+// Hover preview: the current object's prompts plus a point under the cursor (negative while
+// Shift is held), asked for exactly as a click there would ask (kept logits included), so
+// a click where the cursor rests takes the preview's answer, or waits for the one in flight.
+const promptKey = (prompts) => JSON.stringify([prompts.points, prompts.box]);
+let hoverInflight = null; // {key, image, promise}
+let hoverDone = null; // {key, image, result}: the last preview answered
+
 const hoverLane = new Lane(
   async (job, signal) => {
-    const result = await withImage((id) =>
-      predict(state.image.model, id, job.prompts, { multimask: multimaskFor(job.prompts) }, signal),
-    );
-    return result;
+    const options = { multimask: multimaskFor(job.prompts), keepLogits: true };
+    const promise = withImage((id) => predict(job.image.model, id, job.prompts, options, signal));
+    const mine = { key: job.key, image: job.image, promise };
+    hoverInflight = mine;
+    try {
+      const result = await promise;
+      hoverDone = { key: job.key, image: job.image, result };
+      return result;
+    } finally {
+      if (hoverInflight === mine) hoverInflight = null;
+    }
   },
   (result, job) => {
     if (job.image !== state.image || !hovering) return;
@@ -224,20 +258,28 @@ const hoverLane = new Lane(
 
 let hovering = false;
 
-function hover(point, t0) {
+function hover(point, negative, t0) {
   if (!state.image) return;
   hovering = true;
   stats.hoverEvents += 1;
   stats.hoverFirst ??= t0;
   stats.hoverLast = t0;
-  hoverLane.submit({ prompts: promptsOf(current(), [point[0], point[1], 1]), t0: performance.now(), image: state.image });
+  const prompts = promptsOf(current(), [point[0], point[1], negative ? 0 : 1]);
+  hoverLane.submit({ prompts, key: promptKey(prompts), t0: performance.now(), image: state.image });
+}
+
+// Hide the preview and drop the waiting one; the request in flight goes on (a click may be
+// waiting for its answer).
+function hideHover() {
+  hovering = false;
+  hoverLane.dropWaiting();
+  const ctx = ui.hover.getContext("2d");
+  ctx.clearRect(0, 0, ui.hover.width, ui.hover.height);
 }
 
 function clearHover() {
-  hovering = false;
+  hideHover();
   hoverLane.cancel();
-  const ctx = ui.hover.getContext("2d");
-  ctx.clearRect(0, 0, ui.hover.width, ui.hover.height);
 }
 
 // -- opening images ------------------------------------------------------------------------
@@ -454,7 +496,7 @@ ui.marks.addEventListener("pointermove", (event) => {
     }
     return;
   }
-  hover(imagePoint(event), event.timeStamp);
+  hover(imagePoint(event), event.shiftKey, event.timeStamp);
 });
 
 ui.marks.addEventListener("pointerup", (event) => {

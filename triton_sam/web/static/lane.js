@@ -5,7 +5,8 @@
 // computed: the preview follows the cursor). So a storm of E hover events during a drag of
 // T ms with round trips of D ms sends at most ceil(T / D) + 2 requests, not E.
 //
-// cancel() drops the waiting job and aborts the fetch in flight (its answer is ignored).
+// cancel() drops the waiting job and aborts the fetch in flight (its answer is ignored);
+// dropWaiting() only drops the waiting job.
 // Over HTTP, Triton runs a request it already holds to the end; the page aborts only when a
 // click must not wait behind a hover.
 
@@ -33,6 +34,11 @@ export class Lane {
     } else {
       this.start(job, this.generation);
     }
+  }
+
+  /** Forget the waiting job (never sent); the request in flight goes on. */
+  dropWaiting() {
+    this.waiting = null;
   }
 
   cancel() {
