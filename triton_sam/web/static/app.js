@@ -259,7 +259,7 @@ const hoverLane = new Lane(
 let hovering = false;
 
 function hover(point, negative, t0) {
-  if (!state.image) return;
+  if (!state.image?.imageId) return;
   hovering = true;
   stats.hoverEvents += 1;
   stats.hoverFirst ??= t0;
@@ -284,11 +284,14 @@ function clearHover() {
 
 // -- opening images ------------------------------------------------------------------------
 async function openFile(file) {
-  if (!file || !state.model) return;
+  if (!file || !state.models.length) return;
   const bytes = await file.arrayBuffer();
-  const model = state.model;
+  const model = state.model; // null on a server with a concept model only: nothing to embed
   const t0 = performance.now();
-  const [served, shown] = await Promise.allSettled([embed(model, bytes), createImageBitmap(new Blob([bytes]))]);
+  const [served, shown] = await Promise.allSettled([
+    model ? embed(model, bytes) : Promise.resolve({ imageId: null, encoded: 0, sent: 0, received: 0 }),
+    createImageBitmap(new Blob([bytes])),
+  ]);
   if (served.status === "rejected") {
     showError(served.reason, `Could not open ${file.name}`);
     return; // the image before stays, with its objects
@@ -327,6 +330,8 @@ async function switchModel(name) {
   if (!image || image.model === name) return;
   try {
     const served = await embed(name, image.bytes);
+    clearHover();
+    hoverDone = null; // another model's answers are not this one's
     image.model = name;
     image.imageId = served.imageId;
     for (const object of state.objects) {
@@ -347,7 +352,7 @@ async function segmentConcept(phrase) {
   const rgb = new Uint8Array(width * height * 3);
   for (let i = 0, j = 0; i < pixels.length; i += 4, j += 3) rgb.set(pixels.subarray(i, i + 3), j);
   try {
-    const result = await concepts(model.name, rgb, height, width, phrase);
+    const result = await concepts(model.name, state.image, rgb, phrase);
     remember();
     result.masks.forEach((rle, k) => {
       const object = newObject();
@@ -479,7 +484,7 @@ function imagePoint(event) {
 let press = null; // {x, y, clientX, clientY, shift}
 
 ui.marks.addEventListener("pointerdown", (event) => {
-  if (!state.image || event.button !== 0) return;
+  if (!state.image?.imageId || event.button !== 0) return;
   ui.marks.setPointerCapture(event.pointerId);
   const [x, y] = imagePoint(event);
   press = { x, y, clientX: event.clientX, clientY: event.clientY, shift: event.shiftKey, dragging: false };
@@ -617,7 +622,7 @@ async function start() {
   ui.model.replaceChildren(...sessions.map((m) => new Option(m.label, m.name)));
   state.model = sessions[0]?.name ?? null;
   ui.concept.hidden = !state.models.some((m) => m.kind === "concept");
-  if (!state.model) showError(new Error("the server offers no session model (<family>_session)"));
+  if (!state.models.length) showError(new Error("the server offers no model this page can use"));
   document.body.dataset.ready = "true";
 }
 

@@ -135,33 +135,46 @@ export async function predict(model, imageId, prompts, options, signal) {
   };
 }
 
-/** Instances of text phrases on a concept model (pixels as UINT8 [H, W, 3], binary). */
-export async function concepts(model, rgb, height, width, phrase, signal) {
-  const header = encoder.encode(
-    JSON.stringify({
-      inputs: [
-        {
-          name: "image",
-          shape: [1, height, width, 3],
-          datatype: "UINT8",
-          parameters: { binary_data_size: rgb.byteLength },
-        },
-        { name: "text", shape: [1, 1], datatype: "BYTES", data: [phrase] },
-      ],
-      outputs: [{ name: "masks_rle" }, { name: "scores" }, { name: "image_size" }],
-    }),
-  );
-  const body = new Blob([header, rgb]);
-  const headers = {
-    "Content-Type": "application/octet-stream",
-    "Inference-Header-Content-Length": String(header.length),
-  };
-  const { outputs, sent, received } = await infer(model, body, headers, signal);
+/**
+ * Instances of a text phrase on a concept model. The pixels (UINT8 [H, W, 3], binary) go
+ * once per image: the answer's image_id is kept on `image` (image.conceptIds[model]) and sent
+ * instead next time; when the server no longer holds it, the pixels go again.
+ */
+export async function concepts(model, image, rgb, phrase, signal) {
+  image.conceptIds ??= {};
+  const known = image.conceptIds[model];
+  const text = { name: "text", shape: [1, 1], datatype: "BYTES", data: [phrase] };
+  const outputs = ["image_id", "masks_rle", "scores", "image_size"].map((name) => ({ name }));
+  let answer;
+  if (known) {
+    const inputs = [{ name: "image_id", shape: [1, 1], datatype: "BYTES", data: [known] }, text];
+    try {
+      answer = await infer(model, JSON.stringify({ inputs, outputs }), { "Content-Type": "application/json" }, signal);
+    } catch (e) {
+      if (!(e instanceof ServerError) || e.code !== "EmbeddingNotFound") throw e;
+    }
+  }
+  if (!answer) {
+    const pixels = {
+      name: "image",
+      shape: [1, image.height, image.width, 3],
+      datatype: "UINT8",
+      parameters: { binary_data_size: rgb.byteLength },
+    };
+    const header = encoder.encode(JSON.stringify({ inputs: [pixels, text], outputs }));
+    const headers = {
+      "Content-Type": "application/octet-stream",
+      "Inference-Header-Content-Length": String(header.length),
+    };
+    answer = await infer(model, new Blob([header, rgb]), headers, signal);
+  }
+  const out = answer.outputs;
+  image.conceptIds[model] = out.image_id.data[0];
   return {
-    masks: outputs.masks_rle.data,
-    scores: outputs.scores.data,
-    size: outputs.image_size.data,
-    sent,
-    received,
+    masks: out.masks_rle.data,
+    scores: out.scores.data,
+    size: out.image_size.data,
+    sent: answer.sent,
+    received: answer.received,
   };
 }
