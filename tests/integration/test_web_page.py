@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from browser_support import WAIT_S, chromium, error_text, js, open_image, wait_for
 from PIL import Image
 
 from triton_sam.bench.counters import ClickCounters, session_decoder, wait_until_quiet
@@ -54,15 +55,6 @@ H, W = 240, 320
 IMAGE = sample_image(W, H, seed=5)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "annotator.png"
 HOVER_EVENTS = 50
-WAIT_S = 60
-
-
-def find_browser() -> tuple[str, str]:
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    driver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    if not (Path(chromium).exists() and Path(driver).exists()):
-        pytest.fail("chromium / chromedriver missing: run `make browser-tools`")
-    return chromium, driver
 
 
 @pytest.fixture(scope="module")
@@ -81,28 +73,8 @@ def downloads(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(downloads):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = find_browser()
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(arg)
-    options.add_argument("--window-size=1280,800")
-    options.add_experimental_option(
-        "prefs",
-        {"download.default_directory": str(downloads), "download.prompt_for_download": False},
-    )
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    chrome = webdriver.Chrome(service=Service(driver), options=options)
-    try:
+    with chromium(downloads) as chrome:
         yield chrome
-    finally:
-        for entry in chrome.get_log("browser"):
-            if entry["level"] == "SEVERE" and "favicon" not in entry["message"]:
-                print("browser:", entry["message"])
-        chrome.quit()
 
 
 @pytest.fixture(scope="module")
@@ -113,38 +85,6 @@ def image_file(tmp_path_factory) -> Path:
 
 
 # -- page helpers ------------------------------------------------------------------------------
-def js(browser, script: str, *args):
-    return browser.execute_script(script, *args)
-
-
-def wait_for(browser, script: str, what: str, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = js(browser, f"return {script}")
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}; page error: {error_text(browser)!r}")
-
-
-def error_text(browser) -> str:
-    return js(
-        browser,
-        "return document.getElementById('error').hidden ? '' : "
-        "document.getElementById('error-text').textContent",
-    )
-
-
-def open_image(browser, path: Path) -> None:
-    before = js(browser, "return annotator.stats.embeds.length + annotator.stats.errors.length")
-    browser.find_element("id", "file").send_keys(str(path))
-    wait_for(
-        browser,
-        f"annotator.stats.embeds.length + annotator.stats.errors.length > {before}",
-        f"{path.name} to be opened or refused",
-    )
-
-
 def settle(browser) -> None:
     """Wait until every request is answered and its mask painted; the page itself waits (one
     WebDriver call, no polling traffic beside the clicks being timed)."""

@@ -320,7 +320,7 @@ async function openFile(file) {
   ui.stage.classList.add("loaded");
   clearError();
   drawAll();
-  const what = served.value.encoded ? "encoded" : "already cached";
+  const what = !model ? "kept in the page" : served.value.encoded ? "encoded" : "already cached";
   showStats(`image ${bitmap.width}×${bitmap.height}: ${ms.toFixed(0)} ms (${what}) · sent ${served.value.sent} B · received ${served.value.received} B`);
 }
 
