@@ -121,14 +121,15 @@ def test_the_allow_list_is_the_inference_api():
 
 def test_infer_passes_bodies_intact_and_only_the_protocols_headers(site):
     base, triton = site
+    header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [1, 1]}]}).encode()
     for size in (1000, BUFFER_BYTES + 12345):  # one piece, and streamed
-        body = bytes(range(256)) * (size // 256)
+        body = header + bytes(range(256)) * (size // 256)
         answer = requests.post(
             f"{base}/v2/models/sam2_session/infer",
             data=body,
             headers={
                 "Content-Type": "application/octet-stream",
-                "Inference-Header-Content-Length": "7",
+                "Inference-Header-Content-Length": str(len(header)),
                 "Cookie": "session=secret",
                 "Authorization": "Bearer abc",
                 "triton-admin-key": "k",
@@ -143,35 +144,66 @@ def test_infer_passes_bodies_intact_and_only_the_protocols_headers(site):
         assert (method, path, seen) == ("POST", "/v2/models/sam2_session/infer", body)
         lower = {k.lower(): v for k, v in headers.items()}
         assert {"cookie", "authorization", "triton-admin-key", TENANT_HEADER}.isdisjoint(lower)
-        assert lower["inference-header-content-length"] == "7"
+        assert lower["inference-header-content-length"] == str(len(header))
 
 
 def test_the_tenant_is_passed_on_once_as_the_gateway_reads_it(site):
     base, triton = site
     url = f"{base}/v2/models/sam2_session/infer"
-    assert requests.post(url, data=b"x", headers={TENANT_HEADER: "team-a"}).status_code == 200
+    assert requests.post(url, data=b"{}", headers={TENANT_HEADER: "team-a"}).status_code == 200
     assert {k.lower(): v for k, v in triton.seen[-1][2].items()}[TENANT_HEADER] == "team-a"
     count = len(triton.seen)
     connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
     connection.putrequest("POST", "/v2/models/sam2_session/infer")
     for tenant in ("a", "b"):
         connection.putheader(TENANT_HEADER, tenant)
-    connection.putheader("Content-Length", "1")
-    connection.endheaders(b"x")
+    connection.putheader("Content-Length", "2")
+    connection.endheaders(b"{}")
     twice = connection.getresponse()
     assert twice.status == 400 and json.loads(twice.read())["field"] == TENANT_HEADER
     connection.close()
-    too_long = requests.post(url, data=b"x", headers={TENANT_HEADER: "t" * 65})
+    too_long = requests.post(url, data=b"{}", headers={TENANT_HEADER: "t" * 65})
     assert too_long.status_code == 400
-    assert len(triton.seen) == count  # neither reached Triton
+    # nor a tenant among the request's parameters, whatever its case or repetition
+    for body in (
+        {"parameters": {"Triton-Sam-Tenant": "b"}, "inputs": []},
+        '{"parameters": {"triton-sam-tenant": "b"}, "parameters": {}}',
+    ):
+        data = body if isinstance(body, str) else json.dumps(body)
+        refused = requests.post(url, data=data, headers={TENANT_HEADER: "team-a"})
+        assert refused.status_code == 400 and refused.json()["field"] == TENANT_HEADER
+    header = json.dumps({"parameters": {"triton-sam-tenant": "b"}}).encode()
+    streamed = requests.post(
+        url,
+        data=header + b"\0" * (BUFFER_BYTES + 1),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert streamed.status_code == 400 and streamed.json()["field"] == TENANT_HEADER
+    not_json = requests.post(url, data=b"\x00\x01")
+    assert not_json.status_code == 400 and not_json.json()["field"] == "body"
+    assert len(triton.seen) == count  # none of these reached Triton
 
 
 def test_admin_apis_and_oversized_bodies_never_reach_triton(site):
     base, triton = site
     refused = requests.post(f"{base}/v2/repository/index", headers={"triton-admin-key": "k"})
     assert refused.status_code == 404 and refused.json()["field"] == "path"
-    big = requests.post(f"{base}/v2/models/sam2_session/infer", data=b"x" * (4 * 2**20 + 1))
+    url = f"{base}/v2/models/sam2_session/infer"
+    big = requests.post(url, data=b"x" * (4 * 2**20 + 1))
     assert big.status_code == 413 and big.json()["field"] == "body"
+    header = b'{"inputs": []}'
+
+    def chunks():  # no Content-Length: the bound is found while the upload streams
+        yield header
+        for _ in range(5):
+            yield b"\0" * 2**20
+
+    chunked = requests.post(
+        url, data=chunks(), headers={"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert chunked.status_code == 413 and chunked.json()["field"] == "body"
+    all_json = requests.post(url, data=chunks())  # no header length: too large to check
+    assert all_json.status_code == 413
     assert not [s for s in triton.seen if s[0] == "POST"]
 
 

@@ -6,21 +6,25 @@ model-repository, shared-memory, trace and logging APIs are not routed at all (4
 admin key never has a reason to travel through here, and no client header but the few the
 protocol needs is passed on (no cookies, no ``Authorization``, no admin key).
 
-Bodies stream both ways (the gateway holds one chunk at a time, not the image file); the
-request body is bounded by the gateway's ``BodyLimit`` (``max_upload_bytes``), which aborts
-a chunked upload as soon as it passes the bound.
+Bodies up to :data:`BUFFER_BYTES` (a click, its masks) pass in one piece; larger ones (an
+image file) stream both ways, the gateway holding one chunk at a time, after their JSON
+header (``Inference-Header-Content-Length``: the binary-data extension) was read and
+checked; a larger all-JSON body is refused (413). The request body is bounded by the
+gateway's ``BodyLimit`` (``max_upload_bytes``), which aborts a chunked upload as soon as it
+passes the bound.
 
 Tenants: the tenant header (:data:`~triton_sam.serving.protocol.tenancy.TENANT_HEADER`) is
 passed on as the gateway's own routes read it (:func:`triton_sam.gateway.sam_service.
 tenant_of`): once, at most 64 characters, else 400. Behind the shipped proxy with tokens on,
-that value is the proxy's (it replaces whatever the browser sent), and a second tenant in the
-request body is refused by the models. Without a proxy, whoever reaches the gateway can name
-a tenant, exactly as whoever reaches Triton can: keep the gateway's port as private as
-Triton's (docs/security.md).
+that value is the proxy's (it replaces whatever the browser sent); a tenant among the request
+body's parameters is refused here (:func:`check_inference_header`). Without a proxy,
+whoever reaches the gateway can name a tenant by the header, exactly as whoever reaches
+Triton can: keep the gateway's port as private as Triton's (docs/security.md).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from triton_sam.gateway.errors import GatewayError
+from triton_sam.gateway.errors import ERR_LIMIT, GatewayError, invalid
 from triton_sam.gateway.sam_service import tenant_of
 from triton_sam.serving.protocol.tenancy import DEFAULT_TENANT, TENANT_HEADER
 
@@ -112,16 +116,15 @@ class PassThrough:
         tenant = tenant_of(request)
         if tenant != DEFAULT_TENANT:
             headers[TENANT_HEADER] = tenant
-        body = None
-        if request.method == "POST":
-            length = request.headers.get("content-length", "")
-            small = length.isdigit() and int(length) <= BUFFER_BYTES
-            body = await request.body() if small else _stream(request)
+        body = await _checked_body(request) if request.method == "POST" else None
         url = self.options.base + path + (f"?{request.url.query}" if request.url.query else "")
         session = self._client_session()
+        data = body.chunks() if isinstance(body, _Upload) else body
         try:
-            upstream = await session.request(request.method, url, headers=headers, data=body)
+            upstream = await session.request(request.method, url, headers=headers, data=data)
         except (aiohttp.ClientError, OSError) as e:
+            if isinstance(body, _Upload) and body.error is not None:
+                raise body.error from e  # the upload was refused (too large) while it streamed
             raise GatewayError(
                 503, "Unavailable", "triton", f"cannot reach Triton: {e}", retry_after_s=5
             ) from e
@@ -157,7 +160,85 @@ class PassThrough:
             self._session = None
 
 
-async def _stream(request: Request) -> AsyncIterator[bytes]:
-    async for chunk in request.stream():
-        if chunk:
-            yield chunk
+async def _checked_body(request: Request) -> bytes | _Upload:
+    """The request body, its inference header checked (:func:`check_inference_header`):
+    in one piece up to :data:`BUFFER_BYTES`, else streamed after its header was read.
+
+    Raises:
+        GatewayError: 400 naming the field, or 413 for a JSON body too large to check.
+    """
+    length = request.headers.get("content-length", "")
+    declared = request.headers.get("inference-header-content-length")
+    if declared is not None and not (declared.isdigit() and int(declared) <= BUFFER_BYTES):
+        raise invalid(
+            "inference-header-content-length", f"got {declared!r}, expected 0..{BUFFER_BYTES}"
+        )
+    header_bytes = int(declared) if declared is not None else None
+    if length.isdigit() and int(length) <= BUFFER_BYTES:
+        body = await request.body()
+        check_inference_header(body[:header_bytes] if header_bytes is not None else body)
+        return body
+    if header_bytes is None:
+        raise GatewayError(
+            413,
+            ERR_LIMIT,
+            "body",
+            f"a JSON request of more than {BUFFER_BYTES} bytes; send large tensors with the "
+            "binary-data extension (Inference-Header-Content-Length)",
+        )
+    stream = request.stream()
+    head = b""
+    async for chunk in stream:
+        head += chunk
+        if len(head) >= header_bytes:
+            break
+    check_inference_header(head[:header_bytes])
+    return _Upload(head, stream)
+
+
+def check_inference_header(header: bytes) -> None:
+    """Refuse an inference request whose JSON names a tenant among its request parameters.
+
+    The tenant travels as the header the proxy sets; Triton would hand a body parameter of
+    the same name to the models as well (which refuse two values, but take one). Every
+    top-level ``parameters`` object is looked at (JSON with a repeated key is read by
+    different parsers differently).
+
+    Raises:
+        GatewayError: 400 naming ``triton-sam-tenant``, or the body when it is not JSON.
+    """
+    try:
+        pairs = json.loads(header, object_pairs_hook=lambda p: p)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid("body", f"the inference request is not JSON ({e})") from e
+    if not isinstance(pairs, list):
+        raise invalid("body", "the inference request is not a JSON object")
+    for key, value in pairs:
+        if key != "parameters" or not isinstance(value, list):
+            continue
+        if any(isinstance(k, str) and k.lower() == TENANT_HEADER for k, _ in value):
+            raise invalid(
+                TENANT_HEADER,
+                "a request parameter; the tenant is set by the proxy from the bearer token, "
+                "a request must not carry it",
+            )
+
+
+class _Upload:
+    """A body streamed on after its first bytes were read; keeps the refusal (the gateway's
+    body bound) that stopped it, which aiohttp would otherwise report as its own error."""
+
+    def __init__(self, head: bytes, rest: AsyncIterator[bytes]) -> None:
+        self.head, self.rest = head, rest
+        self.error: GatewayError | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self.head:
+            yield self.head
+        try:
+            async for chunk in self.rest:
+                if chunk:
+                    yield chunk
+        except GatewayError as e:
+            self.error = e
+            raise
