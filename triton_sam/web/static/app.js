@@ -354,7 +354,8 @@ async function segmentConcept(phrase) {
   try {
     const result = await concepts(model.name, state.image, rgb, phrase);
     remember();
-    result.masks.forEach((rle, k) => {
+    const room = MAX_OBJECTS - state.objects.length;
+    result.masks.slice(0, room).forEach((rle, k) => {
       const object = newObject();
       object.rle = rle;
       object.mask = decode(rle, height, width);
@@ -362,7 +363,8 @@ async function segmentConcept(phrase) {
       state.objects.push(object);
     });
     drawAll();
-    showStats(`"${phrase}": ${result.masks.length} instances · sent ${result.sent} B · received ${result.received} B`);
+    const kept = result.masks.length > room ? ` (${room} kept: ${MAX_OBJECTS} objects at most)` : "";
+    showStats(`"${phrase}": ${result.masks.length} instances${kept} · sent ${result.sent} B · received ${result.received} B`);
   } catch (e) {
     showError(e, `Could not segment "${phrase}"`);
   }
