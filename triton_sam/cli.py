@@ -95,6 +95,13 @@ RandomInitOpt = Annotated[
     bool, typer.Option("--random-init", help="Skip the download; export random weights.")
 ]
 Fp16Opt = Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")]
+
+
+def _PainteraOpt(help: str, kind: Any = str) -> Any:  # noqa: N802 - reads as a type
+    """An option of `setup paintera`, shown in its own help panel."""
+    return Annotated[kind, typer.Option(help=help, rich_help_panel="MODEL paintera")]
+
+
 SuffixOpt = Annotated[str, typer.Option(help="Precision suffix: '' (fp32), _fp16, _q4...")]
 ProtocolOpt = Annotated[str, typer.Option(help="grpc | http.")]
 ServerUrlOpt = Annotated[str | None, typer.Option(help="Server URL (default $TRITON_URL).")]
@@ -247,9 +254,29 @@ def setup_cmd(
     fp16: Fp16Opt = False,
     target: Annotated[str | None, typer.Option(help="onnxruntime | python.")] = None,
     repository: RepositoryOpt = None,
+    sam1: _PainteraOpt("SAM1 variant.") = "sam1_vit_h",
+    sam1_checkpoint: _PainteraOpt("SAM1 checkpoint file.", Path | None) = None,
+    sam2: _PainteraOpt("SAM2.1 variant.") = "sam2.1_hiera_large",
+    sam2_checkpoint: _PainteraOpt("SAM2.1 checkpoint file.", Path | None) = None,
+    sam3_checkpoint: _PainteraOpt("SAM3 tracker checkpoint directory.", Path | None) = None,
 ) -> None:
-    """Download (if needed), export and write the repository: everything before serving."""
+    """Download (if needed), export and write the repository: everything before serving.
+
+    MODEL `paintera` writes the three encoders Paintera uses, under its names."""
+    if model == PAINTERA_BUNDLE:
+        variants = {"sam1": sam1, "sam2": sam2, "sam3": "sam3_tracker"}
+        ckpts = {"sam1": sam1_checkpoint, "sam2": sam2_checkpoint, "sam3": sam3_checkpoint}
+        for family, variant in variants.items():
+            _export(
+                variant, overrides, ckpts[family], random_init and ckpts[family] is None,
+                fp16, target, repository, download=True, paintera=True,
+            )  # fmt: skip
+        typer.echo("Paintera: its gRPC address is http://<host>:8001 (docs/paintera.md)")
+        return
     _export(model, overrides, None, random_init, fp16, target, repository, download=True)
+
+
+PAINTERA_BUNDLE = "paintera"
 
 
 def _session_options(values: dict, options: type) -> object | None:
@@ -335,6 +362,7 @@ def _export(
     repository: Path | None,
     *,
     download: bool,
+    paintera: bool = False,
 ) -> None:
     from triton_sam.config import section
     from triton_sam.pipeline import build_repository
@@ -346,13 +374,16 @@ def _export(
     )  # fmt: skip
     repo = plan.repository
     session = _session_options(section(plan.cfg, "session"), SessionOptions)
-    build = build_repository(
-        plan.spec,
-        repo,
-        **plan.build_args,
-        checkpoints_dir=Path(plan.cfg.paths.checkpoints),
-        session=session,
-    )
+    args = {**plan.build_args, "checkpoints_dir": Path(plan.cfg.paths.checkpoints)}
+    if paintera:
+        from triton_sam.paintera import build_paintera_family
+
+        built = build_paintera_family(plan.spec, repo, **args, session=session)
+        build = built.build
+        for name in built.entry_models:
+            typer.echo(f"wrote {repo / name}  (Paintera's entry model)")
+    else:
+        build = build_repository(plan.spec, repo, **args, session=session)
     if plan.checkpoint is not None:
         meta = build.metadata
         typer.echo(

@@ -221,7 +221,8 @@ def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export, tmp_pa
             lines.append(line)
             if line.startswith("ready"):
                 break
-        assert any("self-heal: watching sam2_session" in x for x in lines), lines
+        watching = next(x for x in lines if x.startswith("self-heal: watching "))
+        assert set(watching.split(": watching ")[1].strip().split(", ")) == {SESSION, LAMBDA}
         url = next(x.split()[1] for x in lines if x.startswith("HTTP"))
 
         class Served:  # what click() and stub_pid() need

@@ -6,14 +6,22 @@ import pytest
 
 from triton_sam.client.connect import connect
 from triton_sam.client.transport import Endpoint
-from triton_sam.errors import ServerUnavailableError
+from triton_sam.errors import ModelNotReadyError, ServerUnavailableError
 from triton_sam.models.registry import get_family
 
 
 class FakeTransport:
-    def __init__(self, address: str, protocol: str, *, server: bool = True, models=()) -> None:
+    def __init__(
+        self, address: str, protocol: str, *, server: bool = True, models=(), ensembles=()
+    ) -> None:
         self.endpoint = Endpoint(address, protocol, False)  # type: ignore[arg-type]
-        self.server, self.models = server, set(models)
+        self.server, self.models, self.ensembles = server, set(models), set(ensembles)
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name: str):
+        if name in ("is_server_ready", "is_model_ready", "model_metadata"):
+            object.__getattribute__(self, "calls").append(name)
+        return object.__getattribute__(self, name)
 
     def is_server_ready(self) -> bool:
         return self.server
@@ -22,7 +30,12 @@ class FakeTransport:
         return name in self.models
 
     def model_metadata(self, name: str) -> dict:
-        raise AssertionError("only asked for families with several layouts")
+        if name not in self.models:
+            raise ModelNotReadyError(name, f"unknown model {name!r}")
+        return {
+            "name": name,
+            "platform": "ensemble" if name in self.ensembles else "onnxruntime_onnx",
+        }
 
 
 SAM2 = get_family("sam2")
@@ -70,3 +83,32 @@ def test_the_session_path_is_used_when_offered_unless_refused(models, wanted, ex
 def test_asking_for_server_embeddings_without_a_session_model_says_how_to_get_one():
     with pytest.raises(ServerUnavailableError, match="use_server_embeddings=False"):
         _connect(FakeTransport("h:8000", "http", models=set(PAIR)), True)
+
+
+def test_a_missing_encoder_is_named_as_before():
+    with pytest.raises(
+        ServerUnavailableError, match="'sam2_encoder' is not ready.*triton-sam setup"
+    ):
+        _connect(FakeTransport("h:8000", "http", models={"sam2_decoder"}))
+
+
+def test_start_up_costs_as_many_round_trips_as_a_readiness_check_per_model():
+    transport = FakeTransport("h:8000", "http", models={*PAIR, "sam2_session"})
+    served = _connect(transport)
+    assert served.encoder_model == "sam2_encoder"
+    # server ready, the encoder's metadata (in place of its readiness), decoder, session
+    assert transport.calls == [
+        "is_server_ready", "model_metadata", "is_model_ready", "is_model_ready"
+    ]  # fmt: skip
+
+
+def test_an_entry_ensemble_under_the_encoders_name_sends_own_encodes_to_the_normalized_one():
+    models = {*PAIR, "sam2_encoder_normalized"}
+    transport = FakeTransport("h:8000", "http", models=models, ensembles={"sam2_encoder"})
+    assert _connect(transport, False).encoder_model == "sam2_encoder_normalized"
+
+
+def test_an_entry_ensemble_without_its_normalized_encoder_says_what_to_do():
+    transport = FakeTransport("h:8000", "http", models=set(PAIR), ensembles={"sam2_encoder"})
+    with pytest.raises(ServerUnavailableError, match="sam2_encoder_normalized.*setup paintera"):
+        _connect(transport, False)

@@ -94,6 +94,19 @@ def test_proxy_hashes_the_header_consistently_and_retries_idempotent_calls():
     assert conf.count("zone triton_") == 2  # failure state shared by the workers
 
 
+@pytest.mark.parametrize("tokens", [None, "/etc/nginx/tokens.map"])
+def test_grpc_streams_have_no_total_body_limit_http_keeps_its_own(tokens):
+    """A gRPC stream's body is every message it carries: sam-link's streams live as long as
+    Paintera does, so a total limit would cut them after a number of encodes."""
+    config = ProxyConfig(("a:8000",), ("a:8001",), tokens_file=tokens)
+    blocks = render_nginx_conf(config).split("  server {")
+    grpc = [b for b in blocks if "http2;" in b.split("\n", 2)[1]]
+    http = [b for b in blocks[1:] if b not in grpc]
+    assert len(grpc) == 1 and "    client_max_body_size 0;" in grpc[0]
+    assert len(http) == 1 and "client_max_body_size" not in http[0]  # the http{} limit applies
+    assert f"client_max_body_size {config.max_body};" in blocks[0]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -51,6 +51,9 @@ class FakeSync:
         # No <family>_session model: these tests drive the stateless decoder path.
         return not model.endswith("_session")
 
+    def model_metadata(self, model: str) -> dict:
+        return {"name": model, "platform": "onnxruntime_onnx"}
+
     def infer(
         self, model: str, inputs: dict, outputs: Any, **options: Any
     ) -> dict[str, np.ndarray]:
@@ -94,6 +97,10 @@ class FakeAsync:
     async def is_model_ready(self, model: str) -> bool:
         self.checks += 1
         return not model.endswith("_session")
+
+    async def model_metadata(self, model: str) -> dict:
+        self.checks += 1
+        return {"name": model, "platform": "onnxruntime_onnx"}
 
     def prepare_inputs(self, inputs: dict) -> PreparedInputs:
         self.prepared += 1

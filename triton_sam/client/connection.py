@@ -94,6 +94,7 @@ class Connection:
     def _served(self, served: flow.ServedModels) -> None:
         self.family, self.session_model = served.family, served.session_model
         self.uses_server_embeddings = served.uses_server_embeddings
+        self.encoder_model = served.encoder_model or self.encoder_model
         self._connected = True
 
     def _blocking(self) -> Transport:

@@ -201,12 +201,59 @@ def check_ready(endpoint: Endpoint, models: tuple[str, ...]) -> Flow[None]:
             f"url: no ready Triton server at {address} ({protocol}){hint}; start one "
             "with `triton-sam serve` or `docker compose up -d`, or set TRITON_URL"
         )
+    yield from check_ready_models(endpoint, models)
+
+
+def check_ready_models(endpoint: Endpoint, models: tuple[str, ...]) -> Flow[None]:
+    """``models`` are ready.
+
+    Raises:
+        ServerUnavailableError: one is not.
+    """
     for model in models:
         if not (yield Step("is_model_ready", (model,))):
-            raise ServerUnavailableError(
-                f"model: {model!r} is not ready on {address}; export it with "
-                "`triton-sam setup` and check the server log"
-            )
+            raise _not_ready(model, endpoint.address)
+
+
+def _not_ready(model: str, address: str) -> ServerUnavailableError:
+    return ServerUnavailableError(
+        f"model: {model!r} is not ready on {address}; export it with "
+        "`triton-sam setup` and check the server log"
+    )
+
+
+def own_encoder(endpoint: Endpoint, encoder_model: str) -> Flow[str]:
+    """The encoder this client encodes with: ``encoder_model``, or, when that name is an entry
+    model for another client's pixel contract (a Triton ensemble, as ``triton-sam setup
+    paintera`` writes ``sam1_encoder``), our normalised encoder beside it
+    (:func:`~triton_sam.repository.entry.normalized_name`). One metadata call in place of
+    the encoder's readiness check (Triton answers metadata for ready models only).
+
+    Raises:
+        ServerUnavailableError: the encoder is not ready, or it is an entry model and its
+            normalised encoder is not on the server.
+    """
+    from triton_sam.models.naming import ENSEMBLE_PLATFORM, normalized_name
+
+    try:
+        meta = yield Step("model_metadata", (encoder_model,))
+    except ServerUnavailableError as e:  # unknown or unloaded model
+        raise _not_ready(encoder_model, endpoint.address) from e
+    if meta.get("platform") != ENSEMBLE_PLATFORM:
+        return encoder_model
+    own = normalized_name(encoder_model)
+    try:
+        ready = yield Step("is_model_ready", (own,))
+    except ServerUnavailableError:
+        ready = False
+    if not ready:
+        raise ServerUnavailableError(
+            f"model: {encoder_model!r} on {endpoint.address} is an entry model for another "
+            f"client's pixel contract (a Triton ensemble) and {own!r}, the encoder it runs, "
+            "is not ready; rebuild with `triton-sam setup paintera` (it writes both), or "
+            "pass encoder_model= naming an encoder of this family"
+        )
+    return own
 
 
 @dataclass(frozen=True)
@@ -218,11 +265,14 @@ class ServedModels:
             export or the imported onnx-community pair).
         session_model: the ``<family>_session`` model name for that layout.
         uses_server_embeddings: whether clicks go through the session model.
+        encoder_model: the encoder for the client's own stateless encodes (see
+            :func:`own_encoder`).
     """
 
     family: FamilySpec
     session_model: str
     uses_server_embeddings: bool
+    encoder_model: str = ""
 
 
 def connect(
@@ -240,13 +290,15 @@ def connect(
             ``use_server_embeddings=True`` with no session model on the server.
         UnsupportedModelError: the server's decoder matches none of the family's layouts.
     """
-    yield from check_ready(endpoint, (encoder_model, decoder_model))
+    yield from check_ready(endpoint, ())
+    encoder_model = yield from own_encoder(endpoint, encoder_model)
+    yield from check_ready_models(endpoint, (decoder_model,))
     if family.alternates:  # served under several contracts: ask the server which
         meta = yield Step("model_metadata", (decoder_model,))
         names = {t["name"] for t in meta.get("inputs", [])}
         family, session_model = prompts.layout_on_server(family, session_model, lambda: names)
     if use_server_embeddings is False:
-        return ServedModels(family, session_model, False)
+        return ServedModels(family, session_model, False, encoder_model)
     try:
         ready = yield Step("is_model_ready", (session_model,))
     except ServerUnavailableError:  # unknown model (ModelNotReadyError)
@@ -257,7 +309,7 @@ def connect(
             "rebuild the repository with `triton-sam setup` (it writes the session model) "
             "or pass use_server_embeddings=False"
         )
-    return ServedModels(family, session_model, bool(ready))
+    return ServedModels(family, session_model, bool(ready), encoder_model)
 
 
 def embed(image: embedding_path.CachedImage, family: FamilySpec, model: str) -> Flow[None]:

@@ -109,6 +109,7 @@ class SAM2TritonClient:
             raise
         self.family, self.session_model = served.family, served.session_model
         self.uses_server_embeddings = served.uses_server_embeddings
+        self.encoder_model = served.encoder_model or self.encoder_model
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> None:

@@ -449,6 +449,7 @@ def embedded_repository(
             twins = _fuse_session_encoders(twins, cpu_graphs.cache_dir_for(twin_dir))
         if background_encoder:
             twins = _background_session_encoders(twins, len(os.sched_getaffinity(0)))
+    twins = _fit_ensembles(twins)
     if len(twins) == len(models) and all(
         _same_model(m, t) for m, t in zip(models, twins, strict=True)
     ):
@@ -552,6 +553,29 @@ def _background_session_encoders(twins: list[ModelFiles], cores: int) -> list[Mo
             t = ModelFiles(t.name, config_to_text(c), t.files)
         out.append(t)
     return out + added
+
+
+def _fit_ensembles(twins: list[ModelFiles]) -> list[ModelFiles]:
+    """``twins`` with each ensemble's ``max_batch_size`` lowered to the smallest of the models
+    it runs: Triton refuses to load an ensemble that allows more than a step does, and a CPU
+    twin serves some encoders at batch 1 (:func:`~.config.bounded_cpu_encoder`)."""
+    configs = {t.name: parse_config(t.config_text) for t in twins}
+    out = []
+    for t in twins:
+        c = configs[t.name]
+        if c.platform != "ensemble":
+            out.append(t)
+            continue
+        steps = [
+            configs[s.model_name] for s in c.ensemble_scheduling.step if s.model_name in configs
+        ]
+        fit = min([c.max_batch_size, *(s.max_batch_size for s in steps if s.max_batch_size)])
+        if fit == c.max_batch_size:
+            out.append(t)
+            continue
+        c.max_batch_size = fit
+        out.append(ModelFiles(t.name, config_to_text(c), t.files, t.extra))
+    return out
 
 
 def _session_callees(configs: list[ModelConfig], key: str) -> set[str]:
@@ -767,6 +791,8 @@ def _fill(
     extra: Mapping[str, Path],
 ) -> None:
     version_dir = staging / VERSION  # made by its first file: a user's model may have no 1/
+    if not sources and parse_config(config_text).platform == "ensemble":
+        version_dir.mkdir()  # Triton loads an ensemble only with a version directory
     placed = {version_dir / name: source for name, source in sources.items()}
     placed |= {staging / name: source for name, source in extra.items()}
     for dest, source in placed.items():

@@ -265,9 +265,15 @@ def _server(
         f"      {module}_read_timeout {config.read_timeout_s}s;",
         f"      {module}_send_timeout {config.read_timeout_s}s;",
     ]
-    if not config.tokens_file:
-        return ["  server {", f"    listen {listen};", "    location / {", *passing, "    }", "  }"]
     grpc = module == "grpc"
+    # nginx counts every message of a gRPC stream against the body limit, so a long-lived
+    # stream (sam-link keeps one per channel for the whole Paintera session) died after
+    # ~18 encodes under 64 MiB. No total limit on gRPC: each message is bounded upstream by
+    # the models' input shapes, which Triton checks before it runs anything.
+    head = ["  server {", f"    listen {listen};"]
+    head += ["    client_max_body_size 0;"] if grpc else []
+    if not config.tokens_file:
+        return [*head, "    location / {", *passing, "    }", "  }"]
     refuse_401 = (
         _grpc_status(GRPC_UNAUTHENTICATED, "a valid bearer token is required")
         if grpc
@@ -284,7 +290,7 @@ def _server(
         if grpc
         else list(HTTP_ADMIN_PATTERNS)
     )
-    lines = ["  server {", f"    listen {listen};"]
+    lines = list(head)
     for path in health:
         lines += [f"    location = {path} {{", *passing, "    }"]
     for pattern in admin:
