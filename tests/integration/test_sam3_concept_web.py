@@ -36,28 +36,29 @@ def test_a_concept_phrase_segments_every_instance_as_the_python_client(concept_s
         assert js(browser, "return document.getElementById('concept').hidden") is False
         open_image(browser, path)
         phrase = browser.find_element("id", "phrase")
-        phrase.send_keys("cat\n")  # Enter submits the form
-        wait_for(
-            browser,
-            "annotator.state.objects.length > 1 || annotator.stats.errors.length",
-            "the instances",
-        )
-        assert error_text(browser) == ""
+        answered = []
+        for _ in range(2):  # the second time, the server holds the image: its id is sent
+            phrase.clear()
+            phrase.send_keys("cat\n")  # Enter submits the form
+            wait_for(
+                browser,
+                f"annotator.stats.concepts.length > {len(answered)} "
+                "|| annotator.stats.errors.length",
+                "the phrase's answer",
+            )
+            assert error_text(browser) == ""
+            answered = js(browser, "return annotator.stats.concepts")
         shown = js(browser, "return annotator.state.objects.filter(o => o.rle).map(o => o.rle)")
-        # a second phrase sends the image id, not the pixels
-        phrase.send_keys("cat\n")
-        wait_for(
-            browser,
-            f"annotator.state.objects.filter(o => o.rle).length > {len(shown)}",
-            "the second answer",
-        )
-        stats = browser.find_element("id", "stats").text
     with SAM2TritonClient(server.http_url, model_type="sam3_concept") as client:
         client.set_image(rgb)
         expected = client.predict_concepts("cat").masks
-    print(f"\nconcept 'cat': {len(shown)} instances; second phrase: {stats}")
-    assert len(shown) == len(expected) > 0
-    for counts, mask in zip(shown, expected, strict=True):
+    first, second = answered
+    print(
+        f"\nconcept 'cat': {first['instances']} instances; sent {first['sent']} B, then "
+        f"{second['sent']} B"
+    )
+    assert first["instances"] == second["instances"] == len(expected)
+    assert len(shown) == 2 * len(expected)  # each answer's instances became objects
+    for counts, mask in zip(shown, [*expected, *expected], strict=True):
         np.testing.assert_array_equal(mask_codec.decode_rle(counts, rgb.shape[:2]), mask)
-    sent = int(stats.split("sent ")[1].split(" B")[0])
-    assert sent < rgb.size  # the id, not the pixels
+    assert first["sent"] > rgb.size > second["sent"]  # the pixels once, then the id

@@ -43,6 +43,7 @@ const stats = {
   hoverFirst: null,
   hoverLast: null,
   embeds: [],
+  concepts: [], // {phrase, instances, sent} per phrase answered
   errors: [],
 };
 
@@ -363,6 +364,7 @@ async function segmentConcept(phrase) {
       state.objects.push(object);
     });
     drawAll();
+    stats.concepts.push({ phrase, instances: result.masks.length, sent: result.sent });
     const kept = result.masks.length > room ? ` (${room} kept: ${MAX_OBJECTS} objects at most)` : "";
     showStats(`"${phrase}": ${result.masks.length} instances${kept} · sent ${result.sent} B · received ${result.received} B`);
   } catch (e) {
