@@ -23,7 +23,7 @@ UV_VERSION    := 0.13.9
 
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools docs
+.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools browser-tools docs
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
@@ -98,6 +98,11 @@ onnxruntime-backend: $(ORT_BACKEND)/libtriton_onnxruntime.so
 proxy-tools:
 	@bash scripts/install_nginx.sh
 
+# Debian's chromium + chromium-driver for the web annotator's browser test (headless, driven
+# by selenium from the lock); installs only when either is missing (apt-get, root or sudo).
+browser-tools:
+	@bash scripts/install_chromium.sh
+
 demo: $(STAMP)
 	$(BIN)/triton-sam demo
 
@@ -117,7 +122,7 @@ $(DOCS_STAMP): $(STAMP) $(LOCK_DOCS)
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
 
-test: $(STAMP) $(PERF_ANALYZER) proxy-tools docs
+test: $(STAMP) $(PERF_ANALYZER) proxy-tools browser-tools docs
 	$(BIN)/ruff check triton_sam tests
 	$(BIN)/pytest
 

@@ -548,6 +548,10 @@ def serve_cmd(
             "overrides it). Default: $XDG_CONFIG_HOME/triton-sam/admin-key.",
         ),
     ] = None,
+    web: Annotated[
+        bool, typer.Option("--web", help="Also serve the browser annotator (prints its URL).")
+    ] = False,
+    web_port: Annotated[int, typer.Option(help="The annotator's port (0 = any free).")] = 8080,
 ) -> None:
     """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
 
@@ -589,14 +593,32 @@ def serve_cmd(
         )
         if watchdog is not None:
             typer.echo(f"self-heal: watching {', '.join(watched)}")
+        page = _web_server(server, repo, web_port).start() if web else None
+        if page is not None:
+            typer.echo(f"web     {page.url}   <- open in a browser")
         typer.echo("ready; Ctrl-C to stop")
         try:
             signal.pause()
         except KeyboardInterrupt:
             typer.echo("stopping...")
         finally:
+            if page is not None:
+                page.stop()
             if watchdog is not None:
                 watchdog.stop()
+
+
+def _web_server(server, repo: Path, port: int):
+    """The annotator (the gateway with the page) next to the embedded ``server``."""
+    from triton_sam.web.serve import WebServer, served_family
+
+    return WebServer(
+        server.http_url,
+        server.grpc_address,
+        host=server.host,
+        port=port,
+        model_type=served_family(repo),
+    )
 
 
 @app.command("gateway", short_help="Serve Janelia SAM_service's HTTP API on top of Triton.")
@@ -609,13 +631,34 @@ def gateway_cmd(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     model_type: Annotated[str, typer.Option(help="Family served (SAM_service: sam1).")] = "sam1",
     workers: Annotated[int, typer.Option(help="Encodes sent to Triton at once.")] = 2,
+    web: Annotated[
+        bool, typer.Option("--web", help="Also serve the browser annotator at /web/.")
+    ] = False,
+    triton_http_url: Annotated[
+        str | None,
+        typer.Option(help="Triton's HTTP address for --web (default: --triton-url's host:8000)."),
+    ] = None,
 ) -> None:
     """/embedded_model, /new_session_id, /cancel_pending, /from_model, /prediction, /models
-    and /health as SAM_service answers them (docs/gateway.md)."""
+    and /health as SAM_service answers them (docs/gateway.md); with --web, the annotator
+    page and Triton's inference API (/v2) from the same origin (docs/web.md)."""
     from triton_sam.gateway import BackendOptions, GatewayOptions, serve
 
     backend = BackendOptions(url=triton_url, protocol=protocol, model_type=model_type)
-    serve(GatewayOptions(backend=backend, workers=workers), host=host, port=port)
+    routes, on_close = [], []
+    if web:
+        from triton_sam.web import PassThroughOptions, web_routes
+
+        http_url = triton_http_url or f"{triton_url.rsplit(':', 1)[0]}:8000"
+        routes, close = web_routes(PassThroughOptions(http_url))
+        on_close = [close]
+    serve(
+        GatewayOptions(backend=backend, workers=workers),
+        host=host,
+        port=port,
+        extra_routes=routes,
+        on_close=on_close,
+    )
 
 
 @app.command("admin-key", short_help="Create or rotate the admin key (never printed).")

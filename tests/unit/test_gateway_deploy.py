@@ -27,7 +27,9 @@ def test_compose_gateway_is_opt_in_local_and_waits_for_a_healthy_triton():
     assert service["profiles"] == ["gateway"]  # `docker compose up` alone is unchanged
     assert service["ports"] == ["127.0.0.1:8080:8080"]
     assert service["depends_on"] == {"triton": {"condition": "service_healthy"}}
-    assert service["command"] == ["--triton-url", "triton:8001"]  # gRPC: cancels reach Triton
+    assert service["command"][:2] == ["--triton-url", "triton:8001"]  # gRPC: cancels reach Triton
+    # the annotator, and its /v2 pass-through to Triton's HTTP port
+    assert service["command"][2:] == ["--web", "--triton-http-url", "triton:8000"]
     assert "/health" in " ".join(service["healthcheck"]["test"])
     assert service["build"]["dockerfile"] == "deploy/gateway/Dockerfile"
 
@@ -55,4 +57,21 @@ def test_kubernetes_overlay_serves_the_gateway_next_to_the_base():
     host, port = container["args"][1].split(":")
     assert host == triton["metadata"]["name"]
     assert int(port) in {p["port"] for p in triton["spec"]["ports"] if p["name"] == "grpc"}
+    assert container["args"][2:4] == ["--web", "--triton-http-url"]  # the annotator
+    host, port = container["args"][4].split(":")
+    assert host == triton["metadata"]["name"]
+    assert int(port) in {p["port"] for p in triton["spec"]["ports"] if p["name"] == "http"}
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_kubernetes_ingress_serves_the_annotator_beside_triton_on_one_host():
+    objects = render(K8S / "overlays" / "sam-service-gateway")
+    web = _one(objects, "Ingress", "sam-service-gateway-web")
+    http = _one(objects, "Ingress", "triton-sam-http")
+    (rule,) = web["spec"]["rules"]
+    # same origin: the page (/web) and Triton's API (/v2) on one host
+    assert rule["host"] == http["spec"]["rules"][0]["host"]
+    (path,) = rule["http"]["paths"]
+    assert path["path"] == "/web"
+    assert path["backend"]["service"]["name"] == "sam-service-gateway"
+    assert {p["path"] for p in http["spec"]["rules"][0]["http"]["paths"]} == {"/v2"}

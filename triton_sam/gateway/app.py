@@ -10,7 +10,7 @@ to Triton's own API) can be mounted beside them from the same origin.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,7 @@ def create_app(
     *,
     backend: Any = None,
     extra_routes: list[BaseRoute] | None = None,
+    on_close: list[Callable[[], Awaitable[None]]] | None = None,
 ) -> Starlette:
     """The gateway app.
 
@@ -79,6 +80,7 @@ def create_app(
         options: bounds and where Triton is (defaults: :class:`GatewayOptions`).
         backend: the Triton side (default a :class:`TritonBackend` of ``options.backend``).
         extra_routes: more routes mounted beside SAM_service's (same origin).
+        on_close: coroutines awaited at shutdown (what the extra routes opened).
     """
     options = options or GatewayOptions()
     state = GatewayState(
@@ -100,6 +102,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
+        for closer in on_close or ():
+            await closer()
         close = getattr(state.backend, "aclose", None)
         if close is not None:
             await close()

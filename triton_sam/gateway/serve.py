@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from starlette.routing import BaseRoute
+
 from triton_sam.gateway.app import GatewayOptions, create_app
 
 #: Connections uvicorn serves at once; past it, it answers 503 at once. Each may hold an
@@ -16,6 +20,8 @@ def serve(
     port: int = 8080,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     log_level: str = "info",
+    extra_routes: list[BaseRoute] | None = None,
+    on_close: list[Callable[[], Awaitable[None]]] | None = None,
 ) -> None:
     """Serve the gateway until interrupted (blocks).
 
@@ -26,11 +32,12 @@ def serve(
             Triton's HTTP port, hence 8080).
         max_connections: uvicorn's ``limit_concurrency``.
         log_level: uvicorn's log level.
+        extra_routes / on_close: as :func:`create_app`'s (the annotator's routes).
     """
     import uvicorn
 
     uvicorn.run(
-        create_app(options),
+        create_app(options, extra_routes=extra_routes, on_close=on_close),
         host=host,
         port=port,
         limit_concurrency=max_connections,

@@ -1,0 +1,651 @@
+// The annotator: one image, several objects, each with its own prompts, mask and colour.
+//
+// The image file's bytes go to the session model once (embed); every click, box or hover
+// sends the image id and the object's prompts and gets RLE masks back (kserve.js). Each
+// object's requests and the hover preview run in their own latest-wins lane (lane.js).
+// window.annotator exposes the state and timings (read by the browser test).
+
+import { ServerError, concepts, embed, predict, setToken } from "./kserve.js";
+import { Lane } from "./lane.js";
+import { decode } from "./rle.js";
+import { coco, grayPng, labels } from "./export.js";
+
+const PALETTE = [
+  [230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48], [145, 30, 180],
+  [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 212], [0, 128, 128],
+];
+const DRAG_PX = 4; // screen pixels a press must move to be a box rather than a click
+const MAX_OBJECTS = 255; // the label image is 8-bit
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  model: $("model"), file: $("file"), stage: $("stage"), image: $("image"), masks: $("masks"),
+  hover: $("hover"), marks: $("marks"), objects: $("objects"), stats: $("stats"),
+  error: $("error"), errorText: $("error-text"), refine: $("refine"), concept: $("concept"),
+  phrase: $("phrase"), tokenForm: $("token-form"), token: $("token"),
+};
+
+const state = {
+  models: [],
+  model: null, // session model name
+  image: null, // {name, bytes, bitmap, width, height, imageId, model}
+  objects: [],
+  current: 0,
+  history: [],
+  nextColour: 0,
+};
+
+const stats = {
+  clickMs: [], // click (pointerup) to its mask drawn, ms
+  clickParts: [], // where each click's time went: {queued, request, draw, paint} ms, adopted
+  hoverMs: [], // hover round trips (request sent to answer drawn), ms
+  hoverEvents: 0,
+  hoverFirst: null,
+  hoverLast: null,
+  embeds: [],
+  concepts: [], // {phrase, instances, sent} per phrase answered
+  errors: [],
+};
+
+// -- objects and history ----------------------------------------------------------------
+function newObject() {
+  const colour = PALETTE[state.nextColour % PALETTE.length];
+  state.nextColour += 1;
+  const object = {
+    colour, points: [], box: null, mask: null, rle: null, score: null,
+    logitsKey: null, maskIndex: 0,
+  };
+  object.lane = new Lane(runPrediction, (result, job) => showPrediction(object, result, job), showError);
+  return object;
+}
+
+function snapshot() {
+  return {
+    current: state.current,
+    objects: state.objects.map((o) => ({ ...o, points: o.points.slice() })),
+  };
+}
+
+function remember() {
+  state.history.push(snapshot());
+  if (state.history.length > 200) state.history.shift();
+}
+
+function undo() {
+  const last = state.history.pop();
+  if (!last) return;
+  for (const object of state.objects) object.lane.cancel();
+  state.objects = last.objects.map((o) => {
+    const copy = { ...o };
+    copy.lane = new Lane(runPrediction, (result, job) => showPrediction(copy, result, job), showError);
+    return copy;
+  });
+  state.current = Math.min(last.current, state.objects.length - 1);
+  drawAll();
+}
+
+function current() {
+  return state.objects[state.current];
+}
+
+function addObject() {
+  if (!state.image || state.objects.length >= MAX_OBJECTS) return;
+  remember();
+  state.objects.push(newObject());
+  state.current = state.objects.length - 1;
+  drawAll();
+}
+
+function removeObject() {
+  if (!state.image || state.objects.length === 0) return;
+  remember();
+  current().lane.cancel();
+  state.objects.splice(state.current, 1);
+  if (state.objects.length === 0) state.objects.push(newObject());
+  state.current = Math.min(state.current, state.objects.length - 1);
+  drawAll();
+}
+
+function select(index) {
+  if (index < 0 || index >= state.objects.length) return;
+  state.current = index;
+  clearHover();
+  drawAll();
+}
+
+// -- requests ------------------------------------------------------------------------------
+function promptsOf(object, extra) {
+  const points = object.points.concat(extra ? [extra] : []);
+  return { points, box: object.box };
+}
+
+// One point and no box is ambiguous: ask for three masks and keep the best scored (what
+// SamPredictor recommends); more prompts: one mask.
+function multimaskFor(prompts) {
+  return prompts.points.length === 1 && !prompts.box;
+}
+
+async function withImage(run) {
+  const image = state.image;
+  try {
+    return await run(image.imageId);
+  } catch (e) {
+    if (!(e instanceof ServerError) || e.code !== "EmbeddingNotFound" || /previous_key/.test(e.message)) throw e;
+    // Evicted or the server restarted: send the file again once.
+    const again = await embed(image.model, image.bytes);
+    image.imageId = again.imageId;
+    return run(image.imageId);
+  }
+}
+
+async function runPrediction(job, signal) {
+  if (job.adopt) {
+    // The preview under the cursor asked for exactly these prompts: its answer is this
+    // click's (no second request for the server to run first).
+    const started = performance.now();
+    try {
+      const result = await job.adopt;
+      return { ...result, started, answered: performance.now(), adopted: true };
+    } catch (e) {
+      if (e.name !== "AbortError") throw e; // the preview was cancelled: ask ourselves
+    }
+  }
+  const multimask = multimaskFor(job.prompts);
+  const options = { multimask, keepLogits: job.kind === "click" };
+  if (job.kind === "click" && job.refineFrom) {
+    options.previousKey = job.refineFrom.key;
+    options.previousIndex = job.refineFrom.index;
+  }
+  const started = performance.now();
+  let result;
+  try {
+    result = await withImage((id) => predict(state.image.model, id, job.prompts, options, signal));
+  } catch (e) {
+    if (options.previousKey && e instanceof ServerError && e.code === "EmbeddingNotFound") {
+      // The kept logits are gone (evicted, restarted): the click without them.
+      delete options.previousKey;
+      result = await withImage((id) => predict(state.image.model, id, job.prompts, options, signal));
+    } else {
+      throw e;
+    }
+  }
+  result.started = started;
+  result.answered = performance.now();
+  return result;
+}
+
+function best(result) {
+  let index = 0;
+  result.scores.forEach((s, i) => {
+    if (s > result.scores[index]) index = i;
+  });
+  return index;
+}
+
+function showPrediction(object, result, job) {
+  if (!state.objects.includes(object) || job.image !== state.image) return;
+  const [height, width] = result.size;
+  const index = best(result);
+  object.rle = result.masks[index];
+  object.mask = decode(object.rle, height, width);
+  object.score = result.scores[index];
+  object.logitsKey = result.logitsKey;
+  object.maskIndex = index;
+  clearError();
+  drawMasks();
+  drawObjectsList();
+  const drawn = performance.now();
+  afterPaint(() => {
+    const ms = performance.now() - job.t0;
+    stats.clickMs.push(ms);
+    stats.clickParts.push({
+      queued: result.started - job.t0,
+      request: result.answered - result.started,
+      draw: drawn - result.answered,
+      paint: performance.now() - drawn,
+      adopted: Boolean(result.adopted),
+    });
+    const how = result.adopted ? " (the preview's request)" : "";
+    showStats(`click: ${ms.toFixed(0)} ms to the mask on screen · sent ${result.sent} B · received ${result.received} B${how} · score ${object.score.toFixed(3)}`);
+  });
+}
+
+function submitClick(t0) {
+  const object = current();
+  const prompts = promptsOf(object);
+  const refineFrom = ui.refine.checked && object.logitsKey ? { key: object.logitsKey, index: object.maskIndex } : null;
+  const key = promptKey(prompts);
+  let adopt = null;
+  if (!refineFrom && hoverDone?.key === key && hoverDone.image === state.image) {
+    adopt = Promise.resolve(hoverDone.result);
+  } else if (!refineFrom && hoverInflight?.key === key && hoverInflight.image === state.image) {
+    adopt = hoverInflight.promise;
+  }
+  if (!adopt) hoverLane.cancel(); // a click does not wait for a preview it cannot use
+  hideHover();
+  object.lane.submit({ kind: "click", prompts, t0, image: state.image, refineFrom, adopt });
+}
+
+// Hover preview: the current object's prompts plus a point under the cursor (negative while
+// Shift is held), asked for exactly as a click there would ask (kept logits included), so
+// a click where the cursor rests takes the preview's answer, or waits for the one in flight.
+const promptKey = (prompts) => JSON.stringify([prompts.points, prompts.box]);
+let hoverInflight = null; // {key, image, promise}
+let hoverDone = null; // {key, image, result}: the last preview answered
+
+const hoverLane = new Lane(
+  async (job, signal) => {
+    const options = { multimask: multimaskFor(job.prompts), keepLogits: true };
+    const promise = withImage((id) => predict(job.image.model, id, job.prompts, options, signal));
+    const mine = { key: job.key, image: job.image, promise };
+    hoverInflight = mine;
+    try {
+      const result = await promise;
+      hoverDone = { key: job.key, image: job.image, result };
+      return result;
+    } finally {
+      if (hoverInflight === mine) hoverInflight = null;
+    }
+  },
+  (result, job) => {
+    if (job.image !== state.image || !hovering) return;
+    const [height, width] = result.size;
+    const mask = decode(result.masks[best(result)], height, width);
+    paint(ui.hover, [{ mask, colour: current().colour }]);
+    afterPaint(() => stats.hoverMs.push(performance.now() - job.t0));
+  },
+  (error) => showError(error),
+);
+
+let hovering = false;
+
+function hover(point, negative, t0) {
+  if (!state.image?.imageId) return;
+  hovering = true;
+  stats.hoverEvents += 1;
+  stats.hoverFirst ??= t0;
+  stats.hoverLast = t0;
+  const prompts = promptsOf(current(), [point[0], point[1], negative ? 0 : 1]);
+  hoverLane.submit({ prompts, key: promptKey(prompts), t0: performance.now(), image: state.image });
+}
+
+// Hide the preview and drop the waiting one; the request in flight goes on (a click may be
+// waiting for its answer).
+function hideHover() {
+  hovering = false;
+  hoverLane.dropWaiting();
+  const ctx = ui.hover.getContext("2d");
+  ctx.clearRect(0, 0, ui.hover.width, ui.hover.height);
+}
+
+function clearHover() {
+  hideHover();
+  hoverLane.cancel();
+}
+
+// -- opening images ------------------------------------------------------------------------
+async function openFile(file) {
+  if (!file || !state.models.length) return;
+  const bytes = await file.arrayBuffer();
+  const model = state.model; // null on a server with a concept model only: nothing to embed
+  const t0 = performance.now();
+  const [served, shown] = await Promise.allSettled([
+    model ? embed(model, bytes) : Promise.resolve({ imageId: null, encoded: 0, sent: 0, received: 0 }),
+    createImageBitmap(new Blob([bytes])),
+  ]);
+  if (served.status === "rejected") {
+    showError(served.reason, `Could not open ${file.name}`);
+    return; // the image before stays, with its objects
+  }
+  if (shown.status === "rejected") {
+    showError(new Error(`this browser cannot display ${file.name} (${file.type || "unknown type"}); the server could: convert it to PNG`));
+    return;
+  }
+  const ms = performance.now() - t0;
+  stats.embeds.push(ms);
+  for (const object of state.objects) object.lane.cancel();
+  clearHover();
+  const bitmap = shown.value;
+  state.image = {
+    name: file.name, bytes, bitmap, width: bitmap.width, height: bitmap.height,
+    imageId: served.value.imageId, model,
+  };
+  state.objects = [newObject()];
+  state.current = 0;
+  state.history = [];
+  for (const canvas of [ui.image, ui.masks, ui.hover, ui.marks]) {
+    canvas.width = bitmap.width;
+    canvas.height = bitmap.height;
+  }
+  ui.image.getContext("2d").drawImage(bitmap, 0, 0);
+  ui.stage.classList.add("loaded");
+  clearError();
+  drawAll();
+  const what = !model ? "kept in the page" : served.value.encoded ? "encoded" : "already cached";
+  showStats(`image ${bitmap.width}×${bitmap.height}: ${ms.toFixed(0)} ms (${what}) · sent ${served.value.sent} B · received ${served.value.received} B`);
+}
+
+async function switchModel(name) {
+  state.model = name;
+  const image = state.image;
+  if (!image || image.model === name) return;
+  try {
+    const served = await embed(name, image.bytes);
+    clearHover();
+    hoverDone = null; // another model's answers are not this one's
+    image.model = name;
+    image.imageId = served.imageId;
+    for (const object of state.objects) {
+      object.mask = null;
+      if (object.points.length || object.box) object.lane.submit({ kind: "click", prompts: promptsOf(object), t0: performance.now(), image });
+    }
+    drawAll();
+  } catch (e) {
+    showError(e, `Could not use ${name}`);
+  }
+}
+
+async function segmentConcept(phrase) {
+  const model = state.models.find((m) => m.kind === "concept");
+  if (!model || !state.image || !phrase) return;
+  const { width, height } = state.image;
+  const pixels = ui.image.getContext("2d").getImageData(0, 0, width, height).data;
+  const rgb = new Uint8Array(width * height * 3);
+  for (let i = 0, j = 0; i < pixels.length; i += 4, j += 3) rgb.set(pixels.subarray(i, i + 3), j);
+  try {
+    const result = await concepts(model.name, state.image, rgb, phrase);
+    remember();
+    const room = MAX_OBJECTS - state.objects.length;
+    result.masks.slice(0, room).forEach((rle, k) => {
+      const object = newObject();
+      object.rle = rle;
+      object.mask = decode(rle, height, width);
+      object.score = result.scores[k];
+      state.objects.push(object);
+    });
+    drawAll();
+    stats.concepts.push({ phrase, instances: result.masks.length, sent: result.sent });
+    const kept = result.masks.length > room ? ` (${room} kept: ${MAX_OBJECTS} objects at most)` : "";
+    showStats(`"${phrase}": ${result.masks.length} instances${kept} · sent ${result.sent} B · received ${result.received} B`);
+  } catch (e) {
+    showError(e, `Could not segment "${phrase}"`);
+  }
+}
+
+// -- drawing ---------------------------------------------------------------------------------
+// Masks are drawn opaque (alpha 255) and the layer is made translucent by CSS, so the canvas
+// holds each object's exact colour: what is on screen can be read back pixel for pixel.
+function paint(canvas, layers) {
+  const { width, height } = canvas;
+  const ctx = canvas.getContext("2d");
+  const out = ctx.createImageData(width, height);
+  for (const { mask, colour } of layers) {
+    if (!mask || mask.length !== width * height) continue;
+    for (let i = 0; i < mask.length; i += 1) {
+      if (mask[i]) {
+        out.data[4 * i] = colour[0];
+        out.data[4 * i + 1] = colour[1];
+        out.data[4 * i + 2] = colour[2];
+        out.data[4 * i + 3] = 255;
+      }
+    }
+  }
+  ctx.putImageData(out, 0, 0);
+}
+
+function drawMasks() {
+  paint(ui.masks, state.objects);
+  drawMarks();
+}
+
+function drawMarks(drag) {
+  const ctx = ui.marks.getContext("2d");
+  ctx.clearRect(0, 0, ui.marks.width, ui.marks.height);
+  const scale = ui.marks.width / Math.max(1, ui.marks.getBoundingClientRect().width);
+  state.objects.forEach((object, k) => {
+    const [r, g, b] = object.colour;
+    ctx.lineWidth = (k === state.current ? 2.5 : 1.5) * scale;
+    ctx.strokeStyle = `rgb(${r},${g},${b})`;
+    if (object.box) {
+      const [x0, y0, x1, y1] = object.box;
+      ctx.strokeRect(x0, y0, x1 - x0, y1 - y0);
+    }
+    for (const [x, y, label] of object.points) {
+      ctx.beginPath();
+      ctx.arc(x, y, 4 * scale, 0, 2 * Math.PI);
+      ctx.fillStyle = label ? "#1b5e20" : "#b71c1c";
+      ctx.fill();
+      ctx.strokeStyle = "#fff";
+      ctx.stroke();
+    }
+  });
+  if (drag) {
+    ctx.setLineDash([4 * scale, 3 * scale]);
+    ctx.strokeStyle = "#fff";
+    ctx.strokeRect(drag[0], drag[1], drag[2] - drag[0], drag[3] - drag[1]);
+    ctx.setLineDash([]);
+  }
+}
+
+function drawObjectsList() {
+  ui.objects.replaceChildren(
+    ...state.objects.map((object, k) => {
+      const item = document.createElement("li");
+      item.setAttribute("role", "option");
+      item.setAttribute("aria-selected", String(k === state.current));
+      item.tabIndex = 0;
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = `rgb(${object.colour.join(",")})`;
+      const prompts = `${object.points.length} point${object.points.length === 1 ? "" : "s"}${object.box ? " + box" : ""}`;
+      const score = object.score === null ? "" : ` · score ${object.score.toFixed(2)}`;
+      item.append(swatch, `Object ${k + 1}: ${prompts}${score}`);
+      item.addEventListener("click", () => select(k));
+      item.addEventListener("keydown", (e) => {
+        if (e.key === "Enter" || e.key === " ") select(k);
+      });
+      return item;
+    }),
+  );
+}
+
+function drawAll() {
+  drawMasks();
+  drawObjectsList();
+}
+
+// After the browser painted the frame holding what was just drawn.
+function afterPaint(callback) {
+  requestAnimationFrame(() => setTimeout(callback, 0));
+}
+
+function showStats(text) {
+  ui.stats.textContent = text;
+}
+
+function showError(error, context) {
+  const text = error instanceof ServerError ? `${error.code}: ${error.message}` : error.message || String(error);
+  const message = context ? `${context}: ${text}` : text;
+  stats.errors.push(message);
+  ui.errorText.textContent = message;
+  ui.error.hidden = false;
+  if (error instanceof ServerError && error.code === "Unauthorized") ui.tokenForm.hidden = false;
+}
+
+function clearError() {
+  ui.error.hidden = true;
+  ui.errorText.textContent = "";
+}
+
+// -- input -------------------------------------------------------------------------------------
+function imagePoint(event) {
+  const rect = ui.marks.getBoundingClientRect();
+  const x = ((event.clientX - rect.left) * ui.marks.width) / rect.width;
+  const y = ((event.clientY - rect.top) * ui.marks.height) / rect.height;
+  return [Math.min(Math.max(x, 0), ui.marks.width - 1), Math.min(Math.max(y, 0), ui.marks.height - 1)];
+}
+
+let press = null; // {x, y, clientX, clientY, shift}
+
+ui.marks.addEventListener("pointerdown", (event) => {
+  if (!state.image?.imageId || event.button !== 0) return;
+  ui.marks.setPointerCapture(event.pointerId);
+  const [x, y] = imagePoint(event);
+  press = { x, y, clientX: event.clientX, clientY: event.clientY, shift: event.shiftKey, dragging: false };
+});
+
+ui.marks.addEventListener("pointermove", (event) => {
+  if (!state.image) return;
+  if (press) {
+    if (Math.hypot(event.clientX - press.clientX, event.clientY - press.clientY) >= DRAG_PX) press.dragging = true;
+    if (press.dragging) {
+      clearHover();
+      const [x, y] = imagePoint(event);
+      drawMarks([Math.min(press.x, x), Math.min(press.y, y), Math.max(press.x, x), Math.max(press.y, y)]);
+    }
+    return;
+  }
+  hover(imagePoint(event), event.shiftKey, event.timeStamp);
+});
+
+ui.marks.addEventListener("pointerup", (event) => {
+  if (!press) return;
+  const start = press;
+  press = null;
+  const t0 = event.timeStamp; // same clock as performance.now()
+  remember();
+  const object = current();
+  if (start.dragging) {
+    const [x, y] = imagePoint(event);
+    object.box = [Math.min(start.x, x), Math.min(start.y, y), Math.max(start.x, x), Math.max(start.y, y)];
+  } else {
+    object.points.push([start.x, start.y, start.shift ? 0 : 1]);
+  }
+  drawAll();
+  submitClick(t0);
+});
+
+ui.marks.addEventListener("pointerleave", () => {
+  if (!press) clearHover();
+});
+
+document.addEventListener("keydown", (event) => {
+  if (event.target instanceof HTMLInputElement && event.target.type === "text") return;
+  const key = event.key.toLowerCase();
+  if ((event.ctrlKey || event.metaKey) && key === "z") {
+    event.preventDefault();
+    undo();
+  } else if (event.ctrlKey || event.metaKey || event.altKey) {
+    return;
+  } else if (key === "n") {
+    addObject();
+  } else if (key === "[") {
+    select(state.current - 1);
+  } else if (key === "]") {
+    select(state.current + 1);
+  } else if (key === "r") {
+    ui.refine.checked = !ui.refine.checked;
+  } else if (key === "delete") {
+    removeObject();
+  } else if (key === "escape") {
+    press = null;
+    clearHover();
+    drawMarks();
+  }
+});
+
+ui.file.addEventListener("change", () => {
+  openFile(ui.file.files[0]);
+  ui.file.value = ""; // the same file again is a change too
+});
+ui.stage.addEventListener("dragover", (event) => event.preventDefault());
+ui.stage.addEventListener("drop", (event) => {
+  event.preventDefault();
+  openFile(event.dataTransfer.files[0]);
+});
+ui.model.addEventListener("change", () => switchModel(ui.model.value));
+$("new-object").addEventListener("click", addObject);
+$("undo").addEventListener("click", undo);
+$("error-close").addEventListener("click", clearError);
+$("export-png").addEventListener("click", () => exportPng());
+$("export-coco").addEventListener("click", () => exportCoco());
+ui.tokenForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  setToken(ui.token.value.trim());
+  ui.token.value = "";
+  ui.tokenForm.hidden = true;
+  clearError();
+});
+ui.concept.addEventListener("submit", (event) => {
+  event.preventDefault();
+  segmentConcept(ui.phrase.value.trim());
+});
+
+// -- export -----------------------------------------------------------------------------------
+function baseName() {
+  return (state.image?.name || "image").replace(/\.[^.]*$/, "");
+}
+
+function download(blob, name) {
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+async function exportPng() {
+  if (!state.image) return;
+  const { width, height } = state.image;
+  const blob = await grayPng(labels(state.objects, height, width), height, width);
+  download(blob, `${baseName()}_labels.png`);
+}
+
+function exportCoco() {
+  if (!state.image) return;
+  const { width, height, name, model } = state.image;
+  const text = coco(name, state.objects, height, width, model);
+  download(new Blob([text], { type: "application/json" }), `${baseName()}_coco.json`);
+}
+
+// -- start -------------------------------------------------------------------------------------
+async function start() {
+  try {
+    const response = await fetch("/web/models");
+    const body = await response.json();
+    if (!response.ok) throw new Error(body.message || `HTTP ${response.status}`);
+    state.models = body.models;
+  } catch (e) {
+    showError(e, "Could not list the server's models");
+    return;
+  }
+  const sessions = state.models.filter((m) => m.kind === "session");
+  ui.model.replaceChildren(...sessions.map((m) => new Option(m.label, m.name)));
+  state.model = sessions[0]?.name ?? null;
+  ui.concept.hidden = !state.models.some((m) => m.kind === "concept");
+  if (!state.models.length) showError(new Error("the server offers no model this page can use"));
+  document.body.dataset.ready = "true";
+}
+
+const idle = () => hoverLane.idle && state.objects.every((o) => o.lane.idle);
+
+window.annotator = {
+  state,
+  stats,
+  hoverLane,
+  /** Nothing in flight or waiting, in any lane. */
+  idle,
+  /** Resolves once idle and the last answer is on screen (checked in the page, so a test
+   * waiting for it sends no polling traffic through WebDriver while it measures). */
+  whenIdle: () =>
+    new Promise((resolve) => {
+      const check = () => (idle() ? afterPaint(resolve) : setTimeout(check, 2));
+      check();
+    }),
+  requestsSent: () => hoverLane.sent + state.objects.reduce((n, o) => n + o.lane.sent, 0),
+};
+
+start();

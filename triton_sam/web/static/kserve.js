@@ -1,0 +1,180 @@
+// KServe v2 over HTTP to a session model (<family>_session), same origin (the gateway's /v2).
+//
+// embed: the image file's bytes as the BYTES input "image_bytes" with Triton's binary-data
+// extension (a JSON header, then the tensor: a 4-byte little-endian length + the bytes); the
+// server decodes them, computes the image id from the pixels and answers it. predict: the id
+// and the prompts in original pixels (JSON); the answer carries the masks at the original
+// size as COCO compressed RLE, their scores, and optionally a key to the kept low-res logits
+// for refinement. Errors come back as {"error": "triton_sam.<Code>: <field>: <message>"}.
+
+const encoder = new TextEncoder();
+const TOKEN_KEY = "triton-sam-token";
+
+// A bearer token for servers behind the token-checking proxy or ingress (kept for this tab
+// only); without one, no Authorization header is sent.
+let token = sessionStorage.getItem(TOKEN_KEY);
+
+export function setToken(value) {
+  token = value || null;
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+/** A request the server (or the network) refused, with a message a person can read. */
+export class ServerError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+/** "triton_sam.InvalidInput: image_bytes: ..." -> {code: "InvalidInput", text: "image_bytes: ..."} */
+export function parseError(status, body) {
+  let text = body;
+  try {
+    const json = JSON.parse(body);
+    text = json.error || json.message || body;
+  } catch {
+    // not JSON: the text as it came
+  }
+  const match = /^triton_sam\.(\w+): ([\s\S]*)$/.exec(text || "");
+  if (match) return new ServerError(status, match[1], match[2]);
+  if (status === 401) return new ServerError(status, "Unauthorized", "this server needs an access token");
+  return new ServerError(status, `HTTP ${status}`, text || `HTTP ${status}`);
+}
+
+async function infer(model, body, headers, signal) {
+  const sent = body instanceof Blob ? body.size : encoder.encode(body).length;
+  let response;
+  if (token) headers = { ...headers, Authorization: `Bearer ${token}` };
+  try {
+    response = await fetch(`/v2/models/${encodeURIComponent(model)}/infer`, {
+      method: "POST",
+      body,
+      headers,
+      signal,
+    });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new ServerError(0, "Unavailable", `cannot reach the server (${e.message})`);
+  }
+  const text = await response.text();
+  if (!response.ok) throw parseError(response.status, text);
+  const outputs = {};
+  for (const output of JSON.parse(text).outputs) outputs[output.name] = output;
+  return { outputs, sent, received: encoder.encode(text).length };
+}
+
+/** Send an image file once; resolves {imageId, encoded, sent, received}. */
+export async function embed(model, bytes, signal) {
+  const header = encoder.encode(
+    JSON.stringify({
+      inputs: [
+        {
+          name: "image_bytes",
+          shape: [1, 1],
+          datatype: "BYTES",
+          parameters: { binary_data_size: bytes.byteLength + 4 },
+        },
+      ],
+      outputs: [{ name: "image_id" }, { name: "encoded" }],
+    }),
+  );
+  const length = new Uint8Array(4);
+  new DataView(length.buffer).setUint32(0, bytes.byteLength, true);
+  const body = new Blob([header, length, bytes]);
+  const headers = {
+    "Content-Type": "application/octet-stream",
+    "Inference-Header-Content-Length": String(header.length),
+  };
+  const { outputs, sent, received } = await infer(model, body, headers, signal);
+  return {
+    imageId: outputs.image_id.data[0],
+    encoded: outputs.encoded.data[0],
+    sent,
+    received,
+  };
+}
+
+/**
+ * Masks for prompts in original pixels.
+ * @param prompts {points: [[x, y, label]...], box: [x0, y0, x1, y1] | null}
+ * @param options {multimask, keepLogits, previousKey, previousIndex}
+ * Resolves {masks: [rle counts], scores, size: [H, W], logitsKey, sent, received}.
+ */
+export async function predict(model, imageId, prompts, options, signal) {
+  const inputs = [{ name: "image_id", shape: [1, 1], datatype: "BYTES", data: [imageId] }];
+  const n = prompts.points.length;
+  if (n > 0) {
+    inputs.push({
+      name: "points",
+      shape: [1, n, 2],
+      datatype: "FP32",
+      data: prompts.points.flatMap((p) => [p[0], p[1]]),
+    });
+    inputs.push({ name: "labels", shape: [1, n], datatype: "INT32", data: prompts.points.map((p) => p[2]) });
+  }
+  if (prompts.box) inputs.push({ name: "box", shape: [1, 4], datatype: "FP32", data: prompts.box });
+  inputs.push({ name: "multimask_output", shape: [1, 1], datatype: "INT32", data: [options.multimask ? 1 : 0] });
+  if (options.previousKey) {
+    inputs.push({ name: "previous_key", shape: [1, 1], datatype: "BYTES", data: [options.previousKey] });
+    inputs.push({ name: "previous_mask_index", shape: [1, 1], datatype: "INT32", data: [options.previousIndex] });
+  }
+  const names = ["masks_rle", "mask_scores", "image_size"];
+  if (options.keepLogits) names.push("logits_key");
+  const body = JSON.stringify({ inputs, outputs: names.map((name) => ({ name })) });
+  const { outputs, sent, received } = await infer(model, body, { "Content-Type": "application/json" }, signal);
+  return {
+    masks: outputs.masks_rle.data,
+    scores: outputs.mask_scores.data,
+    size: outputs.image_size.data,
+    logitsKey: outputs.logits_key ? outputs.logits_key.data[0] : null,
+    sent,
+    received,
+  };
+}
+
+/**
+ * Instances of a text phrase on a concept model. The pixels (UINT8 [H, W, 3], binary) go
+ * once per image: the answer's image_id is kept on `image` (image.conceptIds[model]) and sent
+ * instead next time; when the server no longer holds it, the pixels go again.
+ */
+export async function concepts(model, image, rgb, phrase, signal) {
+  image.conceptIds ??= {};
+  const known = image.conceptIds[model];
+  const text = { name: "text", shape: [1, 1], datatype: "BYTES", data: [phrase] };
+  const outputs = ["image_id", "masks_rle", "scores", "image_size"].map((name) => ({ name }));
+  let answer;
+  if (known) {
+    const inputs = [{ name: "image_id", shape: [1, 1], datatype: "BYTES", data: [known] }, text];
+    try {
+      answer = await infer(model, JSON.stringify({ inputs, outputs }), { "Content-Type": "application/json" }, signal);
+    } catch (e) {
+      if (!(e instanceof ServerError) || e.code !== "EmbeddingNotFound") throw e;
+    }
+  }
+  if (!answer) {
+    const pixels = {
+      name: "image",
+      shape: [1, image.height, image.width, 3],
+      datatype: "UINT8",
+      parameters: { binary_data_size: rgb.byteLength },
+    };
+    const header = encoder.encode(JSON.stringify({ inputs: [pixels, text], outputs }));
+    const headers = {
+      "Content-Type": "application/octet-stream",
+      "Inference-Header-Content-Length": String(header.length),
+    };
+    answer = await infer(model, new Blob([header, rgb]), headers, signal);
+  }
+  const out = answer.outputs;
+  image.conceptIds[model] = out.image_id.data[0];
+  return {
+    masks: out.masks_rle.data,
+    scores: out.scores.data,
+    size: out.image_size.data,
+    sent: answer.sent,
+    received: answer.received,
+  };
+}
