@@ -22,6 +22,7 @@ from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import GraphSpec, ModelSpec
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.everything_config import everything_artifact, serves_everything
 from triton_sam.repository.lambda_config import lambda_artifact_for
 from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
@@ -122,7 +123,8 @@ def build_repository(
             ``serving/embedding_cache_model.py``), written beside the pair; None writes none.
             SAM2.1 also gets the ``sam2`` model over it (the Lambda seed's JSON contract,
             ``repository/lambda_config.py``), unless a ``sam2`` model of the user's own is
-            there.
+            there. SAM1 and SAM2.1 also get ``<family>_everything`` (segment everything,
+            ``repository/everything_config.py``).
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
@@ -173,6 +175,8 @@ def build_repository(
             contract = lambda_artifact_for(repository, spec.family, options, session)
             if contract is not None:
                 artifacts.append(contract)
+            if serves_everything(spec.family):  # over the session model and its graph
+                artifacts.append(everything_artifact(spec.family, session))
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
         written = [p.name for p in write_models(repository, artifacts)]
