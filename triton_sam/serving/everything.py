@@ -58,7 +58,7 @@ MAX_STABILITY_OFFSET = 100.0
 # -- the everything-decoder graph's contract (one place: exporter, writer, served model) ----
 # Inputs besides the features (the family's encoder outputs, batch 1: SAM1 image_embeddings;
 # SAM2 image_embed, high_res_feats_0, high_res_feats_1).
-IN_POINTS = "point_coords"  # float32 [P, 2]: (X, Y) pixels of the crop, one point per prompt
+IN_POINTS = "point_coords"  # float64 [P, 2]: (X, Y) crop pixels, one point per prompt
 IN_CROP_HW = "crop_hw"  # int64 [2]: (H, W) of the crop the features were computed on
 IN_PRED_IOU_THRESH = "pred_iou_thresh"  # float32 [1]; <= 0 keeps every mask (official)
 IN_STABILITY_THRESH = "stability_score_thresh"  # float32 [1]; <= 0 keeps every mask
@@ -340,7 +340,7 @@ def graph_feeds(params: EverythingParams, points: np.ndarray, crop_hw: tuple[int
     """
     f32 = np.float32
     return {
-        IN_POINTS: np.asarray(points, np.float32).reshape(-1, 2),
+        IN_POINTS: np.asarray(points, np.float64).reshape(-1, 2),
         IN_CROP_HW: np.array(crop_hw, np.int64),
         IN_PRED_IOU_THRESH: np.array([params.pred_iou_thresh], f32),
         IN_STABILITY_THRESH: np.array([params.stability_score_thresh], f32),
