@@ -256,3 +256,14 @@ def test_another_tenant_cannot_use_an_image_id(sam2_tiny_server):
         everything_client.generate(endpoint, MODEL, inputs)
     own = everything_client.generate(endpoint, MODEL, inputs, headers={TENANT_HEADER: "team-a"})
     assert own.image_size == image.shape[:2]
+
+
+def test_the_served_bench_row(sam2_tiny_server):
+    from triton_sam.bench.everything_served import served_rows
+
+    (row,) = served_rows(
+        sam2_tiny_server.grpc_url, IMAGE, [2], server_pid=sam2_tiny_server.pid, params=KEEP_ALL
+    )
+    assert row.points_per_side == 2 and row.batches == 1  # 4 points, one batch of 64
+    assert row.instances == 12 and row.seconds > 0  # 3 masks per point, none suppressed
+    assert row.server_peak_bytes is not None and row.server_peak_bytes > 0
