@@ -72,7 +72,7 @@ def served_rows(
                 t0 = time.perf_counter()
                 result = client.generate_masks(
                     image,
-                    progress=lambda done, total: steps.append(total),
+                    progress=lambda done, total, seen=steps: seen.append(total),
                     **{**dict(params or {}), "points_per_side": n},
                 )
                 seconds = time.perf_counter() - t0
