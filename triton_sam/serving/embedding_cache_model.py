@@ -709,7 +709,11 @@ class TritonPythonModel:
             features = self._features(scoped)
             for name in names:
                 value = features[name]
-                # A kept BLS output tensor (GPU, or the shm store) is answered as it is.
+                if not isinstance(value, np.ndarray) and value.is_cpu():
+                    # the shm store: a view, so the response never owns the cached tensor
+                    value = value.as_numpy()
+                # numpy is copied into the response; a GPU tensor is answered in device
+                # memory as it is (no host round trip)
                 outputs.append(
                     pb_utils.Tensor(name, value) if isinstance(value, np.ndarray) else value
                 )

@@ -282,8 +282,7 @@ class TritonPythonModel:
             model_name=self.session_model,
             inputs=inputs,
             requested_output_names=wanted,
-            **_cpu_outputs(),
-            **kwargs,
+            **kwargs,  # features where the session keeps them (on a GPU: device memory)
         ).exec()
         if response.has_error():
             message = response.error().message()
