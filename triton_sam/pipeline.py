@@ -106,6 +106,7 @@ def build_repository(
     session: SessionOptions | None = SessionOptions(),  # noqa: B008 - frozen, immutable
     checkpoints_dir: Path = Path("checkpoints"),
     concept: ConceptOptions | None = None,
+    everything: bool = False,
 ) -> RepositoryBuild:
     """Export ``spec`` and write its encoder/decoder models into ``repository``.
 
@@ -130,6 +131,8 @@ def build_repository(
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
             when None). Concept families write three graphs and the serving model instead
             of a pair (``repository/concept.py``).
+        everything: also export and write ``<family>_everything_decoder`` (SAM1, SAM2.1:
+            segment everything, ``repository/everything.py``), after the pair's models.
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -170,6 +173,7 @@ def build_repository(
         result = export_model(spec, weights, scratch / "onnx", export_options, metadata=metadata)
         graphs = spec.family.graphs
         artifacts = graph_artifacts(graphs, result.graphs, options)
+        extra = _everything_artifacts(spec, weights, scratch, options) if everything else []
         if session is not None:
             artifacts.append(session_artifact(spec.family, options, session))
             contract = lambda_artifact_for(repository, spec.family, options, session)
@@ -179,7 +183,7 @@ def build_repository(
                 artifacts.append(everything_artifact(spec.family, session))
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
-        written = [p.name for p in write_models(repository, artifacts)]
+        written = [p.name for p in write_models(repository, artifacts + extra)]
         names = tuple(written[: len(graphs)])
         session_model = written[len(graphs)] if session is not None else None
         return RepositoryBuild(
@@ -190,6 +194,15 @@ def build_repository(
             session_model=session_model,
             metadata=metadata,
         )
+
+
+def _everything_artifacts(spec: ModelSpec, weights: Path, scratch: Path, options) -> list:
+    """The everything-decoder of ``spec`` (exported from the same weights), as an artifact."""
+    from triton_sam.export.everything import export_for_spec
+    from triton_sam.repository.everything import everything_decoder_artifact
+
+    path = export_for_spec(spec, weights, scratch / "onnx")
+    return [everything_decoder_artifact(spec.family, path, options)]
 
 
 @contextmanager

@@ -30,6 +30,7 @@ and the image size, costs nothing on K boxes), uncrop, RLE, NMS.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -277,3 +278,70 @@ def export_everything_decoder(model: nn.Module, family: str, path: Path, *, opse
         dynamic_axes=dynamic,
         opset=opset,
     )
+
+
+def export_for_spec(
+    spec: Any, checkpoint: Path | None, out_dir: Path, *, opset: int = 17, verify: bool = True
+) -> Path:
+    """Build ``spec``'s official model from ``checkpoint`` and export its everything-decoder
+    to ``out_dir/<family>_everything_decoder.onnx``; with ``verify``, onnxruntime is checked
+    against torch on random features (every case of ``verify_graph``).
+
+    Raises:
+        ExportError / ExportValidationError: the export failed or disagrees with torch.
+    """
+    from triton_sam.export import exporter_for
+
+    family = spec.family.family
+    model = exporter_for(spec).build_model(spec, checkpoint)
+    path = export_everything_decoder(model, family, out_dir / f"{ev.graph_name(family)}.onnx")
+    if verify:
+        verify_graph(model, family, path)
+    return path
+
+
+# Masks: a pixel whose upsampled logit is within float32 rounding of mask_threshold may
+# flip between torch and onnxruntime; 1e-3 of the pixels is ~100x what is measured (0 on
+# the cases here). Scores: the decoder's outputs, float32 reassociation only (measured
+# <= 2e-7, as the predictor parity tests' 1e-5 bound).
+VERIFY_MASK_FRACTION = 1e-3
+VERIFY_SCORE_ATOL = 1e-5
+
+
+def verify_graph(model: nn.Module, family: str, path: Path) -> None:
+    """onnxruntime vs torch on random features, plain and (SAM2) m2m, multimask and single.
+
+    Raises:
+        ExportValidationError: listing every output that disagrees.
+    """
+    import onnxruntime as ort
+
+    from triton_sam.errors import ExportValidationError
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    module = EverythingDecoder(model, family).eval()
+    names = list(feature_names(family)) + list(ev.GRAPH_INPUTS)
+    problems = []
+    for m2m in (False, True) if family == "sam2" else (False,):
+        for multi in (True, False):
+            feeds = example_inputs(family, points=5, crop_hw=(70, 90), seed=1)
+            feeds[ev.IN_USE_M2M] = np.array([m2m])
+            feeds[ev.IN_MULTIMASK] = np.array([multi])
+            got = session.run(list(ev.GRAPH_OUTPUTS), feeds)
+            with torch.no_grad():
+                want = module(*[torch.from_numpy(np.asarray(feeds[n])) for n in names])
+            case = f"m2m={m2m} multimask={multi}"
+            for name, a, b in zip(ev.GRAPH_OUTPUTS, got, want, strict=True):
+                b = b.numpy()
+                if a.shape != b.shape:
+                    problems.append(f"{name} ({case}): shape {a.shape}, torch {b.shape}")
+                elif name == ev.OUT_MASKS:
+                    if a.size and (a != b).mean() > VERIFY_MASK_FRACTION:
+                        problems.append(f"{name} ({case}): {(a != b).mean():.2%} pixels differ")
+                elif name in (ev.OUT_IOU, ev.OUT_STABILITY):
+                    if a.size and np.abs(a - b).max() > VERIFY_SCORE_ATOL:
+                        problems.append(f"{name} ({case}): max diff {np.abs(a - b).max():.3g}")
+                elif not np.array_equal(a, b):
+                    problems.append(f"{name} ({case}): differs")
+    if problems:
+        raise ExportValidationError(path.name, problems)

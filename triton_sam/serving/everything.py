@@ -104,7 +104,12 @@ class EverythingParams:
     ``point_grids`` and ``output_mode`` are not parameters: grids come from
     ``points_per_side``, and records always carry COCO compressed RLE. ``min_mask_region_area``
     must be 0 (its connected-component pass needs OpenCV / SAM2's CUDA extension; refused
-    rather than silently skipped). ``multimask_output`` and ``use_m2m`` exist for SAM2 only.
+    rather than silently skipped: SAM1's generator fills holes and drops islands with
+    ``cv2.connectedComponentsWithStats`` after generation, SAM2's predictor does it on the
+    low-res logits with its CUDA extension and skips it with a warning without one).
+    ``multimask_output`` and ``use_m2m`` exist for SAM2 only. ``mask_threshold`` is SAM2's
+    argument; for SAM1 it is the model's ``Sam.mask_threshold`` (0.0), which the official
+    generator reads.
     """
 
     points_per_side: int = 32
