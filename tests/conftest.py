@@ -101,6 +101,7 @@ def sam2_tiny_build(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory):
         sam2_tiny_spec,
         repo,
         checkpoint=user_checkpoint(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory),
+        everything=True,  # as `setup` writes it: segment everything too
     )
     return repo, build
 

@@ -366,6 +366,7 @@ def _export(
 ) -> None:
     from triton_sam.config import section
     from triton_sam.pipeline import build_repository
+    from triton_sam.repository.everything_config import serves_everything
     from triton_sam.repository.session_config import SessionOptions
 
     plan = _export_plan(
@@ -383,7 +384,9 @@ def _export(
         for name in built.entry_models:
             typer.echo(f"wrote {repo / name}  (Paintera's entry model)")
     else:
-        build = build_repository(plan.spec, repo, **args, session=session)
+        # SAM1 / SAM2.1: segment everything too (its graph and the model serving it)
+        everything = session is not None and serves_everything(plan.spec.family)
+        build = build_repository(plan.spec, repo, **args, session=session, everything=everything)
     if plan.checkpoint is not None:
         meta = build.metadata
         typer.echo(

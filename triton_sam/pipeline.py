@@ -124,8 +124,8 @@ def build_repository(
             ``serving/embedding_cache_model.py``), written beside the pair; None writes none.
             SAM2.1 also gets the ``sam2`` model over it (the Lambda seed's JSON contract,
             ``repository/lambda_config.py``), unless a ``sam2`` model of the user's own is
-            there. SAM1 and SAM2.1 also get ``<family>_everything`` (segment everything,
-            ``repository/everything_config.py``).
+            there. With ``everything``, SAM1 and SAM2.1 also get ``<family>_everything``
+            over it (segment everything, ``repository/everything_config.py``).
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
@@ -179,7 +179,7 @@ def build_repository(
             contract = lambda_artifact_for(repository, spec.family, options, session)
             if contract is not None:
                 artifacts.append(contract)
-            if serves_everything(spec.family):  # over the session model and its graph
+            if everything and serves_everything(spec.family):  # over the session + its graph
                 artifacts.append(everything_artifact(spec.family, session))
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
