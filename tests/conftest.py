@@ -154,6 +154,7 @@ def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
         repo,
         checkpoint=user_checkpoint(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory),
         export_options=ExportOptions(external_data=True),
+        everything=True,  # as `setup` writes it: segment everything too
     )
     return embedded_repository(repo), build
 

@@ -4,7 +4,8 @@ The shared SAM2.1-tiny server (tests/conftest.py: random-init weights from the o
 config, written by ``build_repository`` as ``setup`` writes them) serves the everything model,
 the session model it embeds through and the everything-decoder graph. Checked here:
 
-- the instances equal ``sam2.automatic_mask_generator.SAM2AutomaticMaskGenerator`` on the same
+- the instances equal ``sam2.automatic_mask_generator.SAM2AutomaticMaskGenerator`` (and, on
+  the shared SAM1 ViT-B server, ``segment_anything.SamAutomaticMaskGenerator``) on the same
   weights and image, matched one to one (same prompt point, then best mask IoU): mask IoU >=
   ``MIN_IOU``, ``predicted_iou`` within ``SCORE_ATOL`` (the served decoder's outputs are within
   1e-4 of upstream's, tests/parity/test_sam2_parity.py), ``stability_score`` within
@@ -129,6 +130,12 @@ def test_served_instances_are_the_official_generators(client, official, case):
     expected = official(params)
     assert served.image_size == IMAGE.shape[:2]
     assert steps[0][0] == 0 and steps[-1][0] == steps[-1][1] > 0  # told up front, then done
+    assert_same_instances(served, expected)
+
+
+def assert_same_instances(served, expected: list[dict]) -> None:
+    """One to one: each official instance has a served one at the same point whose mask
+    overlaps it with IoU >= MIN_IOU and whose scores are within the tolerances."""
     assert len(served.instances) == len(expected) > 0
     unmatched = list(served.instances)
     for want in expected:
@@ -267,3 +274,21 @@ def test_the_served_bench_row(sam2_tiny_server):
     assert row.points_per_side == 2 and row.batches == 1  # 4 points, one batch of 64
     assert row.instances == 12 and row.seconds > 0  # 3 masks per point, none suppressed
     assert row.server_peak_bytes is not None and row.server_peak_bytes > 0
+
+
+# Last: the SAM1 server starts once the SAM2.1 one has stopped after its last test here.
+def test_sam1_served_instances_are_the_official_generators(
+    sam1_vit_b_server, sam1_vit_b_spec, sam1_vit_b_checkpoint
+):
+    from segment_anything import SamAutomaticMaskGenerator
+
+    from triton_sam.export.sam1 import build_model
+
+    params = {"points_per_side": 2, **KEEP_ALL}
+    model = build_model(sam1_vit_b_spec, sam1_vit_b_checkpoint)
+    generator = SamAutomaticMaskGenerator(model, output_mode="binary_mask", **params)
+    expected = generator.generate(IMAGE)
+    url = sam1_vit_b_server.grpc_url
+    with SAM2TritonClient(url, model_type="sam1", protocol="grpc") as sam1:
+        served = sam1.generate_masks(IMAGE, **params)
+    assert_same_instances(served, expected)
