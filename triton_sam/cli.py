@@ -756,13 +756,11 @@ def everything_cmd(
     bars: list[Any] = []
 
     def progress(image: Path) -> Any:
-        bar = tqdm(desc=image.name, unit="batch")
-        bars.append(bar)
-
         def update(done: int, total: int) -> None:
-            bar.total = total
-            bar.n = done
-            bar.refresh()
+            if not bars or bars[-1].desc != image.name:  # the server's first answer: a bar
+                bars.append(tqdm(desc=image.name, unit="batch", total=total))
+            bars[-1].n = done
+            bars[-1].refresh()
 
         return update
 
