@@ -79,11 +79,16 @@ def official_generator(family: str, model: Any, overrides: dict) -> Callable[[np
 
 
 def bench_rows(
-    runners: dict[str, Callable[[np.ndarray], list]], image: np.ndarray, *, repeats: int = 3
+    runners: dict[str, Callable[[np.ndarray], list]],
+    image: np.ndarray,
+    *,
+    repeats: int = 3,
+    warmup: bool = True,
 ) -> list[Row]:
     """Time each runner ``repeats`` times on ``image``, interleaved, after one untimed warm-up
-    each; the first runner is the baseline of ``speedup``."""
-    for run in runners.values():
+    each (unless ``warmup`` is false: long runs, where the first call's set-up is noise);
+    the first runner is the baseline of ``speedup``."""
+    for run in runners.values() if warmup else ():
         run(image)
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     counts: dict[str, int] = {}
@@ -130,6 +135,7 @@ def run(
     height: int = 480,
     overrides: dict | None = None,
     repeats: int = 3,
+    warmup: bool = True,
 ) -> dict:
     """The in-process rows for one model and parameter set (see the module docstring)."""
     from triton_sam.everything_local import LocalEverything
@@ -148,6 +154,7 @@ def run(
         },
         image,
         repeats=repeats,
+        warmup=warmup,
     )
     return {
         "model": model_name,
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed first run")
     parser.add_argument("--work", type=Path, default=Path(".bench/everything"))
     args = parser.parse_args(argv)
     overrides = {
@@ -186,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         height=args.height,
         overrides=overrides,
         repeats=args.repeats,
+        warmup=not args.no_warmup,
     )
     print(json.dumps(report, indent=1))
     for row in report["rows"]:
