@@ -220,3 +220,14 @@ def test_generator_progress_records_and_cancel() -> None:
     with pytest.raises(ev.Cancelled):
         gen.run((64, 96))
     assert len(calls) == 3
+
+
+def test_batch_memory_bound_names_points_per_batch() -> None:
+    params = ev.EverythingParams(points_per_batch=256)
+    ev.check_image("sam2", params, (480, 640))
+    with pytest.raises(RequestError) as info:
+        ev.check_image("sam2", params, (2048, 2048))
+    assert info.value.field == "params.points_per_batch"
+    gen = ev.Generator(params, family="sam1", embed=lambda b: b, decode=_fake_decode)
+    with pytest.raises(RequestError, match="points_per_batch <= "):
+        gen.run((1024, 1024))

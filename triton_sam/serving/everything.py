@@ -52,6 +52,12 @@ MAX_POINTS_PER_SIDE = 128
 MAX_POINTS_PER_BATCH = 256
 MAX_CROP_N_LAYERS = 3
 MAX_DOWNSCALE_FACTOR = 8
+# One decoder run upsamples up to 3 x points_per_batch masks (4 with m2m's ride-along) to the
+# crop's size in float32 (SAM1 also through a 1024 x 1024 float32 step, as its predictor
+# does): a job whose batch would hold more than this in logits is refused up front, naming
+# points_per_batch (the official generator has the same peak on its device). 2 GiB: the
+# default batch of 64 on a 1024 x 1024 image holds 0.75 GiB (SAM1 1.5 GiB).
+MAX_BATCH_LOGIT_BYTES = 2 * 2**30
 MAX_ABS_MASK_THRESHOLD = 100.0  # logits: beyond +-100 every mask is empty or full
 MAX_STABILITY_OFFSET = 100.0
 
@@ -252,6 +258,31 @@ def _check_layers(params: EverythingParams) -> None:
             f"{params.points_per_side} and crop_n_layers {params.crop_n_layers}: layer "
             f"{params.crop_n_layers} would have no points; expected points_per_side >= "
             f"factor ** crop_n_layers",
+        )
+
+
+def batch_logit_bytes(family: str, points_per_batch: int, crop_hw: tuple[int, int]) -> int:
+    """Peak float32 logit bytes of one decoder run (see :data:`MAX_BATCH_LOGIT_BYTES`)."""
+    per_mask = crop_hw[0] * crop_hw[1] + (1024 * 1024 if family == "sam1" else 0)
+    return 4 * 3 * points_per_batch * per_mask
+
+
+def check_image(family: str, params: EverythingParams, image_hw: tuple[int, int]) -> None:
+    """Refuse a job whose decoder runs would exceed :data:`MAX_BATCH_LOGIT_BYTES` on this
+    image (the whole image is the largest crop).
+
+    Raises:
+        RequestError: (``params.points_per_batch``) with the largest batch that fits.
+    """
+    need = batch_logit_bytes(family, params.points_per_batch, image_hw)
+    if need > MAX_BATCH_LOGIT_BYTES:
+        per_point = batch_logit_bytes(family, 1, image_hw)
+        raise RequestError(
+            f"{FIELD}.points_per_batch",
+            f"got {params.points_per_batch}: on a {image_hw[1]}x{image_hw[0]} (W x H) image a "
+            f"batch holds {need / 2**30:.1f} GiB of mask logits, expected at most "
+            f"{MAX_BATCH_LOGIT_BYTES / 2**30:.0f} GiB: use points_per_batch <= "
+            f"{max(1, MAX_BATCH_LOGIT_BYTES // per_point)}",
         )
 
 
@@ -549,6 +580,7 @@ class Generator:
     def instances(self, image_hw: tuple[int, int]) -> Instances:
         """The job's instances as columns (before the records are written)."""
         image_hw = (int(image_hw[0]), int(image_hw[1]))
+        check_image(self.family, self.params, image_hw)
         jobs = plan(self.params, image_hw)
         total = sum(len(batches(j, self.params.points_per_batch)) for j in jobs)
         done = 0
