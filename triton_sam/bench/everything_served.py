@@ -110,3 +110,47 @@ class _PeakMemory:
         value = process_tree_rss(self.pid)
         if value is not None:
             self.bytes = max(self.bytes or 0, value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m triton_sam.bench.everything_served``: a random-init repository written as
+    ``setup`` writes it (once, into ``--work``), an embedded server over it, the served rows."""
+    import argparse
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from triton_sam.models import get_model
+    from triton_sam.pipeline import build_repository
+    from triton_sam.repository.writer import embedded_repository
+    from triton_sam.sample import sample_image
+    from triton_sam.server import EmbeddedTriton
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--model", default="sam2.1_hiera_tiny", help="sam1_vit_b, sam2.1_...")
+    parser.add_argument("--points-per-side", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--params", default="{}", help="JSON object of further overrides")
+    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--height", type=int, default=427)
+    parser.add_argument("--work", type=Path, default=Path(".bench/everything_served"))
+    args = parser.parse_args(argv)
+    spec = get_model(args.model)
+    repo = args.work / args.model / "model_repository"
+    if not (repo / f"{spec.family.family}_everything").is_dir():
+        build_repository(spec, repo, checkpoint=None, random_init=True, everything=True)
+    image = sample_image(args.width, args.height)
+    with EmbeddedTriton(embedded_repository(repo), http_port=0, grpc_port=0, metrics_port=0) as s:
+        rows = served_rows(
+            s.grpc_url,
+            image,
+            args.points_per_side,
+            model_type=spec.family.family,
+            server_pid=s.pid,
+            params=json.loads(args.params),
+        )
+    for row in rows:
+        print(json.dumps(asdict(row)))
+
+
+if __name__ == "__main__":
+    main()
