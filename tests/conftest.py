@@ -101,6 +101,7 @@ def sam2_tiny_build(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory):
         sam2_tiny_spec,
         repo,
         checkpoint=user_checkpoint(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory),
+        everything=True,  # as `setup` writes it: segment everything too
     )
     return repo, build
 
@@ -153,6 +154,7 @@ def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
         repo,
         checkpoint=user_checkpoint(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory),
         export_options=ExportOptions(external_data=True),
+        everything=True,  # as `setup` writes it: segment everything too
     )
     return embedded_repository(repo), build
 

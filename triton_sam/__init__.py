@@ -6,6 +6,7 @@ onnxruntime) are imported only by the export and serving modules that need them.
 
 from triton_sam.client import (
     ConceptPrediction,
+    EverythingResult,
     Prediction,
     RetryPolicy,
     SAM2TritonClient,
@@ -51,6 +52,7 @@ __all__ = [
     "ConceptPrediction",
     "ConfigError",
     "DownloadError",
+    "EverythingResult",
     "ExportError",
     "ExportValidationError",
     "FrameIndexError",

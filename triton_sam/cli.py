@@ -366,6 +366,7 @@ def _export(
 ) -> None:
     from triton_sam.config import section
     from triton_sam.pipeline import build_repository
+    from triton_sam.repository.everything_config import serves_everything
     from triton_sam.repository.session_config import SessionOptions
 
     plan = _export_plan(
@@ -383,7 +384,9 @@ def _export(
         for name in built.entry_models:
             typer.echo(f"wrote {repo / name}  (Paintera's entry model)")
     else:
-        build = build_repository(plan.spec, repo, **args, session=session)
+        # SAM1 / SAM2.1: segment everything too (its graph and the model serving it)
+        everything = session is not None and serves_everything(plan.spec.family)
+        build = build_repository(plan.spec, repo, **args, session=session, everything=everything)
     if plan.checkpoint is not None:
         meta = build.metadata
         typer.echo(
@@ -750,6 +753,72 @@ def segment_cmd(
         typer.echo(f"{phrase!r}: {count} instances (presence {prediction.presence[i]:.2f})")
     typer.echo(f"timings: {result.timings_ms}; predict request {_size(result.request_bytes)}")
     typer.echo(f"wrote {result.overlay} and {result.coco}")
+
+
+@app.command("everything", short_help="Segment everything in images (automatic mask generator).")
+def everything_cmd(
+    images: Annotated[list[Path], typer.Argument(help="Images to segment.")],
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("outputs/everything"),
+    url: Annotated[
+        str | None, typer.Option(help="Server's gRPC address (default $TRITON_URL).")
+    ] = None,
+    model_type: Annotated[str, typer.Option(help="sam2 (SAM2.1) | sam1.")] = "sam2",
+    points_per_side: Annotated[int | None, typer.Option(help="Grid points per side.")] = None,
+    points_per_batch: Annotated[int | None, typer.Option(help="Points per decoder run.")] = None,
+    pred_iou_thresh: Annotated[float | None, typer.Option(help="Predicted IoU cut.")] = None,
+    stability_score_thresh: Annotated[float | None, typer.Option(help="Stability cut.")] = None,
+    crop_n_layers: Annotated[int | None, typer.Option(help="Crop layers (0: none).")] = None,
+    params: Annotated[
+        str | None, typer.Option(help="Other parameters as JSON, e.g. '{\"box_nms_thresh\": 0.6}'.")
+    ] = None,
+) -> None:
+    """Every instance in each image, as the official automatic mask generator finds them:
+    <out>/<stem>.png (overlay) and <out>/<stem>.json (coco_rle records). Ctrl-C cancels the
+    job on the server."""
+    import json
+
+    from tqdm import tqdm
+
+    from triton_sam.errors import InputValidationError
+    from triton_sam.segment_everything import segment_everything
+
+    try:
+        given = json.loads(params) if params else {}
+    except json.JSONDecodeError as e:
+        raise InputValidationError("params", f"not JSON: {e}") from e
+    if not isinstance(given, dict):
+        raise InputValidationError("params", "expected a JSON object")
+    named = {
+        "points_per_side": points_per_side,
+        "points_per_batch": points_per_batch,
+        "pred_iou_thresh": pred_iou_thresh,
+        "stability_score_thresh": stability_score_thresh,
+        "crop_n_layers": crop_n_layers,
+    }
+    given |= {k: v for k, v in named.items() if v is not None}
+    bars: list[Any] = []
+
+    def progress(image: Path) -> Any:
+        def update(done: int, total: int) -> None:
+            if not bars or bars[-1].desc != image.name:  # the server's first answer: a bar
+                bars.append(tqdm(desc=image.name, unit="batch", total=total))
+            bars[-1].n = done
+            bars[-1].refresh()
+
+        return update
+
+    try:
+        written = segment_everything(
+            images, out, url=url, model_type=model_type, params=given, progress=progress
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+    for files in written:
+        typer.echo(
+            f"{files.image.name}: {len(files.result)} instances in {files.seconds:.1f} s -> "
+            f"{files.overlay}, {files.annotations}"
+        )
 
 
 @bench_app.command("concepts", short_help="Concept segmentation through Triton vs Sam3Model.")

@@ -22,6 +22,7 @@ from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import GraphSpec, ModelSpec
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.everything_config import everything_artifact, serves_everything
 from triton_sam.repository.lambda_config import lambda_artifact_for
 from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
@@ -105,6 +106,7 @@ def build_repository(
     session: SessionOptions | None = SessionOptions(),  # noqa: B008 - frozen, immutable
     checkpoints_dir: Path = Path("checkpoints"),
     concept: ConceptOptions | None = None,
+    everything: bool = False,
 ) -> RepositoryBuild:
     """Export ``spec`` and write its encoder/decoder models into ``repository``.
 
@@ -122,12 +124,15 @@ def build_repository(
             ``serving/embedding_cache_model.py``), written beside the pair; None writes none.
             SAM2.1 also gets the ``sam2`` model over it (the Lambda seed's JSON contract,
             ``repository/lambda_config.py``), unless a ``sam2`` model of the user's own is
-            there.
+            there. With ``everything``, SAM1 and SAM2.1 also get ``<family>_everything``
+            over it (segment everything, ``repository/everything_config.py``).
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
             when None). Concept families write three graphs and the serving model instead
             of a pair (``repository/concept.py``).
+        everything: also export and write ``<family>_everything_decoder`` (SAM1, SAM2.1:
+            segment everything, ``repository/everything.py``), after the pair's models.
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -168,14 +173,17 @@ def build_repository(
         result = export_model(spec, weights, scratch / "onnx", export_options, metadata=metadata)
         graphs = spec.family.graphs
         artifacts = graph_artifacts(graphs, result.graphs, options)
+        extra = _everything_artifacts(spec, weights, scratch, options) if everything else []
         if session is not None:
             artifacts.append(session_artifact(spec.family, options, session))
             contract = lambda_artifact_for(repository, spec.family, options, session)
             if contract is not None:
                 artifacts.append(contract)
+            if everything and serves_everything(spec.family):  # over the session + its graph
+                artifacts.append(everything_artifact(spec.family, session))
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
-        written = [p.name for p in write_models(repository, artifacts)]
+        written = [p.name for p in write_models(repository, artifacts + extra)]
         names = tuple(written[: len(graphs)])
         session_model = written[len(graphs)] if session is not None else None
         return RepositoryBuild(
@@ -186,6 +194,15 @@ def build_repository(
             session_model=session_model,
             metadata=metadata,
         )
+
+
+def _everything_artifacts(spec: ModelSpec, weights: Path, scratch: Path, options) -> list:
+    """The everything-decoder of ``spec`` (exported from the same weights), as an artifact."""
+    from triton_sam.export.everything import export_for_spec
+    from triton_sam.repository.everything import everything_decoder_artifact
+
+    path = export_for_spec(spec, weights, scratch / "onnx")
+    return [everything_decoder_artifact(spec.family, path, options)]
 
 
 @contextmanager

@@ -194,7 +194,8 @@ def test_session_config_follows_the_spec(family):
     finished = ["masks_rle", "masks_png", "masks_bits", "mask_boxes", "mask_scores", "image_size"]
     decoder = [t.name for t in spec.decoder_outputs]
     # point_list: SAM1, SAM2; logits_key: the key the server issues for kept logits
-    assert outputs == decoder + ["encoded", "image_id", "logits_key", *finished]
+    features = list(spec.embedding_names)  # read back by the everything model
+    assert outputs == decoder + ["encoded", "image_id", "logits_key", *finished, *features]
     for name in ("points", "labels", "box", "multimask_output"):
         assert inputs[name].optional
     (group,) = config.instance_group

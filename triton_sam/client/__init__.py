@@ -1,6 +1,7 @@
 """Clients: image in, masks out, over Triton's HTTP or gRPC protocol."""
 
 from triton_sam.client.concepts import ConceptPrediction
+from triton_sam.client.everything import EverythingResult
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from triton_sam.client.speculative import (
@@ -15,6 +16,7 @@ from triton_sam.client.video import SAM2VideoTritonClient
 __all__ = [
     "ConceptPrediction",
     "DEFAULT_RETRY",
+    "EverythingResult",
     "NO_RETRY",
     "Prediction",
     "RetryPolicy",

@@ -28,11 +28,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from triton_sam.client import everything as everything_client
 from triton_sam.client.connection import Connection
 from triton_sam.client.decode_request import DecodeRequest
+from triton_sam.client.everything import EverythingResult
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.request_book import LatestWins, RequestBook, RequestRecord, TrackedEvent
 from triton_sam.errors import (
+    EmbeddingNotFoundError,
     InferenceTimeoutError,
     InputValidationError,
     RequestCancelledError,
@@ -275,6 +278,44 @@ class SpeculativeSAM2Client:
         """Like :meth:`predict_sync`, returning the :class:`Prediction` (with low-res logits)."""
         request = self._conn.request(point_coords, point_labels, box, mask_input, multimask_output)
         return self._conn.decode_sync(request)
+
+    async def generate_masks(
+        self,
+        image: Any = None,
+        *,
+        progress: Callable[[int, int], Any] | None = None,
+        grpc_url: str | None = None,
+        job_timeout_s: float | None = None,
+        **params: Any,
+    ) -> EverythingResult:
+        """Every instance in an image (the official automatic mask generator's
+        ``coco_rle`` records), computed by the server's ``<family>_everything`` model.
+
+        Same arguments and result as :meth:`SAM2TritonClient.generate_masks`. Cancelling
+        the task that awaits it cancels the job on the server (its gRPC stream is closed;
+        the model stops before its next decoder batch).
+        """
+        conn = self._conn
+        await conn.aconnected()
+        model = everything_client.job_model(conn.family, conn.model_type, conn.session_model)
+        params_json = everything_client.check_params(conn.family.family, params)
+        endpoint = everything_client.grpc_endpoint(conn.endpoint, grpc_url)
+        cached = None if image is not None else conn._require_image().cached
+        first, fallback = await asyncio.to_thread(
+            everything_client.job_requests, image, cached, params_json
+        )
+        options: dict[str, Any] = {
+            "progress": progress,
+            "timeout_s": job_timeout_s,
+            "tls": conn.tls,
+            "headers": conn.headers,
+        }
+        try:
+            return await everything_client.agenerate(endpoint, model, first, **options)
+        except EmbeddingNotFoundError:  # evicted, or the server restarted: send the pixels
+            if fallback is None:
+                raise
+            return await everything_client.agenerate(endpoint, model, fallback, **options)
 
     def cancel_session_requests(self, session_id: str, *, keep_latest: bool = True) -> int:
         """Cancel the session's stale requests for real.

@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 
 from triton_sam.client import concepts, embedding_path, flow, image_io
+from triton_sam.client import everything as everything_client
 from triton_sam.client.connect import connect, connect_concepts
 from triton_sam.client.decode_request import EncodedImage, decode_request, image_source
+from triton_sam.client.everything import EverythingResult
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import TlsOptions, Transport, resolve_endpoint
@@ -253,6 +255,65 @@ class SAM2TritonClient:
         timings["postprocess"] = max(0.0, total - sum(timings.values()))
         self.last_timings_ms = timings
         return prediction
+
+    # -- segment everything ------------------------------------------------------------
+    def generate_masks(
+        self,
+        image: Any = None,
+        *,
+        progress: Callable[[int, int], Any] | None = None,
+        grpc_url: str | None = None,
+        job_timeout_s: float | None = None,
+        **params: Any,
+    ) -> EverythingResult:
+        """Every instance in an image, as the official automatic mask generator gives them
+        (``output_mode="coco_rle"``), computed by the server's ``<family>_everything`` model.
+
+        Args:
+            image: a path (its bytes are sent), a PIL image or an HxWx3 uint8 array; None
+                uses the image of :meth:`set_image` (its id when the server keeps it: the
+                features are not computed again).
+            progress: called ``(done_batches, total_batches)`` as the server works; raising
+                from it (or Ctrl-C) cancels the job on the server.
+            grpc_url: the server's gRPC address (the job streams over gRPC); default: this
+                client's when it speaks gRPC, else port 8001 beside an HTTP port 8000.
+            job_timeout_s: give up (and cancel the job) after this long; None waits.
+            **params: the official generator's parameters (``points_per_side=32``,
+                ``pred_iou_thresh``, ``crop_n_layers``...), checked before anything is sent.
+
+        Returns:
+            An :class:`~triton_sam.client.everything.EverythingResult`.
+
+        Raises:
+            UnsupportedModelError: a family without a segment-everything model (SAM3).
+            InputValidationError: a bad parameter (named ``params.<key>``) or image.
+            ImageNotSetError: no image given and none set.
+            InvalidRequestError / ServerOverloadedError / ServerError: the server's answer.
+        """
+        model = everything_client.job_model(self.family, self.model_type, self.session_model)
+        params_json = everything_client.check_params(self.family.family, params)
+        endpoint = everything_client.grpc_endpoint(self._transport.endpoint, grpc_url)
+
+        def run(inputs: dict[str, np.ndarray]) -> EverythingResult:
+            return everything_client.generate(
+                endpoint,
+                model,
+                inputs,
+                progress=progress,
+                timeout_s=job_timeout_s,
+                tls=self._transport.tls,
+            )
+
+        if image is None:
+            self._require_image()
+        cached = None if self._image is None else self._image.cached
+        first, fallback = everything_client.job_requests(image, cached, params_json)
+        try:
+            return run(first)
+        except EmbeddingNotFoundError:  # evicted, or the server restarted: send the pixels
+            if fallback is None:
+                raise
+            return run(fallback)
 
     # -- concept segmentation (text prompts; model_type="sam3_concept") --------------------
     def predict_concepts(

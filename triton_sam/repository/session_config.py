@@ -15,7 +15,9 @@ tensors come from the spec:
 - outputs: every decoder output, plus ``encoded`` (INT32: 1 = the encoder ran, 0 = cached),
   ``image_id`` (BYTES: the id the server computed from the image it received) and, when the
   decoder takes a mask and answers low-res logits, ``logits_key`` (BYTES: the key the server
-  issued for the logits it kept, ``protocol.embedding_cache.keeps_logits``).
+  issued for the logits it kept, ``protocol.embedding_cache.keeps_logits``); point-list
+  families also answer the finished masks and, last, the cached features (named as the
+  encoder outputs) for an embed or probe that asks for them.
 
 Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters.
 
@@ -229,6 +231,11 @@ def build_session_config(
         )
         config.output.extend(
             tensor_message(t, model_config_pb2.ModelOutput) for t in FINISHED_OUTPUTS
+        )
+        # The cached features, answered to an embed or probe that asks for them (the
+        # everything model decodes its own prompt batches on them).
+        config.output.extend(
+            tensor_message(t, model_config_pb2.ModelOutput) for t in family.encoder_outputs
         )
     group = config.instance_group.add(count=1)
     if options.kind == "gpu":

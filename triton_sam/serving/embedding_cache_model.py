@@ -80,6 +80,11 @@ where a click's time goes inside this model: counters
 stage of ``protocol.embedding_cache.STAGES`` (requests that ran the decoder only), which
 ``triton-sam bench click`` reads beside Triton's own per-model statistics.
 
+An embed or probe that asks for outputs named like the encoder's outputs (the features) or
+``image_size`` gets the cached features and the original size of that image (the tenant's):
+the everything model (``serving/everything_model.py``) reads them back to run its own
+decoder on them, so segment-everything reuses what a client's ``set_image`` embedded.
+
 Config ``parameters`` read here: ``protocol.embedding_cache.PARAM_KEYS`` (the renderer writes
 the same keys from the same module).
 """
@@ -392,6 +397,8 @@ class TritonPythonModel:
             elif encoded is None:  # probe
                 self._features(scoped)
                 encoded = 0
+            if pixel is None and not prompts:  # embed / probe: what it holds, when asked
+                outputs += self._held_outputs(scoped, wanted)
             if ENCODED in wanted or not wanted:
                 value = np.array([[encoded or 0]], dtype=np.int32)
                 outputs.append(pb_utils.Tensor(ENCODED, value))
@@ -691,6 +698,35 @@ class TritonPythonModel:
         evicted = self.cache.put(scoped, features, nbytes, hw)
         self.metrics.count("evictions", len(evicted))
         return 1
+
+    def _held_outputs(self, scoped, wanted):
+        """The cached features (outputs named like the encoder's) and the original
+        ``image_size`` of ``scoped``, those of them ``wanted`` names: what the everything
+        model reads back to decode its own prompt batches (serving/everything_model.py)."""
+        names = [n for n in self.embedding_names if n in wanted]
+        outputs = []
+        if names:
+            features = self._features(scoped)
+            for name in names:
+                value = features[name]
+                if not isinstance(value, np.ndarray) and value.is_cpu():
+                    # the shm store: a view, so the response never owns the cached tensor
+                    value = value.as_numpy()
+                # numpy is copied into the response; a GPU tensor is answered in device
+                # memory as it is (no host round trip)
+                outputs.append(
+                    pb_utils.Tensor(name, value) if isinstance(value, np.ndarray) else value
+                )
+        if IMAGE_SIZE in wanted:
+            hw = self.cache.original_size(scoped)
+            if hw is None:
+                raise bounds.RequestError(
+                    IMAGE_ID,
+                    "embedded as a preprocessed tensor, whose original size the server does "
+                    f"not know; embed it as {IMAGE_BYTES} or {IMAGE_RGB}",
+                )
+            outputs.append(pb_utils.Tensor(IMAGE_SIZE, np.array([hw], np.int32)))
+        return outputs
 
     def _features(self, scoped):
         features = self.cache.get(scoped)  # EmbeddingMiss when absent

@@ -105,13 +105,18 @@ def rle_counts(mask: np.ndarray) -> np.ndarray:
 
 
 def encode_rle(mask: np.ndarray) -> bytes:
-    """COCO compressed RLE ``counts`` of a bool [H, W] mask (pycocotools' ``rleToString``).
+    """COCO compressed RLE ``counts`` of a bool [H, W] mask (pycocotools' ``rleToString``)."""
+    return compress_counts(rle_counts(mask))
+
+
+def compress_counts(counts: np.ndarray) -> bytes:
+    """COCO compressed RLE ``counts`` of uncompressed run lengths (``rleToString``).
 
     Vectorised over the runs: each value (a run, or from the third on its difference with
     the run two before) becomes 5-bit groups, low bits first, every group but the last
     flagged 0x20; a value is complete when the rest is 0 (or -1 with the sign bit 0x10 set).
     """
-    counts = rle_counts(mask)
+    counts = np.asarray(counts, np.int64)
     values = counts.copy()
     values[3:] -= counts[1:-2]  # i > 2: delta to the run two before
     chunks, flags = [], []
@@ -123,6 +128,8 @@ def encode_rle(mask: np.ndarray) -> bytes:
         chunks.append(np.where(more, c | 0x20, c) + 48)
         flags.append(active)
         active = more
+    if not chunks:
+        return b""
     table = np.stack(chunks, axis=1)  # [values, groups], row-major = output order
     return table[np.stack(flags, axis=1)].astype(np.uint8).tobytes()
 

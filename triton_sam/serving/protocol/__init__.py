@@ -9,7 +9,8 @@ model, what they share here:
 - :mod:`.concept`: ``sam3_concept``, text prompts to instances;
 - :mod:`.tracker`: ``sam2_tracker`` and the five video graphs it calls;
 - :mod:`.runner`: the python-target runner of an ONNX graph;
-- :mod:`.lambda_json`: ``sam2``, the Lambda seed's JSON contract over the session model.
+- :mod:`.lambda_json`: ``sam2``, the Lambda seed's JSON contract over the session model;
+- :mod:`.everything`: ``<family>_everything``, segment everything over the session model.
 
 Model kinds: every python-backend model the writer renders carries its kind in the config
 parameter :data:`KIND_PARAM`, so tools recognise it by what it says it is, not by sniffing
@@ -38,7 +39,8 @@ KIND_EMBEDDING_CACHE = "embedding_cache"  # <family>_session
 KIND_CONCEPT = "concept"  # sam3_concept
 KIND_TRACKER = "tracker"  # sam2_tracker
 KIND_LAMBDA_JSON = "lambda_json"  # sam2: the Lambda seed's JSON contract
-KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER, KIND_LAMBDA_JSON)  # BLS models
+KIND_EVERYTHING = "everything"  # <family>_everything: segment everything
+KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER, KIND_LAMBDA_JSON, KIND_EVERYTHING)
 KIND_RUNNER = "onnx_runner"  # an ONNX graph on the python target (runner_model.py)
 # The top-level name the package is shipped under beside model.py: unique, so nothing on the
 # stub's sys.path (which holds the server interpreter's site-packages) can shadow it.
