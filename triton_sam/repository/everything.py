@@ -23,6 +23,8 @@ from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec, TensorSpec
 from triton_sam.repository.config import (
     _KINDS,
+    ARENA_SHRINKAGE_PARAM,
+    CPU_ARENA_SHRINKAGE,
     ModelConfig,
     RepositoryOptions,
     _set_onnxruntime,
@@ -81,6 +83,10 @@ def everything_decoder_config(
         _set_onnxruntime(config, options)
         config.optimization.ClearField("execution_accelerators")
         config.ClearField("optimization")
+        # A job's batches upsample P x 3 masks to the crop's size (hundreds of MB on a CPU),
+        # and between jobs the model idles: the CPU arena gives that memory back after each
+        # run rather than holding a job's peak for good (the CPU twin keeps the parameter).
+        config.parameters[ARENA_SHRINKAGE_PARAM].string_value = CPU_ARENA_SHRINKAGE
     else:
         _set_python(config, options)
     return config
