@@ -1142,6 +1142,33 @@ def bench_video_cmd(
     _echo_report(paths)
 
 
+@bench_app.command("everything", short_help="Segment everything: served vs official generator.")
+def bench_everything_cmd(
+    model: VariantOpt = "sam2.1_hiera_tiny",
+    points_per_side: Annotated[int, typer.Option(min=1, help="Grid points per side.")] = 32,
+    points_per_batch: Annotated[int, typer.Option(min=1, help="Prompts per decoder run.")] = 64,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per row.")] = 1,
+    served: Annotated[bool, typer.Option(help="Add the served row (embedded server).")] = True,
+    work_dir: Annotated[Path, typer.Option(help="Graphs and repository.")] = Path(
+        ".bench/everything"
+    ),
+) -> None:
+    """Automatic mask generation, one run, same random-init weights, image and parameters:
+    the official generator, onnxruntime with our batching, and the served model; speedups
+    against the official generator and the server's peak memory."""
+    from triton_sam.bench import everything
+
+    argv = [
+        f"--model={model}",
+        f"--points-per-side={points_per_side}",
+        f"--points-per-batch={points_per_batch}",
+        f"--repeats={repeats}",
+        f"--work={work_dir}",
+        *(["--served"] if served else []),
+    ]
+    everything.main(argv)
+
+
 @bench_app.command("perf-analyzer", short_help="Triton's perf_analyzer against the served models.")
 def perf_analyzer_cmd(
     model: Annotated[str, typer.Option(help="Variant (its family gives shapes).")] = (

@@ -9,7 +9,12 @@ so load from others on a shared machine falls on both alike:
 - ``onnxruntime``: :class:`~triton_sam.everything_local.LocalEverything`: the exported encoder
   and everything-decoder in onnxruntime, driven by ``serving/everything.py``.
 
-amg-serve adds the served row (:func:`bench_rows` takes any extra ``name -> callable``).
+- ``served`` (``--served``): ``SAM2TritonClient.generate_masks`` against the
+  ``<family>_everything`` model of a repository written from the same checkpoint, on the
+  embedded server (what ``triton-sam everything`` waits for). Each served run sends the image
+  with one pixel changed, so the server encodes it as the in-process rows do (a repeat of the
+  same image would reuse the session model's cached features); the server's peak memory
+  (``tritonserver`` and its stubs, PSS) is reported beside it.
 
 Parameters: random-init weights predict noise masks (logits ~0.1, predicted IoU ~0.45 / ~0),
 so the defaults would keep nothing and, worse, let our graph skip the upsampling of masks the
@@ -25,6 +30,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import statistics
 import time
@@ -136,8 +143,10 @@ def run(
     overrides: dict | None = None,
     repeats: int = 3,
     warmup: bool = True,
+    served: bool = False,
 ) -> dict:
-    """The in-process rows for one model and parameter set (see the module docstring)."""
+    """The rows for one model and parameter set (see the module docstring); ``served`` adds
+    the served row."""
     from triton_sam.everything_local import LocalEverything
     from triton_sam.sample import sample_image
 
@@ -147,21 +156,54 @@ def run(
     params = ev.parse_params(family, overrides)
     image = sample_image(width, height)
     ours = LocalEverything.from_onnx(family, encoder, decoder, spec.family.preprocessing)
-    rows = bench_rows(
-        {
-            "official": official_generator(family, model, overrides),
-            "onnxruntime": lambda img: ours.generate(img, params),
-        },
-        image,
-        repeats=repeats,
-        warmup=warmup,
-    )
-    return {
+    runners = {
+        "official": official_generator(family, model, overrides),
+        "onnxruntime": lambda img: ours.generate(img, params),
+    }
+    with contextlib.ExitStack() as stack:
+        peak = None
+        if served:
+            served_run, peak = stack.enter_context(_served(spec, work, overrides))
+            runners["served"] = served_run
+        rows = bench_rows(runners, image, repeats=repeats, warmup=warmup)
+    report = {
         "model": model_name,
         "image_wh": [width, height],
         "params": overrides,
         "rows": [asdict(r) | {"median_s": r.median_s} for r in rows],
     }
+    if peak is not None:
+        report["served_peak_bytes"] = peak.bytes
+    return report
+
+
+@contextlib.contextmanager
+def _served(spec: Any, work: Path, overrides: dict):
+    """(runner, peak-memory sampler) of the served row: an embedded server over a repository
+    written from :func:`prepare`'s checkpoint, as ``setup`` writes it."""
+    from triton_sam.bench.everything_served import PeakMemory
+    from triton_sam.client import SAM2TritonClient
+    from triton_sam.pipeline import build_repository
+    from triton_sam.repository.writer import embedded_repository
+    from triton_sam.server import EmbeddedTriton
+
+    repo = work / "model_repository"
+    if not (repo / f"{spec.family.family}_everything").is_dir():
+        checkpoint = work / f"{spec.name}.random1.pt"
+        build_repository(spec, repo, checkpoint=checkpoint, everything=True)
+    with (
+        EmbeddedTriton(embedded_repository(repo), http_port=0, grpc_port=0, metrics_port=0) as s,
+        SAM2TritonClient(s.grpc_url, model_type=spec.family.family, protocol="grpc") as client,
+        PeakMemory(s.pid, 0.2) as peak,
+    ):
+        calls = itertools.count()
+
+        def run(image: np.ndarray) -> list:
+            fresh = image.copy()  # a new image each run: the server encodes it, as ours do
+            fresh[0, 0, 0] ^= 1 + next(calls) % 255
+            return client.generate_masks(fresh, **overrides).instances
+
+        yield run, peak
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed first run")
+    parser.add_argument(
+        "--served", action="store_true", help="add the served row (embedded server, same weights)"
+    )
     parser.add_argument("--work", type=Path, default=Path(".bench/everything"))
     args = parser.parse_args(argv)
     overrides = {
@@ -195,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         overrides=overrides,
         repeats=args.repeats,
         warmup=not args.no_warmup,
+        served=args.served,
     )
     print(json.dumps(report, indent=1))
     for row in report["rows"]:
@@ -202,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['name']:>12}: median {row['median_s']:.2f} s, {row['instances']} instances, "
             f"speedup x{row['speedup']:.2f}"
         )
+    if report.get("served_peak_bytes"):
+        print(f"served: server peak memory {report['served_peak_bytes'] / 2**30:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def served_rows(
         client.generate_masks(image, points_per_side=1)  # embeds and caches the image
         for n in points_per_side:
             steps: list[int] = [0]
-            with _PeakMemory(server_pid, sample_period_s) as peak:
+            with PeakMemory(server_pid, sample_period_s) as peak:
                 t0 = time.perf_counter()
                 result = client.generate_masks(
                     image,
@@ -80,7 +80,7 @@ def served_rows(
     return rows
 
 
-class _PeakMemory:
+class PeakMemory:
     """The largest :func:`process_tree_rss` of ``pid`` seen while the block runs."""
 
     def __init__(self, pid: int | None, period_s: float) -> None:
@@ -89,7 +89,7 @@ class _PeakMemory:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="everything-memory", daemon=True)
 
-    def __enter__(self) -> _PeakMemory:
+    def __enter__(self) -> PeakMemory:
         if self.pid is not None:
             self._sample()
             self._thread.start()
