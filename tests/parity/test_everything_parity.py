@@ -37,6 +37,7 @@ Tolerances (ORT vs torch differ by float32 reassociation only):
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -225,3 +226,20 @@ def test_sam1_matches_official_generator(sam1_setup, case: str) -> None:
     # grid4 keeps every mask (many instances); grid3_nms has NMS suppress near-equal boxes.
     assert len(official) >= {"grid4": 8, "grid3_nms": 2}[case], "too few instances to compare"
     assert_same_instances(official, ours, IMAGE.shape[:2])
+
+
+# The official default grid (32x32, points_per_batch 64) on a 640x480 image: minutes per
+# family on a CPU, so a manual command rather than CI:
+#   TRITON_SAM_EVERYTHING_GRID=32 pytest tests/parity/test_everything_parity.py -k default_grid
+DEFAULT_GRID = int(os.environ.get("TRITON_SAM_EVERYTHING_GRID") or 0)
+
+
+@pytest.mark.skipif(not DEFAULT_GRID, reason="manual: set TRITON_SAM_EVERYTHING_GRID=32")
+@pytest.mark.parametrize("family", ["sam2", "sam1"])
+def test_the_default_grid_matches_the_official_generator(family: str, request) -> None:
+    setup = request.getfixturevalue(f"{family}_setup")
+    image = sample_image(640, 480)
+    overrides = {**NOISE, "points_per_side": DEFAULT_GRID, "pred_iou_thresh": 0.0}
+    official, ours = _run_both(family, setup, overrides, image)
+    assert len(official) >= 8, "parameters should give many instances"
+    assert_same_instances(official, ours, image.shape[:2])
