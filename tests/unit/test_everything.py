@@ -46,6 +46,7 @@ def test_overrides_applied() -> None:
         ("sam2", '{"box_nms_thresh": 1.5}', "params.box_nms_thresh"),
         ("sam2", '{"crop_overlap_ratio": 1}', "params.crop_overlap_ratio"),
         ("sam2", '{"crop_n_layers": 9}', "params.crop_n_layers"),
+        ("sam2", '{"points_per_side": 128, "crop_n_layers": 2}', "params.points_per_side"),
         ("sam2", '{"min_mask_region_area": 100}', "params.min_mask_region_area"),
         ("sam2", '{"pred_iou_thresh": "0.5"}', "params.pred_iou_thresh"),
         ("sam2", '{"use_m2m": 1}', "params.use_m2m"),
@@ -232,3 +233,20 @@ def test_batch_memory_bound_names_points_per_batch() -> None:
     gen = ev.Generator(params, family="sam1", embed=lambda b: b, decode=_fake_decode)
     with pytest.raises(RequestError, match="points_per_batch <= "):
         gen.run((1024, 1024))
+
+
+def test_a_job_s_prompts_are_bounded_over_its_crops() -> None:
+    """The official default grid with 3 crop layers (87,040 prompts) and the largest grid
+    with one layer (81,920) are admitted; one more layer on the largest grid is not."""
+    for params in (
+        {"points_per_side": 32, "crop_n_layers": 3},
+        {"points_per_side": ev.MAX_POINTS_PER_SIDE, "crop_n_layers": 1},
+        {
+            "points_per_side": ev.MAX_POINTS_PER_SIDE,
+            "crop_n_layers": 3,
+            "crop_n_points_downscale_factor": 4,
+        },
+    ):
+        ev.parse_params("sam2", params)
+    with pytest.raises(RequestError, match="params.points_per_side"):
+        ev.parse_params("sam2", {"points_per_side": ev.MAX_POINTS_PER_SIDE, "crop_n_layers": 2})

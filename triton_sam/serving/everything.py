@@ -58,6 +58,11 @@ MAX_DOWNSCALE_FACTOR = 8
 # points_per_batch (the official generator has the same peak on its device). 2 GiB: the
 # default batch of 64 on a 1024 x 1024 image holds 0.75 GiB (SAM1 1.5 GiB).
 MAX_BATCH_LOGIT_BYTES = 2 * 2**30
+# Prompts one job decodes, over all its crops (layer k: 4^k crops of (points_per_side /
+# factor^k)^2 points each): what bounds a job's time and the records it accumulates before the
+# NMS. 2^17 admits the default 32x32 grid with 3 crop layers at factor 1 (87,040 prompts) and
+# the largest grid with one crop layer (81,920); the largest grid with 3 layers (1.4 M) not.
+MAX_JOB_PROMPTS = 2**17
 MAX_ABS_MASK_THRESHOLD = 100.0  # logits: beyond +-100 every mask is empty or full
 MAX_STABILITY_OFFSET = 100.0
 
@@ -249,6 +254,18 @@ def _check_layers(params: EverythingParams) -> None:
     """Every crop layer must keep at least one point per side (the official generator
     divides by zero otherwise)."""
     last = params.crop_n_points_downscale_factor**params.crop_n_layers
+    prompts = sum(
+        4**k * int(params.points_per_side / params.crop_n_points_downscale_factor**k) ** 2
+        for k in range(params.crop_n_layers + 1)
+    )
+    if prompts > MAX_JOB_PROMPTS:
+        raise RequestError(
+            f"{FIELD}.points_per_side",
+            f"got {params.points_per_side} with crop_n_layers {params.crop_n_layers} and "
+            f"crop_n_points_downscale_factor {params.crop_n_points_downscale_factor}: "
+            f"{prompts} prompts over the job's crops, expected at most {MAX_JOB_PROMPTS}; "
+            "use a smaller grid, fewer crop layers or a larger downscale factor",
+        )
     if int(params.points_per_side / last) < 1:
         raise RequestError(
             f"{FIELD}.crop_n_points_downscale_factor",
