@@ -61,6 +61,8 @@ SERVE_MODELS = {
     "sam2_decoder_unbatched",
     "sam2_session",
     "sam2",  # the Lambda seed's JSON contract, over sam2_session
+    "sam2_everything",  # segment everything, over sam2_session
+    "sam2_everything_decoder",
 }
 
 
