@@ -207,8 +207,8 @@ export async function everything(model, imageId, params, onProgress, signal) {
     } catch {
       // not JSON: the text as it came
     }
-    const field = json.field ? `${json.field}: ` : "";
-    throw new ServerError(response.status, json.code || `HTTP ${response.status}`, field + (json.message || text));
+    // The gateway's message names the field ("params.points_per_side: ...").
+    throw new ServerError(response.status, json.code || `HTTP ${response.status}`, json.message || text);
   }
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
