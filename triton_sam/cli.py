@@ -653,7 +653,9 @@ def gateway_cmd(
         from triton_sam.web import PassThroughOptions, web_routes
 
         http_url = triton_http_url or f"{triton_url.rsplit(':', 1)[0]}:8000"
-        routes, close = web_routes(PassThroughOptions(http_url))
+        routes, close = web_routes(
+            PassThroughOptions(http_url), triton_url if protocol == "grpc" else None
+        )
         on_close = [close]
     serve(
         GatewayOptions(backend=backend, workers=workers),

@@ -4,7 +4,9 @@
 modules); ``GET /web/models`` lists what the page can offer, read from Triton's open
 statistics and config endpoints (its repository index is an admin API): every loaded session
 model (kind ``embedding_cache``) that takes prompts in original pixels, ready, and every
-concept model. ``/v2/...`` is :class:`~triton_sam.web.passthrough.PassThrough`.
+concept model, and every segment-everything model (kind ``everything``). ``/v2/...`` is
+:class:`~triton_sam.web.passthrough.PassThrough`; ``POST /web/everything/{model}`` is
+:mod:`triton_sam.web.everything` (given Triton's gRPC address).
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from triton_sam.gateway.errors import GatewayError
-from triton_sam.serving.protocol import KIND_CONCEPT, KIND_EMBEDDING_CACHE, KIND_PARAM
+from triton_sam.serving.protocol import (
+    KIND_CONCEPT,
+    KIND_EMBEDDING_CACHE,
+    KIND_EVERYTHING,
+    KIND_PARAM,
+)
 from triton_sam.serving.protocol import embedding_cache as session_protocol
+from triton_sam.web.everything import everything_routes
 from triton_sam.web.passthrough import PassThrough, PassThroughOptions
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -30,12 +38,14 @@ FAMILY_LABELS = {"sam1": "SAM1", "sam2": "SAM2.1", "sam3": "SAM3 tracker"}
 
 
 def web_routes(
-    options: PassThroughOptions,
+    options: PassThroughOptions, grpc_address: str | None = None
 ) -> tuple[list[BaseRoute], Callable[[], Awaitable[None]]]:
     """The page's routes, and what closes their connection to Triton at shutdown.
 
     Args:
         options: where Triton's HTTP endpoint is.
+        grpc_address: Triton's gRPC ``host:port``; with it, ``POST /web/everything/{model}``
+            (segment everything streams over gRPC only).
     """
     passthrough = PassThrough(options)
 
@@ -48,6 +58,11 @@ def web_routes(
     routes: list[BaseRoute] = [
         Route("/", index, methods=["GET"]),
         Route("/web/models", models, methods=["GET"]),
+        *(
+            everything_routes(grpc_address, lambda: served_models(passthrough))
+            if grpc_address
+            else []
+        ),
         Mount("/web", StaticFiles(directory=STATIC_DIR, html=True), name="web"),
         *passthrough.routes(),
     ]
@@ -73,6 +88,10 @@ async def served_models(passthrough: PassThrough) -> list[dict[str, Any]]:
             offered.append({"name": name, "kind": "session", "label": label})
         elif kind == KIND_CONCEPT:
             offered.append({"name": name, "kind": "concept", "label": f"SAM3 concepts ({name})"})
+        elif kind == KIND_EVERYTHING:
+            family = name.removesuffix("_everything")
+            label = f"{FAMILY_LABELS.get(family, family)} everything ({name})"
+            offered.append({"name": name, "kind": "everything", "label": label})
     ready = await asyncio.gather(*(_ready(passthrough, m["name"]) for m in offered))
     return [m for m, ok in zip(offered, ready, strict=True) if ok]
 

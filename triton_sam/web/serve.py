@@ -70,7 +70,9 @@ class WebServer(Service):
         from triton_sam.gateway import BackendOptions, GatewayOptions, create_app
         from triton_sam.web import PassThroughOptions, web_routes
 
-        routes, close = web_routes(PassThroughOptions(self.triton_http_url))
+        routes, close = web_routes(
+            PassThroughOptions(self.triton_http_url), self.triton_grpc_address
+        )
         backend = BackendOptions(url=self.triton_grpc_address, model_type=self.model_type)
         app = create_app(GatewayOptions(backend=backend), extra_routes=routes, on_close=[close])
         try:

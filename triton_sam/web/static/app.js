@@ -5,7 +5,7 @@
 // object's requests and the hover preview run in their own latest-wins lane (lane.js).
 // window.annotator exposes the state and timings (read by the browser test).
 
-import { ServerError, concepts, embed, predict, setToken } from "./kserve.js";
+import { ServerError, concepts, embed, everything, predict, setToken } from "./kserve.js";
 import { Lane } from "./lane.js";
 import { decode } from "./rle.js";
 import { coco, grayPng, labels } from "./export.js";
@@ -22,7 +22,7 @@ const ui = {
   model: $("model"), file: $("file"), stage: $("stage"), image: $("image"), masks: $("masks"),
   hover: $("hover"), marks: $("marks"), objects: $("objects"), stats: $("stats"),
   error: $("error"), errorText: $("error-text"), refine: $("refine"), concept: $("concept"),
-  phrase: $("phrase"), tokenForm: $("token-form"), token: $("token"),
+  phrase: $("phrase"), everything: $("everything"), tokenForm: $("token-form"), token: $("token"),
 };
 
 const state = {
@@ -327,6 +327,7 @@ async function openFile(file) {
 
 async function switchModel(name) {
   state.model = name;
+  showEverything();
   const image = state.image;
   if (!image || image.model === name) return;
   try {
@@ -369,6 +370,59 @@ async function segmentConcept(phrase) {
     showStats(`"${phrase}": ${result.masks.length} instances${kept} · sent ${result.sent} B · received ${result.received} B`);
   } catch (e) {
     showError(e, `Could not segment "${phrase}"`);
+  }
+}
+
+// The served <family>_everything beside the current session model (null: none listed).
+function everythingModel() {
+  const name = state.model?.replace(/_session$/, "_everything");
+  return state.models.find((m) => m.kind === "everything" && m.name === name) ?? null;
+}
+
+function showEverything() {
+  ui.everything.hidden = !everythingModel();
+}
+
+// Small by default: the page is for checking the model, a full 32x32 grid takes long on a CPU.
+// window.annotator.everythingParams can be replaced (a test does).
+let everythingJob = null; // its AbortController while one runs
+
+async function segmentEverything() {
+  if (everythingJob) {
+    everythingJob.abort();
+    return;
+  }
+  const model = everythingModel();
+  if (!model || !state.image?.imageId) return;
+  const { width, height, imageId } = state.image;
+  const image = state.image;
+  everythingJob = new AbortController();
+  ui.everything.textContent = "Cancel";
+  ui.everything.title = "Cancel segment everything (Esc)";
+  try {
+    const result = await everything(model.name, imageId, window.annotator.everythingParams,
+      (done, total) => showStats(`Segment everything: ${done}/${total} batches`), everythingJob.signal);
+    if (state.image !== image) return; // another image meanwhile
+    remember();
+    const room = MAX_OBJECTS - state.objects.length;
+    for (const record of result.instances.slice(0, room)) {
+      const object = newObject();
+      object.rle = record.segmentation.counts;
+      object.mask = decode(object.rle, height, width);
+      object.score = record.predicted_iou;
+      state.objects.push(object);
+    }
+    drawAll();
+    const n = result.instances.length;
+    const kept = n > room ? ` (${room} kept: ${MAX_OBJECTS} objects at most)` : "";
+    showStats(`Segment everything: ${n} instances${kept}`);
+  } catch (e) {
+    if (e.name === "AbortError") showStats("Segment everything: cancelled");
+    else showError(e, "Could not segment everything");
+  } finally {
+    everythingJob = null;
+    ui.everything.textContent = "Segment everything";
+    ui.everything.title = "Segment everything (E; Esc cancels)";
   }
 }
 
@@ -547,7 +601,10 @@ document.addEventListener("keydown", (event) => {
     ui.refine.checked = !ui.refine.checked;
   } else if (key === "delete") {
     removeObject();
+  } else if (key === "e") {
+    segmentEverything();
   } else if (key === "escape") {
+    everythingJob?.abort();
     press = null;
     clearHover();
     drawMarks();
@@ -565,6 +622,7 @@ ui.stage.addEventListener("drop", (event) => {
 });
 ui.model.addEventListener("change", () => switchModel(ui.model.value));
 $("new-object").addEventListener("click", addObject);
+ui.everything.addEventListener("click", () => segmentEverything());
 $("undo").addEventListener("click", undo);
 $("error-close").addEventListener("click", clearError);
 $("export-png").addEventListener("click", () => exportPng());
@@ -626,6 +684,7 @@ async function start() {
   ui.model.replaceChildren(...sessions.map((m) => new Option(m.label, m.name)));
   state.model = sessions[0]?.name ?? null;
   ui.concept.hidden = !state.models.some((m) => m.kind === "concept");
+  showEverything();
   if (!state.models.length) showError(new Error("the server offers no model this page can use"));
   document.body.dataset.ready = "true";
 }
@@ -645,6 +704,7 @@ window.annotator = {
       const check = () => (idle() ? afterPaint(resolve) : setTimeout(check, 2));
       check();
     }),
+  everythingParams: { points_per_side: 8 },
   requestsSent: () => hoverLane.sent + state.objects.reduce((n, o) => n + o.lane.sent, 0),
 };
 

@@ -178,3 +178,51 @@ export async function concepts(model, image, rgb, phrase, signal) {
     received: answer.received,
   };
 }
+
+/**
+ * Segment everything on a kept image (POST /web/everything/{model}, NDJSON): calls
+ * onProgress(done, total) per decoder batch; resolves to {image_size, instances}. Aborting
+ * `signal` closes the response, and the gateway cancels the job on the server.
+ */
+export async function everything(model, imageId, params, onProgress, signal) {
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let response;
+  try {
+    response = await fetch(`/web/everything/${encodeURIComponent(model)}`, {
+      method: "POST",
+      body: JSON.stringify({ image_id: imageId, params }),
+      headers,
+      signal,
+    });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new ServerError(0, "Unavailable", `cannot reach the server (${e.message})`);
+  }
+  if (!response.ok) {
+    const text = await response.text();
+    let json = {};
+    try {
+      json = JSON.parse(text);
+    } catch {
+      // not JSON: the text as it came
+    }
+    // The gateway's message names the field ("params.points_per_side: ...").
+    throw new ServerError(response.status, json.code || `HTTP ${response.status}`, json.message || text);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (value) buffer += value;
+    let newline;
+    while ((newline = buffer.indexOf("\n")) >= 0) {
+      const line = JSON.parse(buffer.slice(0, newline));
+      buffer = buffer.slice(newline + 1);
+      if (line.progress) onProgress(...line.progress);
+      else if (line.error) throw new ServerError(200, line.error.type, line.error.message);
+      else if (line.instances) return line;
+    }
+    if (done) throw new ServerError(0, "Unavailable", "the stream ended without an answer");
+  }
+}
