@@ -16,7 +16,7 @@ RUN python3 -m pip install --no-cache-dir \
         "tokenizers==0.23.3"
 
 # Liveness (compose healthcheck / Kubernetes probe): ready AND every session model's stub
-# alive; Triton 2.51 keeps a model READY after its stub died (triton_sam/health.py).
+# alive; Triton 2.51 keeps a model READY after its stub died (triton_sam/server/health.py).
 COPY scripts/health_check.sh /opt/triton-sam/health_check.sh
 RUN chmod 0755 /opt/triton-sam/health_check.sh
 # Refuses to start a tritonserver whose control APIs are open or keyed by a guessable secret

@@ -32,9 +32,9 @@ from triton_sam.export import ExportOptions, save_random_checkpoint  # noqa: E40
 from triton_sam.gateway import BackendOptions, GatewayOptions, create_app  # noqa: E402
 from triton_sam.gateway.backend import TritonBackend  # noqa: E402
 from triton_sam.models import get_model  # noqa: E402
-from triton_sam.pipeline import build_repository, obtain_checkpoint  # noqa: E402
+from triton_sam.setup.pipeline import build_repository, obtain_checkpoint  # noqa: E402
 from triton_sam.repository.writer import embedded_repository  # noqa: E402
-from triton_sam.sample import sample_image  # noqa: E402
+from triton_sam.tools.sample import sample_image  # noqa: E402
 from triton_sam.server import EmbeddedTriton  # noqa: E402
 
 CLICK, HW = (210, 190), (480, 640)

@@ -12,9 +12,9 @@ from pathlib import Path
 from triton_sam.bench.latency import run_latency_benchmark, write_report
 from triton_sam.export import sam3
 from triton_sam.models import get_model
-from triton_sam.pipeline import build_repository
+from triton_sam.setup.pipeline import build_repository
 from triton_sam.repository.writer import embedded_repository
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 from triton_sam.server import EmbeddedTriton
 
 root = Path(sys.argv[1])

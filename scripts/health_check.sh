@@ -4,7 +4,7 @@
 #   scripts/health_check.sh [--heal | --restart] [URL]   (URL: $TRITON_URL or localhost:8000)
 #
 # Healthy = the server is ready AND every <family>_session model answers a probe. Triton 2.51
-# keeps a model READY after its python stub died (see triton_sam/health.py), so readiness alone
+# keeps a model READY after its python stub died (see triton_sam/server/health.py), so readiness alone
 # cannot tell: the probe asks for an image id nobody embeds; a live stub answers the
 # "triton_sam.EmbeddingNotFound" miss, a dead one "Stub process ... is not healthy".
 # The session models are listed from the statistics API (open: no key needed), or taken from

@@ -84,7 +84,7 @@ def sam2_tiny_checkpoint(sam2_tiny_spec, tmp_path_factory) -> Path:
 
 def user_checkpoint(spec, path: Path, tmp_path_factory) -> Path:
     """``path`` as the CLI's ``--checkpoint FILE`` resolves it (an empty checkpoints dir)."""
-    from triton_sam.pipeline import obtain_checkpoint
+    from triton_sam.setup.pipeline import obtain_checkpoint
 
     empty = tmp_path_factory.mktemp("no_checkpoints")
     return obtain_checkpoint(spec, checkpoint=path, checkpoints_dir=empty, download=False)
@@ -94,7 +94,7 @@ def user_checkpoint(spec, path: Path, tmp_path_factory) -> Path:
 def sam2_tiny_build(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path_factory):
     """(production repository, RepositoryBuild) of the one SAM2.1-tiny export of the session:
     GPU configs, as compose serves them."""
-    from triton_sam.pipeline import build_repository
+    from triton_sam.setup.pipeline import build_repository
 
     repo = tmp_path_factory.mktemp("sam2_tiny") / "model_repository"
     build = build_repository(
@@ -145,8 +145,8 @@ def sam1_vit_b_build(sam1_vit_b_spec, sam1_vit_b_checkpoint, tmp_path_factory):
     """(served repository, RepositoryBuild) of the one ViT-B export of the session (~1-3 min):
     production configs, served as their CPU twins on the onnxruntime backend."""
     from triton_sam.export import ExportOptions
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.writer import embedded_repository
+    from triton_sam.setup.pipeline import build_repository
 
     repo = tmp_path_factory.mktemp("sam1_vit_b") / "model_repository"
     build = build_repository(
@@ -200,10 +200,10 @@ def sam3_build(sam3_spec, sam3_small_checkpoint, sam3_onnx_community_pair, tmp_p
         ONNX_COMMUNITY_ENCODER,
         SAM3_ONNX_COMMUNITY_FAMILY,
     )
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.config import RepositoryOptions
     from triton_sam.repository.importer import find_pair, import_onnx_pair
     from triton_sam.repository.writer import embedded_repository
+    from triton_sam.setup.pipeline import build_repository
 
     repo = tmp_path_factory.mktemp("sam3") / "model_repository"
     options = RepositoryOptions()
@@ -257,9 +257,9 @@ def concept_build(concept_spec, concept_checkpoint, tmp_path_factory):
     """(served repository, RepositoryBuild): the three verified graphs + ``sam3_concept``,
     production configs served as their CPU twins on the onnxruntime backend (~1-2 min:
     export, ORT-vs-torch verification, write)."""
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.concept import ConceptOptions
     from triton_sam.repository.writer import embedded_repository
+    from triton_sam.setup.pipeline import build_repository
 
     repo = tmp_path_factory.mktemp("sam3_concept") / "model_repository"
     build = build_repository(

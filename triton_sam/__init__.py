@@ -4,6 +4,7 @@ Public API: the clients and the error hierarchy. Heavy dependencies (torch, sam2
 onnxruntime) are imported only by the export and serving modules that need them.
 """
 
+from triton_sam import _moved
 from triton_sam.client import (
     ConceptPrediction,
     EverythingResult,
@@ -45,6 +46,9 @@ from triton_sam.errors import (
 )
 
 __version__ = "0.1.0"
+
+# Modules that moved into the stage folders keep their old import paths for one release.
+_moved.install()
 
 __all__ = [
     "BackendNotFoundError",

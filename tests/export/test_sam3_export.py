@@ -111,7 +111,7 @@ def test_not_a_model_directory_is_a_checkpoint_error(tmp_path):
 
 
 def test_offline_hub_download_is_a_clear_download_error(tmp_path, monkeypatch):
-    from triton_sam.pipeline import obtain_checkpoint
+    from triton_sam.setup.pipeline import obtain_checkpoint
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
@@ -125,7 +125,7 @@ def test_gated_hub_download_says_how_to_log_in(tmp_path, monkeypatch, status):
 
     from huggingface_hub import errors
 
-    from triton_sam.pipeline import obtain_checkpoint
+    from triton_sam.setup.pipeline import obtain_checkpoint
 
     def gated(*args, **kwargs):
         response = SimpleNamespace(status_code=status, headers={}, request=None)

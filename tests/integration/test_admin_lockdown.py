@@ -36,8 +36,8 @@ import tritonclient.grpc as grpcclient
 from deploy_args import compose_command, kubernetes_args
 from tritonclient.utils import InferenceServerException
 
-from triton_sam.admin_key import GRPC_HEADER, HTTP_HEADER, restriction_args
 from triton_sam.server import EmbeddedTriton
+from triton_sam.server.admin_key import GRPC_HEADER, HTTP_HEADER, restriction_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 

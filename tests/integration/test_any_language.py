@@ -21,8 +21,8 @@ from PIL import Image
 from tritonclient.utils import np_to_triton_dtype
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.sample import sample_image
 from triton_sam.serving import masks as mask_codec
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

@@ -173,10 +173,10 @@ CASES: list[Case] = [
     ("unknown-variant", UnsupportedModelError, "sam2.1_hiera_huge",
      lambda c: __import__("triton_sam.models", fromlist=["x"]).get_model("sam2.1_hiera_huge")),
     ("override-without-value", ConfigError, "overrides",
-     lambda c: __import__("triton_sam.config", fromlist=["x"]).load_config(
+     lambda c: __import__("triton_sam.setup.settings", fromlist=["x"]).load_config(
          "sam2.1_hiera_tiny", ["export.fp16"])),
     ("override-unknown-key", ConfigError, "overrides",
-     lambda c: __import__("triton_sam.config", fromlist=["x"]).load_config(
+     lambda c: __import__("triton_sam.setup.settings", fromlist=["x"]).load_config(
          "sam2.1_hiera_tiny", ["export.no_such_key=1"])),
     ("client-unknown-decoder-model", ServerUnavailableError, "no_such_decoder",
      lambda c: SAM2TritonClient(c.server.http_url, decoder_model="no_such_decoder")),

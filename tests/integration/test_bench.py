@@ -8,7 +8,7 @@ import json
 import pytest
 
 from triton_sam.bench.latency import run_latency_benchmark, write_report
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 

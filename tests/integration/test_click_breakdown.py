@@ -19,8 +19,8 @@ import pytest
 from triton_sam.bench import breakdown
 from triton_sam.bench.paths import ort_sessions
 from triton_sam.client import SAM2TritonClient
-from triton_sam.sample import sample_image
 from triton_sam.serving.protocol import embedding_cache
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [
     pytest.mark.slow,

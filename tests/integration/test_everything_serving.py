@@ -39,10 +39,10 @@ from triton_sam.errors import (
     InvalidRequestError,
     ServerOverloadedError,
 )
-from triton_sam.sample import sample_image
 from triton_sam.serving import masks
 from triton_sam.serving.protocol import embedding_cache as session
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

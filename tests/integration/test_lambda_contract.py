@@ -37,8 +37,8 @@ from PIL import Image
 from prompt_matrix import iou
 
 from triton_sam.export.sam2 import build_model
-from triton_sam.sample import sample_image
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

@@ -41,7 +41,7 @@ from triton_sam.repository.config import (
     with_warmup,
 )
 from triton_sam.repository.writer import embedded_repository
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,7 +66,7 @@ SERVED = {
 @pytest.fixture(scope="module")
 def sam2_fp16_server(sam2_tiny_spec, sam2_tiny_checkpoint, embedded_triton, tmp_path_factory):
     from triton_sam.export import ExportOptions
-    from triton_sam.pipeline import build_repository
+    from triton_sam.setup.pipeline import build_repository
 
     repo = tmp_path_factory.mktemp("sam2_fp16") / "model_repository"
     build_repository(

@@ -124,7 +124,7 @@ def samlink(server):
 
 
 def square_image(edge: int, seed: int) -> np.ndarray:
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     return sample_image(edge, edge, seed=seed)
 
@@ -253,7 +253,7 @@ def test_our_client_on_the_paintera_repository_equals_the_official_predictor(
     from triton_sam.client import SAM2TritonClient
     from triton_sam.export.sam1 import build_model
     from triton_sam.models import get_model
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     image = sample_image(480, 640)  # portrait, non-square: the padding is ours, not Paintera's
     prompt = dict(point_coords=[[200, 300]], point_labels=[1], multimask_output=True)

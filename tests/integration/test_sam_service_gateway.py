@@ -36,7 +36,7 @@ from prompt_matrix import iou
 
 from triton_sam.bench.counters import read_counters, session_encoder
 from triton_sam.gateway import BackendOptions, GatewayOptions, create_app
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

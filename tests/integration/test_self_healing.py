@@ -3,9 +3,9 @@
 Triton 2.51 on its own keeps the model READY with a dead stub and answers every request
 ``Stub process ... is not healthy`` (asserted here, so a Triton upgrade that changes it shows
 up). The recovery under test: ``scripts/health_check.sh`` (curl) fails while the stub is dead,
-so an orchestrator's liveness probe restarts the server; the :class:`~triton_sam.health.Watchdog`
-reloads the model (poll mode: by touching its folders; explicit mode: through the repository
-API, with the admin key) and the next click works.
+so an orchestrator's liveness probe restarts the server; the
+:class:`~triton_sam.server.health.Watchdog` reloads the model (poll mode: by touching its
+folders; explicit mode: through the repository API, with the admin key) and the next click works.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.errors import ServerError
-from triton_sam.health import Watchdog, probe, watched_models
+from triton_sam.server.health import Watchdog, probe, watched_models
 from triton_sam.serving.protocol import KIND_LAMBDA_JSON
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]

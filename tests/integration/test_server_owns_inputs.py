@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from triton_sam.client import SAM2TritonClient, embedding_path
 from triton_sam.models import get_family
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [
     pytest.mark.slow,

@@ -26,8 +26,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from triton_sam.models import get_family
-from triton_sam.sample import sample_image
 from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN, TENANT_HEADER
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

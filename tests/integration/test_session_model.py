@@ -37,8 +37,8 @@ from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client
 from triton_sam.models import get_family
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.session_config import SessionOptions, embedding_bytes, write_session
-from triton_sam.sample import sample_image
 from triton_sam.server import EmbeddedTriton
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [
     pytest.mark.slow,

@@ -31,7 +31,7 @@ from triton_sam.bench.stress import (
 )
 from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client, wait_for_latest_result
 from triton_sam.errors import RequestCancelledError
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 

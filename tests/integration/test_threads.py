@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from triton_sam.client import SAM2TritonClient, SpeculativeSAM2Client
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(180)]
 

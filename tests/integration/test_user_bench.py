@@ -19,7 +19,7 @@ import pytest
 
 from triton_sam.bench import paths, users
 from triton_sam.export import onnx_utils
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

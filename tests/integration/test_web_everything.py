@@ -14,7 +14,7 @@ from browser_support import chromium, error_text, js, open_image, wait_for
 from PIL import Image
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 from triton_sam.web.serve import WebServer, served_family
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]

@@ -44,8 +44,8 @@ from PIL import Image
 
 from triton_sam.bench.counters import ClickCounters, session_decoder, wait_until_quiet
 from triton_sam.client import SAM2TritonClient
-from triton_sam.sample import sample_image
 from triton_sam.serving import masks as mask_codec
+from triton_sam.tools.sample import sample_image
 from triton_sam.web.serve import WebServer, served_family
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]

@@ -3,7 +3,7 @@
 ``SamAutomaticMaskGenerator`` (segment_anything/automatic_mask_generator.py) and
 ``SAM2AutomaticMaskGenerator`` (sam2/automatic_mask_generator.py) on random-init models from
 the official configs (the session checkpoints of tests/conftest.py), against
-:class:`triton_sam.everything_local.LocalEverything`: the exported everything-decoder graph
+:class:`triton_sam.tools.everything_local.LocalEverything`: the exported everything-decoder graph
 in onnxruntime, driven by ``serving/everything.py``. Our side takes its features from the
 official predictor itself (the very tensors the official generator decodes; the encoder's
 own parity is tests/parity/test_sam*_parity.py), so what is checked is the decoder graph
@@ -42,10 +42,10 @@ import os
 import numpy as np
 import pytest
 
-from triton_sam.everything_local import LocalEverything, ort_session
-from triton_sam.sample import sample_image
 from triton_sam.serving import everything as ev
 from triton_sam.serving.masks import decode_rle
+from triton_sam.tools.everything_local import LocalEverything, ort_session
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -28,7 +28,7 @@ from servers import module_server
 from triton_sam.client import SAM2TritonClient
 from triton_sam.export.onnx_utils import EXTERNAL_DATA_SUFFIX
 from triton_sam.export.sam1 import build_model
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
 

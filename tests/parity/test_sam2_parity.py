@@ -23,7 +23,7 @@ from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
 from triton_sam.export.sam2 import build_model
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

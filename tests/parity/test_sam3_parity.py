@@ -30,7 +30,7 @@ from prompt_matrix import prompt_matrix
 from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.sample import sample_image
+from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 

@@ -39,8 +39,8 @@ import pytest
 from triton_sam.client import image_io, model_frame, postprocess
 from triton_sam.models import get_family
 from triton_sam.models.spec import Preprocessing
-from triton_sam.sample import sample_image
 from triton_sam.serving import resample
+from triton_sam.tools.sample import sample_image
 
 # The upstream packages are the reference: without them there is nothing to compare to.
 torch = pytest.importorskip("torch")

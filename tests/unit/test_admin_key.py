@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from triton_sam import admin_key as admin
 from triton_sam.cli import app
 from triton_sam.errors import InputValidationError
 from triton_sam.server import EmbeddedTriton
+from triton_sam.server import admin_key as admin
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from triton_sam import server
 from triton_sam.errors import BackendNotFoundError, ServerStartError
 from triton_sam.server import (
     ORT_BACKEND_ENV,
@@ -20,6 +19,7 @@ from triton_sam.server import (
     onnxruntime_backend_candidates,
     required_backends,
 )
+from triton_sam.server import embedded as server
 
 ELF = b"\x7fELF" + bytes(60)
 
@@ -64,7 +64,7 @@ def test_default_locations_in_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     candidates = onnxruntime_backend_candidates()
     assert candidates[0] == Path(sys.prefix) / "tools/triton-onnxruntime-backend/onnxruntime"
-    checkout = Path(server.__file__).resolve().parents[1]
+    checkout = Path(server.__file__).resolve().parents[2]
     shared = Path("shared/triton-onnxruntime-backend/onnxruntime")
     assert checkout.parent / shared in candidates  # ../shared beside the clone
     assert tmp_path / shared in candidates and tmp_path.parent / shared in candidates

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_sam import server
+from triton_sam.server import embedded as server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build_onnxruntime_backend.sh"

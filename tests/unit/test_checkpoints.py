@@ -390,7 +390,7 @@ def _demo_spec(url: str, sha256: str | None = None):
 
 
 def test_demo_downloads_the_checkpoint_when_it_can(server, tmp_path, caplog):
-    from triton_sam.demo import demo_checkpoint
+    from triton_sam.tools.demo import demo_checkpoint
 
     spec = _demo_spec(server.url)
     dest = tmp_path / "checkpoints"
@@ -404,7 +404,7 @@ def test_demo_downloads_the_checkpoint_when_it_can(server, tmp_path, caplog):
 
 
 def test_demo_falls_back_to_random_weights_loudly_when_offline(tmp_path, caplog):
-    from triton_sam.demo import demo_checkpoint
+    from triton_sam.tools.demo import demo_checkpoint
 
     with socket.socket() as s:  # a port nobody listens on: connection refused
         s.bind(("127.0.0.1", 0))
@@ -417,7 +417,7 @@ def test_demo_falls_back_to_random_weights_loudly_when_offline(tmp_path, caplog)
 
 
 def test_demo_refuses_a_download_that_fails_its_hash(server, tmp_path, caplog):
-    from triton_sam.demo import demo_checkpoint
+    from triton_sam.tools.demo import demo_checkpoint
 
     spec = _demo_spec(server.url, sha256="1" * 64)
     with caplog.at_level(logging.WARNING):
@@ -427,7 +427,7 @@ def test_demo_refuses_a_download_that_fails_its_hash(server, tmp_path, caplog):
 
 
 def test_demo_without_download_never_touches_the_network(server, tmp_path):
-    from triton_sam.demo import demo_checkpoint
+    from triton_sam.tools.demo import demo_checkpoint
 
     assert demo_checkpoint(_demo_spec(server.url), tmp_path, download=False) is None
     assert server.requests == []

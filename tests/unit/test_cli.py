@@ -186,8 +186,8 @@ def test_serve_takes_the_configurations_serve_section_and_its_options_override_i
     """The serve: section of conf/config.yaml is what `triton-sam serve` runs with (the
     start-up timeout included); a command-line option overrides its key."""
     from triton_sam import cli, server
-    from triton_sam.config import load_config, section
     from triton_sam.repository import writer
+    from triton_sam.setup.settings import load_config, section
 
     seen = {}
 
@@ -209,8 +209,8 @@ def test_serve_takes_the_configurations_serve_section_and_its_options_override_i
 
 def test_session_options_come_from_the_configuration():
     from triton_sam import cli
-    from triton_sam.config import load_config, section
     from triton_sam.repository.session_config import SessionOptions
+    from triton_sam.setup.settings import load_config, section
 
     values = section(load_config(), "session")
     assert cli._session_options(values, SessionOptions) == SessionOptions()  # same defaults
@@ -219,13 +219,15 @@ def test_session_options_come_from_the_configuration():
 
 
 def test_measuring_commands_use_the_url_or_an_embedded_production_server(monkeypatch, tmp_path):
-    """cli._served: --url as given; else the production repository of --model, built with the
-    configured checkpoints directory and served embedded for the block."""
-    from triton_sam import cli, demo, server
-    from triton_sam.config import load_config
+    """bench.harness.served: --url as given; else the production repository of --model, built
+    with the configured checkpoints directory and served embedded for the block."""
+    from triton_sam import server
+    from triton_sam.bench import harness
     from triton_sam.models import get_model
+    from triton_sam.setup.settings import load_config
+    from triton_sam.tools import demo
 
-    with cli._served("h:1", protocol="grpc", model="x", model_type="sam1", work=tmp_path) as s:
+    with harness.served("h:1", protocol="grpc", model="x", model_type="sam1", work=tmp_path) as s:
         assert (s.url, s.family, s.pid) == ("h:1", "sam1", None)
     built = {}
 
@@ -247,7 +249,7 @@ def test_measuring_commands_use_the_url_or_an_embedded_production_server(monkeyp
 
     monkeypatch.setattr(demo, "build_local_repository", build)
     monkeypatch.setattr(server, "EmbeddedTriton", FakeServer)
-    with cli._served(
+    with harness.served(
         None, protocol="grpc", model="sam2.1_hiera_tiny", model_type="sam1", work=tmp_path
     ) as s:
         assert (s.url, s.http_url, s.metrics_url, s.pid) == ("g:1", "http://h:2", "http://h:3", 42)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from deploy_args import interpolate, walk
 
-from triton_sam.admin_key import restriction_args
+from triton_sam.server.admin_key import restriction_args
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 BASE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, as the embedded server

@@ -347,7 +347,7 @@ def _kubelet_args(triton: dict, env: dict[str, str]) -> list[str]:
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda p: p.name)
 def test_control_apis_need_the_key_from_a_secret_checked_at_start(layer):
-    from triton_sam.admin_key import restriction_args
+    from triton_sam.server.admin_key import restriction_args
     from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
 
     objects = render(layer)
@@ -392,7 +392,7 @@ def test_the_deployment_refuses_the_published_or_a_missing_key(key, code):
 def test_compose_replicas_run_the_entrypoint_and_forward_the_tenant():
     from deploy_args import compose_services
 
-    from triton_sam.admin_key import restriction_args
+    from triton_sam.server.admin_key import restriction_args
     from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
 
     key = "r" * 40

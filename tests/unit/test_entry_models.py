@@ -10,7 +10,6 @@ import pytest
 
 from triton_sam.models.naming import normalized_name
 from triton_sam.models.registry import get_family
-from triton_sam.paintera import ENTRIES, bundle_spec
 from triton_sam.repository.config import (
     RepositoryOptions,
     build_config,
@@ -24,6 +23,7 @@ from triton_sam.repository.entry import (
     normalizer_onnx,
 )
 from triton_sam.repository.writer import embedded_repository, onnx_artifact, write_models
+from triton_sam.setup.paintera import ENTRIES, bundle_spec
 
 GPU = RepositoryOptions(target="onnxruntime")
 SAM1, SAM2, SAM3 = get_family("sam1"), get_family("sam2"), get_family("sam3")
@@ -135,7 +135,7 @@ def test_the_writer_and_the_cpu_twin_carry_ensembles(tmp_path: Path):
 def test_setup_paintera_writes_each_family_through_the_bundle(monkeypatch, tmp_path: Path):
     from typer.testing import CliRunner
 
-    import triton_sam.paintera as paintera
+    import triton_sam.setup.paintera as paintera
     from triton_sam.cli import app
 
     written = []

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from triton_sam import pipeline
 from triton_sam.errors import ExportError
 from triton_sam.models import get_model
 from triton_sam.repository.config import RepositoryOptions, render_config
 from triton_sam.repository.writer import list_models, write_model
+from triton_sam.setup import pipeline
 
 SPEC = get_model("sam2.1_hiera_tiny")
 

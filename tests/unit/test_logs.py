@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from triton_sam import logs
-from triton_sam.cli import app
+from triton_sam.cli import app, logs
 
 SCRIPT = textwrap.dedent(
     """
@@ -28,7 +27,7 @@ SCRIPT = textwrap.dedent(
     from onnxruntime.transformers.fusion_utils import FusionUtils
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from triton_sam.logs import setup_logging
+    from triton_sam.cli.logs import setup_logging
 
     setup_logging(verbose=sys.argv[1] == "verbose")
     graph = helper.make_graph(
@@ -38,7 +37,7 @@ SCRIPT = textwrap.dedent(
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
     )
     FusionUtils(OnnxModel(helper.make_model(graph))).remove_identity_nodes()
-    logging.getLogger("triton_sam.pipeline").info("exporting the encoder")
+    logging.getLogger("triton_sam.setup.pipeline").info("exporting the encoder")
     warnings.warn("torch.onnx: a tracer warning", UserWarning)
     logging.getLogger("onnxruntime.transformers.optimizer").warning("a real problem")
     """
@@ -60,7 +59,7 @@ def _stderr(mode: str) -> str:
 @pytest.mark.parametrize("mode", ["quiet", "verbose"])
 def test_other_libraries_info_logs_and_warnings_only_when_verbose(mode: str) -> None:
     err = _stderr(mode)
-    assert "INFO triton_sam.pipeline: exporting the encoder" in err  # ours, always
+    assert "INFO triton_sam.setup.pipeline: exporting the encoder" in err  # ours, always
     assert "WARNING onnxruntime.transformers.optimizer: a real problem" in err  # always
     third_party = ["Removed 1 Identity nodes", "a tracer warning"]
     if mode == "verbose":
@@ -68,7 +67,7 @@ def test_other_libraries_info_logs_and_warnings_only_when_verbose(mode: str) -> 
     else:
         assert not any(line in err for line in third_party), err
         assert [x for x in err.splitlines() if x.startswith("INFO ")] == [
-            "INFO triton_sam.pipeline: exporting the encoder"
+            "INFO triton_sam.setup.pipeline: exporting the encoder"
         ]
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from triton_sam.config import load_config, model_spec, section
 from triton_sam.errors import ConfigError, UnsupportedModelError
 from triton_sam.models import family_names, get_family, get_model, model_names
+from triton_sam.setup.settings import load_config, model_spec, section
 
 SAM2_VARIANTS = {
     "sam2.1_hiera_tiny": "sam2.1_hiera_t.yaml",

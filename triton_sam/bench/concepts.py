@@ -248,9 +248,9 @@ def bench_local(
     """
     from triton_sam.export import sam3_concept
     from triton_sam.models import get_model
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.config import RepositoryOptions
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.setup.pipeline import build_repository
 
     work_dir = Path(work_dir)
     if checkpoint is None:

@@ -6,7 +6,7 @@ so load from others on a shared machine falls on both alike:
 - ``official``: ``SamAutomaticMaskGenerator`` / ``SAM2AutomaticMaskGenerator`` (torch, what a
   user would pick), ``output_mode="uncompressed_rle"`` (no pycocotools needed; our records
   carry compressed RLE, the extra encoding is counted against us);
-- ``onnxruntime``: :class:`~triton_sam.everything_local.LocalEverything`: the exported encoder
+- ``onnxruntime``: :class:`~triton_sam.tools.everything_local.LocalEverything`: the exported encoder
   and everything-decoder in onnxruntime, driven by ``serving/everything.py``.
 
 - ``served`` (``--served``): ``SAM2TritonClient.generate_masks`` against the
@@ -147,8 +147,8 @@ def run(
 ) -> dict:
     """The rows for one model and parameter set (see the module docstring); ``served`` adds
     the served row."""
-    from triton_sam.everything_local import LocalEverything
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.everything_local import LocalEverything
+    from triton_sam.tools.sample import sample_image
 
     spec, model, encoder, decoder = prepare(model_name, work)
     family = spec.family.family
@@ -183,9 +183,9 @@ def _served(spec: Any, work: Path, overrides: dict):
     written from :func:`prepare`'s checkpoint, as ``setup`` writes it."""
     from triton_sam.bench.everything_served import PeakMemory
     from triton_sam.client import SAM2TritonClient
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.setup.pipeline import build_repository
 
     repo = work / "model_repository"
     if not (repo / f"{spec.family.family}_everything").is_dir():

@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     from pathlib import Path
 
     from triton_sam.models import get_model
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.writer import embedded_repository
-    from triton_sam.sample import sample_image
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.setup.pipeline import build_repository
+    from triton_sam.tools.sample import sample_image
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--model", default="sam2.1_hiera_tiny", help="sam1_vit_b, sam2.1_...")

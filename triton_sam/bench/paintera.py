@@ -158,7 +158,7 @@ def entry_overhead(
     both see the same machine, sequential on sam-link's streams; and the normalising
     graph's mean compute time from Triton's stats."""
     from triton_sam.models.registry import get_family
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     client = SamLinkReplay(grpc_address)
     rgb = sample_image(edge, edge)
@@ -207,7 +207,7 @@ def stale_burst(
     """Send ``requests`` different views ``spacing_s`` apart on sam-link's 4 streams, as a
     user panning through a volume makes Paintera do, wait for every answer, and count what
     the encoder ran. Paintera only uses the last answer; every other run is stale work."""
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     client = SamLinkReplay(grpc_address)
     shape = [1, 3, edge, edge]

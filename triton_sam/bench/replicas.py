@@ -100,7 +100,7 @@ class SessionRun:
 
 def bench_images(options: ReplicaBenchOptions) -> list[np.ndarray]:
     """The scenario's images (the sample scene with different seeds), HxWx3 uint8."""
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     h, w = options.image_hw
     return [sample_image(w, h, seed=i) for i in range(options.images)]

@@ -397,7 +397,7 @@ async def _encode(
 
 def soak_images(count: int, size_hw: tuple[int, int] = (427, 640)) -> list[np.ndarray]:
     """``count`` distinct synthetic images (the sample scene with different seeds)."""
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     h, w = size_hw
     return [sample_image(w, h, seed=i) for i in range(count)]

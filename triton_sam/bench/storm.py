@@ -193,7 +193,7 @@ def storm_images(count: int, hw: tuple[int, int], *, seed: int) -> list[bytes]:
     """``count`` distinct PNG files of ``hw`` pixels (the sample scene, seeds from ``seed``)."""
     from PIL import Image
 
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     files = []
     for i in range(count):

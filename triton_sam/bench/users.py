@@ -491,8 +491,8 @@ def prepare_model(
     """
     from triton_sam.errors import ExportError
     from triton_sam.models import get_model
-    from triton_sam.pipeline import build_repository, obtain_checkpoint
     from triton_sam.repository.writer import embedded_repository
+    from triton_sam.setup.pipeline import build_repository, obtain_checkpoint
 
     unknown = set(encoder_variants) - set(ENCODER_VARIANTS)
     if unknown:

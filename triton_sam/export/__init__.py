@@ -138,7 +138,7 @@ def export_model(
         out_dir: a scratch directory (the repository writer moves the files into place).
         options: export options.
         metadata: written into both graphs' ``metadata_props`` (e.g. the checkpoint's
-            sha256, see ``triton_sam.pipeline``).
+            sha256, see ``triton_sam.setup.pipeline``).
 
     Returns:
         Paths, timings and the measured ORT-vs-torch errors.

@@ -2,7 +2,7 @@
 
 Written by ``triton-sam setup`` / ``export`` for the point-list families (SAM1, SAM2.1) beside
 their session model and the ``<family>_everything_decoder`` graph it calls
-(:func:`triton_sam.pipeline.build_repository`). A python-backend BLS model
+(:func:`triton_sam.setup.pipeline.build_repository`). A python-backend BLS model
 (``serving/everything_model.py``), **decoupled** (progress responses, then the instances, over
 gRPC's stream; the reasons are in :mod:`triton_sam.serving.protocol.everything`), with no
 batch dimension (one job per request) and one ``KIND_CPU`` instance on every target: it only

@@ -1,7 +1,7 @@
 """The ``sam2`` model's ``config.pbtxt`` (the Lambda seed's JSON contract) and its artifact.
 
 Written by ``triton-sam setup`` / ``export`` beside the session model of SAM2.1 variants
-(:func:`triton_sam.pipeline.build_repository`). Its tensors are the seed's
+(:func:`triton_sam.setup.pipeline.build_repository`). Its tensors are the seed's
 (``models/sam2/config.pbtxt``): ``image_b64`` and ``prompt_json`` (TYPE_STRING, dims [1]) in,
 ``result_json`` out, with a batch dimension, so the seed's ``[1, 1]`` requests are served as
 they are. One ``KIND_CPU`` instance on every target: it only parses JSON and routes tensors to

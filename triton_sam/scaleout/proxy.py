@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from triton_sam.errors import ServerStartError
-from triton_sam.lifecycle import Service, stopped_on_error
 from triton_sam.scaleout.nginx import (
     LOG_FIELDS,
     ProxyConfig,
@@ -28,6 +27,7 @@ from triton_sam.scaleout.nginx import (
     tokens_text,
     write_tokens_file,
 )
+from triton_sam.server.lifecycle import Service, stopped_on_error
 
 
 def find_nginx() -> Path:

@@ -14,8 +14,8 @@ import signal
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError
-from triton_sam.lifecycle import Service, stopped_on_error
 from triton_sam.server import EmbeddedTriton
+from triton_sam.server.lifecycle import Service, stopped_on_error
 
 # Latency and queue-time quantiles on /metrics (nv_inference_request_summary_us...), off by
 # default in Triton: the dashboard reads them. deploy/ passes the same flags.

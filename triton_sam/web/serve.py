@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from triton_sam.errors import ServerStartError
-from triton_sam.lifecycle import Service
+from triton_sam.server.lifecycle import Service
 
 DEFAULT_WEB_PORT = 8080
 START_TIMEOUT_S = 30.0

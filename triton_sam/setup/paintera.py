@@ -74,21 +74,21 @@ def bundle_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def build_paintera_family(spec: ModelSpec, repository: Path, **build_args: Any) -> PainteraFamily:
-    """Write ``spec``'s models (:func:`~triton_sam.pipeline.build_repository`, with the
+    """Write ``spec``'s models (:func:`~triton_sam.setup.pipeline.build_repository`, with the
     encoder renamed per :func:`bundle_spec`) and its Paintera entry model.
 
     Args:
         spec: a SAM1, SAM2.1 or SAM3 tracker variant (any size: small ones for tests).
         repository: the model repository.
-        build_args: :func:`~triton_sam.pipeline.build_repository`'s keyword arguments.
+        build_args: :func:`~triton_sam.setup.pipeline.build_repository`'s keyword arguments.
 
     Raises:
         InputValidationError: a family Paintera has no entry for.
         ExportError / RepositoryError: from the pipeline and the writer.
     """
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.config import RepositoryOptions, parse_config
     from triton_sam.repository.writer import CONFIG_FILENAME, write_models
+    from triton_sam.setup.pipeline import build_repository
 
     spec = bundle_spec(spec)
     build = build_repository(spec, repository, **build_args)
@@ -123,10 +123,10 @@ def build_paintera_repository(
         checkpoints: family -> checkpoint file or (SAM3) directory; missing ones are
             downloaded when ``download``, unless ``random_init``.
         random_init: random weights for the families without a checkpoint.
-        build_args: further :func:`~triton_sam.pipeline.build_repository` arguments.
+        build_args: further :func:`~triton_sam.setup.pipeline.build_repository` arguments.
     """
     from triton_sam.models.registry import get_model
-    from triton_sam.pipeline import obtain_checkpoint
+    from triton_sam.setup.pipeline import obtain_checkpoint
 
     variants = DEFAULT_VARIANTS if variants is None else variants
     checkpoints = checkpoints or {}

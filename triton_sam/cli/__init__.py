@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from triton_sam.bench.harness import Served, checkpoints_dir, served
 from triton_sam.errors import TritonSamError
 
 if TYPE_CHECKING:
@@ -135,7 +134,7 @@ def config_cmd(
     """Print the composed configuration (defaults + overrides) as YAML."""
     from omegaconf import OmegaConf
 
-    from triton_sam.config import load_config
+    from triton_sam.setup.settings import load_config
 
     typer.echo(OmegaConf.to_yaml(load_config(model, overrides or [])))
 
@@ -150,7 +149,7 @@ def download_cmd(
     Hugging Face checkpoints (SAM3: gated facebook/sam3) need `hf auth login` or HF_TOKEN.
     """
     from triton_sam.models.registry import get_model
-    from triton_sam.pipeline import obtain_checkpoint
+    from triton_sam.setup.pipeline import obtain_checkpoint
 
     path = obtain_checkpoint(get_model(model), checkpoint=None, checkpoints_dir=checkpoints)
     typer.echo(f"checkpoint ready: {path}")
@@ -322,10 +321,10 @@ def _export_plan(
 ) -> _ExportPlan:
     """The options as config overrides, composed once; the checkpoint obtained (verified,
     downloaded when ``download``) unless the composed ``export.random_init`` is true."""
-    from triton_sam.config import load_config, model_spec, section
     from triton_sam.export import ExportOptions
-    from triton_sam.pipeline import obtain_checkpoint
     from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.setup.pipeline import obtain_checkpoint
+    from triton_sam.setup.settings import load_config, model_spec, section
 
     extra = list(overrides or [])
     extra += ["export.fp16=true"] if fp16 else []
@@ -364,10 +363,10 @@ def _export(
     download: bool,
     paintera: bool = False,
 ) -> None:
-    from triton_sam.config import section
-    from triton_sam.pipeline import build_repository
     from triton_sam.repository.everything_config import serves_everything
     from triton_sam.repository.session_config import SessionOptions
+    from triton_sam.setup.pipeline import build_repository
+    from triton_sam.setup.settings import section
 
     plan = _export_plan(
         model, overrides, checkpoint, random_init=random_init, fp16=fp16, target=target,
@@ -377,7 +376,7 @@ def _export(
     session = _session_options(section(plan.cfg, "session"), SessionOptions)
     args = {**plan.build_args, "checkpoints_dir": Path(plan.cfg.paths.checkpoints)}
     if paintera:
-        from triton_sam.paintera import build_paintera_family
+        from triton_sam.setup.paintera import build_paintera_family
 
         built = build_paintera_family(plan.spec, repo, **args, session=session)
         build = built.build
@@ -424,7 +423,7 @@ def setup_video_cmd(
     A fine-tuned checkpoint: `triton-sam setup-video sam2.1_hiera_tiny --checkpoint
     my_finetuned.pt` (the variant must be the architecture it was fine-tuned from).
     """
-    from triton_sam.pipeline import build_video_repository
+    from triton_sam.setup.pipeline import build_video_repository
 
     plan = _export_plan(
         model, overrides, checkpoint, random_init=random_init, target=target, repository=repository
@@ -564,11 +563,11 @@ def serve_cmd(
     ONNX files. The control APIs need the admin key (`triton-sam admin-key`); inference,
     health, metadata and statistics are open to whoever reaches the ports.
     """
-    from triton_sam.admin_key import HTTP_HEADER, load_or_create
-    from triton_sam.config import load_config, section
-    from triton_sam.health import Watchdog, watched_models
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.server.admin_key import HTTP_HEADER, load_or_create
+    from triton_sam.server.health import Watchdog, watched_models
+    from triton_sam.setup.settings import load_config, section
 
     cfg = load_config()
     serve = section(cfg, "serve")  # the configuration's serve: section, options override it
@@ -684,7 +683,7 @@ def admin_key_cmd(
     `triton-sam serve` reads it at start (restart it after --rotate); compose reads
     TRITON_ADMIN_KEY from .env: `triton-sam admin-key --env-file .env`.
     """
-    from triton_sam.admin_key import (
+    from triton_sam.server.admin_key import (
         default_key_path,
         generate_key,
         load_or_create,
@@ -712,7 +711,7 @@ def check_cmd(
     import numpy as np
 
     from triton_sam.client import SAM2TritonClient
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     with SAM2TritonClient(url, model_type=model_type, protocol=protocol) as client:
         img = image if image is not None else sample_image()
@@ -743,7 +742,7 @@ def segment_cmd(
     ] = None,
 ) -> None:
     """Segment every instance of each phrase (SAM3 concept model): overlay PNG + COCO JSON."""
-    from triton_sam.segment import segment_image
+    from triton_sam.tools.segment import segment_image
 
     result = segment_image(
         image, text, out, url=url, protocol=protocol, threshold=threshold,
@@ -782,7 +781,7 @@ def everything_cmd(
     from tqdm import tqdm
 
     from triton_sam.errors import InputValidationError
-    from triton_sam.segment_everything import segment_everything
+    from triton_sam.tools.everything import segment_everything
 
     try:
         given = json.loads(params) if params else {}
@@ -875,7 +874,7 @@ def demo_cmd(
     Real weights when it can get them (checkpoints/, else a download); random weights,
     loudly, when it cannot.
     """
-    from triton_sam.demo import run_demo
+    from triton_sam.tools.demo import run_demo
 
     report = run_demo(
         model=model, protocol=protocol, image_path=image, output=output, download=download
@@ -942,7 +941,7 @@ def bench_cmd(
         run_user_benchmark,
         write_report,
     )
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     levels = _levels(concurrency)
     names = [m.strip() for m in model.split(",") if m.strip()]
@@ -1007,8 +1006,8 @@ def bench_click_cmd(
     from triton_sam.bench import breakdown
     from triton_sam.bench.paths import ort_sessions
     from triton_sam.bench.users import prepare_model
-    from triton_sam.sample import sample_image
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.tools.sample import sample_image
 
     if protocol not in ("grpc", "http"):
         raise typer.BadParameter(f"protocol: got {protocol!r}, expected grpc or http")
@@ -1073,15 +1072,15 @@ def bench_backends_cmd(
     python-backend runner: the same repository served both ways at once, requests
     alternating, in one run (JSON + markdown)."""
     from triton_sam.bench.backends import compare_backends, write_report
-    from triton_sam.demo import build_local_repository
     from triton_sam.repository.writer import embedded_repository
-    from triton_sam.sample import sample_image
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.tools.demo import build_local_repository
+    from triton_sam.tools.sample import sample_image
 
     work = Path(".bench")
     # Both servers run the graphs as exported (the runner has no fused CPU twin): like for like.
     spec, backend_repo, _ = build_local_repository(
-        model, _checkpoints_dir(), work, fuse_attention=False
+        model, checkpoints_dir(), work, fuse_attention=False
     )
     runner_repo = embedded_repository(
         work / "model_repository", work / "model_repository_runner", target="python"
@@ -1210,7 +1209,7 @@ def perf_analyzer_cmd(
                 f"{r['server_compute']:.1f} |"
             )
 
-    with _served(url, protocol=protocol, model=model, model_type="", work=Path(".bench")) as s:
+    with served(url, protocol=protocol, model=model, model_type="", work=Path(".bench")) as s:
         run(s.url.split("://", 1)[-1])
 
 
@@ -1262,7 +1261,7 @@ def stress_cmd(
         run_stress_on_server,
         write_report,
     )
-    from triton_sam.sample import sample_image
+    from triton_sam.tools.sample import sample_image
 
     settings = DragSettings(events=events, rate_hz=rate, sessions=sessions, repeats=repeats)
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
@@ -1285,7 +1284,7 @@ def stress_cmd(
         _echo_report(paths)
 
     work = Path(".stress")
-    with _served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
+    with served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
         stats, metrics = (s.http_url, s.metrics_url)
         if url:
             stats, metrics = counter_urls(url, http_url, metrics_url)
@@ -1332,7 +1331,7 @@ def soak_cmd(
         server_embeddings=server_embeddings,
     )
 
-    def run(s: _Served) -> None:
+    def run(s: Served) -> None:
         report = run_soak_on_server(
             s.url,
             settings=settings,
@@ -1350,7 +1349,7 @@ def soak_cmd(
             raise typer.Exit(1)
 
     work = Path(".soak")
-    with _served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
+    with served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
         run(s)
 
 
@@ -1374,7 +1373,7 @@ def bench_storm_cmd(
     sizes = tuple(int(n) for n in embeds.split(",") if n.strip())
     settings = StormSettings(embeds=sizes, clickers=clickers, think_s=think)
     work = Path(".storm")
-    with _served(url, protocol="grpc", model=model, model_type=model_type, work=work) as s:
+    with served(url, protocol="grpc", model=model, model_type=model_type, work=work) as s:
         report = run_storm_on_server(
             s.url,
             model=f"{s.family}_session",
@@ -1385,53 +1384,6 @@ def bench_storm_cmd(
     _echo_report(write_report(report, output))
     if report.transport_errors:
         raise typer.Exit(1)
-
-
-@dataclass(frozen=True)
-class _Served:
-    """The server a measuring command talks to.
-
-    Attributes:
-        url: the server for ``protocol`` as the clients take it (``host:port``).
-        http_url / metrics_url: its HTTP and metrics endpoints when known (embedded).
-        pid: the server process when embedded (memory sampling).
-        family / name: the model family and variant served.
-    """
-
-    url: str
-    http_url: str | None = None
-    metrics_url: str | None = None
-    pid: int | None = None
-    family: str = "sam2"
-    name: str = "sam2"
-
-
-@contextmanager
-def _served(
-    url: str | None, *, protocol: str, model: str, model_type: str, work: Path
-) -> Iterator[_Served]:
-    """The server at ``url``, or an embedded one over the production repository of ``model``
-    (exported into ``work`` as ``docker compose`` would serve it, on Triton's onnxruntime
-    backend for CPU), for as long as the block runs."""
-    if url:
-        yield _Served(url, family=model_type, name=model_type)
-        return
-    from triton_sam.demo import build_local_repository
-    from triton_sam.server import EmbeddedTriton
-
-    spec, repo, _ = build_local_repository(model, _checkpoints_dir(), work)
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
-        target = server.grpc_url if protocol == "grpc" else server.http_url
-        yield _Served(
-            target, server.http_url, server.metrics_url, server.pid, spec.family.family, spec.name
-        )
-
-
-def _checkpoints_dir() -> Path:
-    """``paths.checkpoints`` of the composed configuration."""
-    from triton_sam.config import load_config
-
-    return Path(load_config().paths.checkpoints)
 
 
 @bench_app.command("replicas", short_help="Replicas behind nginx, one killed mid-run.")
@@ -1459,10 +1411,10 @@ def bench_replicas_cmd(
         run_sessions,
         write_report,
     )
-    from triton_sam.demo import build_local_repository
     from triton_sam.errors import InputValidationError
     from triton_sam.scaleout.proxy import find_nginx
     from triton_sam.server import EmbeddedTriton
+    from triton_sam.tools.demo import build_local_repository
 
     if protocol not in ("http", "grpc", "both"):
         raise InputValidationError("protocol", f"got {protocol!r}, expected http, grpc or both")
@@ -1596,7 +1548,7 @@ def _global_options(
         ),
     ] = False,
 ) -> None:
-    from triton_sam.logs import setup_logging
+    from triton_sam.cli.logs import setup_logging
 
     setup_logging(verbose=verbose)
 

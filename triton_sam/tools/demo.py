@@ -21,11 +21,11 @@ from triton_sam.export import ExportOptions
 from triton_sam.models.checkpoints import download_checkpoint, resolve_checkpoint
 from triton_sam.models.registry import get_model
 from triton_sam.models.spec import ModelSpec
-from triton_sam.pipeline import RepositoryBuild, build_repository
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.writer import embedded_repository
-from triton_sam.sample import sample_image
 from triton_sam.server import EmbeddedTriton
+from triton_sam.setup.pipeline import RepositoryBuild, build_repository
+from triton_sam.tools.sample import sample_image
 
 log = logging.getLogger(__name__)
 

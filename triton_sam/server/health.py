@@ -112,7 +112,7 @@ def heal(client: object, model: str, *, admin_key: str) -> float:
     first: the load then starts a fresh stub. The repository API is restricted: ``admin_key``
     unlocks it.
     """
-    from triton_sam.admin_key import HTTP_HEADER
+    from triton_sam.server.admin_key import HTTP_HEADER
 
     headers = {HTTP_HEADER: admin_key}
     start = time.perf_counter()

@@ -36,14 +36,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from triton_sam import admin_key as admin
 from triton_sam.errors import (
     BackendNotFoundError,
     InputValidationError,
     RepositoryError,
     ServerStartError,
 )
-from triton_sam.lifecycle import Service
+from triton_sam.server import admin_key as admin
+from triton_sam.server.lifecycle import Service
 from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
 
 ModelControl = Literal["none", "explicit", "poll"]
@@ -104,7 +104,7 @@ class EmbeddedTriton(Service):
         repository_poll_s: in ``"poll"`` mode, seconds between Triton's scans of the
             repository.
         admin_key: the secret that unlocks the model-repository, shared-memory, trace and
-            logging APIs (:mod:`triton_sam.admin_key`); default: a fresh random key, so no
+            logging APIs (:mod:`triton_sam.server.admin_key`); default: a fresh random key, so no
             server started here is ever unrestricted (read it back as :attr:`admin_key`).
         log_path: where server output goes; default: a temp file, deleted by :meth:`stop`
             unless the start-up failed (the error message names it).
@@ -481,7 +481,7 @@ def onnxruntime_backend_candidates() -> list[Path]:
        to the clone, as on CI machines);
     3. ``/work/shared/triton-onnxruntime-backend/onnxruntime``.
     """
-    roots = [Path(__file__).resolve().parents[1], Path.cwd().resolve()]
+    roots = [Path(__file__).resolve().parents[2], Path.cwd().resolve()]
     candidates = [Path(sys.prefix) / BUILT_ORT_BACKEND]
     for root in roots:
         candidates += [ancestor / SHARED_ORT_BACKEND for ancestor in (root, *root.parents)]
