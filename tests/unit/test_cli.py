@@ -408,7 +408,7 @@ def test_bench_click_only_parses_and_calls_the_grid(monkeypatch, tmp_path):
         "--decoder-sizing", "default,1x2", "--n", "3", "--output", str(tmp_path),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    (model, kwargs), = calls
+    ((model, kwargs),) = calls
     assert model == "sam2.1_hiera_tiny" and kwargs["protocol"] == "http"
     assert kwargs["stores"] == ["process"] and kwargs["sizings"] == [None, (1, 2)]
     assert kwargs["n"] == 3 and f"wrote {tmp_path / 'grid.json'}" in result.stdout
@@ -461,3 +461,38 @@ def test_the_click_grid_serves_each_cell_and_writes_one_json(monkeypatch, tmp_pa
     assert list(cells) == labels and path == tmp_path / "out" / "m.json"
     assert cells["process-2x1"]["settings"]["decoder_sizing"] == "2x1"
     assert len(cells["process"]["settings"]["load_average"]) == 3
+
+
+def test_every_model_option_defaults_to_the_one_default_variant():
+    import typer
+
+    from triton_sam.cli import app
+    from triton_sam.cli.options import DEFAULT_MODEL
+
+    def commands(group, path=()):
+        for name, command in group.commands.items():
+            if hasattr(command, "commands"):
+                yield from commands(command, (*path, name))
+            else:
+                yield (*path, name), command
+
+    seen = {
+        path: param.default
+        for path, command in commands(typer.main.get_command(app))
+        for param in command.params
+        if "--model" in param.opts
+    }
+    assert len(seen) >= 10 and set(seen.values()) == {DEFAULT_MODEL}, seen
+
+
+def test_the_cli_loads_no_heavy_library_before_a_command_runs():
+    """`triton-sam --help` stays fast: the exporters, the server, the gateway and the
+    benchmarks are imported by the commands that use them."""
+    heavy = ("torch", "onnx", "onnxruntime", "grpc", "uvicorn", "starlette", "hydra")
+    code = "import sys, triton_sam.cli; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    ).stdout.split()
+    assert not {m.split(".")[0] for m in loaded} & set(heavy)
+    assert not [m for m in loaded if m.startswith(("triton_sam.server", "triton_sam.bench."))
+                and m != "triton_sam.bench.harness"]  # fmt: skip

@@ -19,6 +19,7 @@ from triton_sam.cli.app import bench_app
 from triton_sam.cli.options import (
     DEFAULT_MODEL,
     LevelsOpt,
+    NEncodeOpt,
     Protocol,
     ProtocolOpt,
     ReportDirOpt,
@@ -40,7 +41,7 @@ def bench_cmd(
     model: Annotated[
         str, typer.Option(help="Comma-separated variants, e.g. sam1_vit_b,sam2.1_hiera_tiny.")
     ] = DEFAULT_MODEL,
-    n_encode: Annotated[int, typer.Option(min=1, help="Timed encodes per path.")] = 3,
+    n_encode: NEncodeOpt = 3,
     n_decode: Annotated[
         int, typer.Option(min=1, help="Timed calls per prompt kind and caller (c=4: 4x).")
     ] = 30,
@@ -166,7 +167,7 @@ def bench_click_cmd(
 def bench_backends_cmd(
     model: VariantOpt = DEFAULT_MODEL,
     protocol: ProtocolOpt = Protocol.grpc,
-    n_encode: Annotated[int, typer.Option(min=1, help="Timed encodes per path.")] = 10,
+    n_encode: NEncodeOpt = 10,
     n_click: Annotated[int, typer.Option(min=1, help="Timed session clicks per path.")] = 50,
     output: ReportDirOpt = Path("outputs/bench"),
 ) -> None:

@@ -65,6 +65,7 @@ ModelTypeOpt = Annotated[str, typer.Option(help="Model family of --url's models.
 
 # -- what to measure --------------------------------------------------------------------------
 
+NEncodeOpt = Annotated[int, typer.Option(min=1, help="Timed encodes per path.")]
 ImageOpt = Annotated[Path | None, typer.Option(help="Image (default: synthetic).")]
 SessionsOpt = Annotated[int, typer.Option(min=1, help="Concurrent sessions.")]
 LevelsOpt = Annotated[
