@@ -19,6 +19,3 @@ from triton_sam.cli import bench, load, proxy  # noqa: F401
 add_renamed_commands()
 
 __all__ = ["RENAMED", "app", "bench_app", "main", "proxy_app"]
-
-if __name__ == "__main__":
-    main()
