@@ -496,3 +496,41 @@ def test_the_cli_loads_no_heavy_library_before_a_command_runs():
     assert not {m.split(".")[0] for m in loaded} & set(heavy)
     assert not [m for m in loaded if m.startswith(("triton_sam.server", "triton_sam.bench."))
                 and m != "triton_sam.bench.harness"]  # fmt: skip
+
+
+def test_the_replica_benchmark_runs_the_reference_once_then_each_protocol(monkeypatch, tmp_path):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from triton_sam.bench import replicas_served
+    from triton_sam.bench.replicas import ReplicaBenchOptions
+    from triton_sam.models import get_model
+    from triton_sam.repository import writer
+
+    calls = []
+
+    @contextmanager
+    def embedded(repo):
+        calls.append(("serve", repo))
+        yield SimpleNamespace(http_address="h:1")
+
+    monkeypatch.setattr(writer, "embedded_repository", lambda repo: tmp_path / "twin")
+    monkeypatch.setattr(replicas_served, "embedded", embedded)
+    monkeypatch.setattr(replicas_served, "bench_images", lambda options: ["img"])
+    monkeypatch.setattr(
+        replicas_served, "run_sessions", lambda *a, **k: calls.append(("reference", a[1])) or []
+    )
+
+    def replicas(repo, protocol, options, *, reference, **names):
+        calls.append((protocol, names["session_model"]))
+        return protocol
+
+    monkeypatch.setattr(replicas_served, "run_replicas", replicas)
+    reports = replicas_served.serve_and_bench_replicas(
+        "sam2.1_hiera_tiny", ["http", "grpc"], ReplicaBenchOptions(), repository=tmp_path,
+        progress=lambda line: None,
+    )  # fmt: skip
+    session = get_model("sam2.1_hiera_tiny").family.session_model
+    assert reports == ["http", "grpc"]
+    assert calls == [("serve", tmp_path / "twin"), ("reference", "http"),
+                     ("http", session), ("grpc", session)]  # fmt: skip
