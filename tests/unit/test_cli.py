@@ -133,9 +133,9 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_demo_prints_sizes_in_a_readable_unit():
-    from triton_sam.cli import _size
+    from triton_sam.cli.options import size
 
-    assert [_size(n) for n in (367, 4096, 12 * 2**20)] == ["367 B", "4.00 KiB", "12.00 MiB"]
+    assert [size(n) for n in (367, 4096, 12 * 2**20)] == ["367 B", "4.00 KiB", "12.00 MiB"]
 
 
 def test_demo_runs_with_no_arguments():
@@ -185,7 +185,8 @@ def test_serve_takes_the_configurations_serve_section_and_its_options_override_i
 ):
     """The serve: section of conf/config.yaml is what `triton-sam serve` runs with (the
     start-up timeout included); a command-line option overrides its key."""
-    from triton_sam import cli, server
+    from triton_sam import server
+    from triton_sam.cli.serve import serve_cmd
     from triton_sam.repository import writer
     from triton_sam.setup.settings import load_config, section
 
@@ -201,21 +202,21 @@ def test_serve_takes_the_configurations_serve_section_and_its_options_override_i
     monkeypatch.setattr(server, "EmbeddedTriton", fake_server)
     monkeypatch.setattr(writer, "embedded_repository", lambda repo, **_: repo)
     with pytest.raises(Stop):
-        cli.serve_cmd(repository=tmp_path, http_port=0, target="onnxruntime")
+        serve_cmd(repository=tmp_path, http_port=0, target="onnxruntime")
     expected = section(load_config(), "serve") | {"http_port": 0}
     assert {k: seen[k] for k in expected} == expected
     assert seen["startup_timeout_s"] == load_config().serve.startup_timeout_s
 
 
 def test_session_options_come_from_the_configuration():
-    from triton_sam import cli
+    from triton_sam.cli.setup import session_options
     from triton_sam.repository.session_config import SessionOptions
     from triton_sam.setup.settings import load_config, section
 
     values = section(load_config(), "session")
-    assert cli._session_options(values, SessionOptions) == SessionOptions()  # same defaults
-    assert cli._session_options(values | {"enabled": False}, SessionOptions) is None
-    assert cli._session_options(values | {"max_images": 3}, SessionOptions).max_images == 3
+    assert session_options(values, SessionOptions) == SessionOptions()  # same defaults
+    assert session_options(values | {"enabled": False}, SessionOptions) is None
+    assert session_options(values | {"max_images": 3}, SessionOptions).max_images == 3
 
 
 def test_measuring_commands_use_the_url_or_an_embedded_production_server(monkeypatch, tmp_path):
@@ -336,3 +337,200 @@ def test_bench_with_options_is_the_old_bench_users():
     assert "--n-encode" in result.stderr and "bench users" in result.stderr
     alone = _invoke("bench")
     assert "users" in alone.stdout and "stress" in alone.stdout
+
+
+# -- options declared once: comma lists, protocols; experiments outside the callbacks
+
+
+@pytest.mark.parametrize(
+    "text, kwargs, expected",
+    [
+        ("1, 4,,16", {"item": int}, [1, 4, 16]),
+        ("grpc,http,grpc", {"choices": ("grpc", "http")}, ["grpc", "http"]),
+        ("default,2x1", {}, [None, (2, 1)]),
+    ],
+)
+def test_comma_lists_parse_in_one_place(text, kwargs, expected):
+    from triton_sam.cli.bench import parse_sizing
+    from triton_sam.cli.options import csv
+
+    if expected[0] is None:
+        kwargs = {"item": parse_sizing}
+    assert csv(text, option="--x", **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    "text, kwargs",
+    [(",", {}), ("1,x", {"item": int}), ("grpc,udp", {"choices": ("grpc", "http")})],
+)
+def test_a_bad_comma_list_names_the_option_and_the_value(text, kwargs):
+    from triton_sam.cli.options import csv
+    from triton_sam.errors import InputValidationError
+
+    with pytest.raises(InputValidationError) as info:
+        csv(text, option="--levels", **kwargs)
+    assert info.value.field == "--levels" and repr(text) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("bench", "perf-analyzer", "--concurrency", "1,0"), "--concurrency: got '1,0'"),
+        (("bench", "click", "--decoder-sizing", "2y1"), "--decoder-sizing: got '2y1'"),
+        (("bench", "users", "--protocols", "grpc,udp"), "--protocols: got 'grpc,udp'"),
+        (("bench", "storm", "--embeds", "64,x"), "--embeds: got '64,x'"),
+    ],
+)
+def test_a_bad_comma_list_is_one_line_and_exit_1_before_any_work(args, needle):
+    out = run_cli(*args)
+    assert out.returncode == 1 and needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_protocol_is_a_choice_everywhere():
+    for args in (("check",), ("demo",), ("track",), ("bench", "click"), ("bench", "soak")):
+        assert "<grpc|http>" in _invoke(*args, "--help").stdout, args
+    result = _invoke("bench", "click", "--protocol", "udp")
+    assert result.exit_code == 2 and "'udp' is not one of" in result.stderr
+
+
+def test_bench_click_only_parses_and_calls_the_grid(monkeypatch, tmp_path):
+    from triton_sam.bench import click_grid
+
+    calls = []
+
+    def grid(model, **kwargs):
+        calls.append((model, kwargs))
+        return tmp_path / "grid.json"
+
+    monkeypatch.setattr(click_grid, "run_click_grid", grid)
+    result = _invoke(
+        "bench", "click", "--protocol", "http", "--cpu-features", "process",
+        "--decoder-sizing", "default,1x2", "--n", "3", "--output", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ((model, kwargs),) = calls
+    assert model == "sam2.1_hiera_tiny" and kwargs["protocol"] == "http"
+    assert kwargs["stores"] == ["process"] and kwargs["sizings"] == [None, (1, 2)]
+    assert kwargs["n"] == 3 and f"wrote {tmp_path / 'grid.json'}" in result.stdout
+
+
+def test_the_click_grid_serves_each_cell_and_writes_one_json(monkeypatch, tmp_path):
+    """run_click_grid, importable without the CLI: one repository copy and one embedded
+    server per (store, sizing), the load average beside each cell's figures."""
+    import json
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from triton_sam.bench import breakdown, click_grid
+
+    family = SimpleNamespace(family="sam2")
+    built = SimpleNamespace(spec=SimpleNamespace(family=family), repository=tmp_path / "repo")
+    monkeypatch.setattr(click_grid, "prepare_model", lambda *a, **k: built)
+    monkeypatch.setattr(click_grid, "ort_sessions", lambda *a: ("dec", "post"))
+    monkeypatch.setattr(click_grid, "sample_image", lambda: "image")
+    copies, served = [], []
+
+    def variant(repo, out, fam, *, cpu_features, decoder_sizing):
+        copies.append((cpu_features, decoder_sizing))
+        return out
+
+    @contextmanager
+    def embedded(repo):
+        served.append(repo.name)
+        yield SimpleNamespace(grpc_url="g", http_url="h", metrics_url="m")
+
+    def run(fam, urls, sessions, image, *, protocol, n):
+        report = breakdown.ClickBreakdown()
+        report.add("click", 1.0)
+        return report
+
+    monkeypatch.setattr(breakdown, "variant_repository", variant)
+    monkeypatch.setattr(breakdown, "run_breakdown", run)
+    monkeypatch.setattr(click_grid, "embedded", embedded)
+    seen = []
+    path = click_grid.run_click_grid(
+        "m", work_dir=tmp_path, output=tmp_path / "out", n=2,
+        stores=("process", "shared_memory"), sizings=(None, (2, 1)),
+        progress=lambda label, report: seen.append(label),
+    )  # fmt: skip
+    labels = ["process", "process-2x1", "shared_memory", "shared_memory-2x1"]
+    assert seen == labels and served == [f"click-{label}" for label in labels]
+    assert copies == [("process", None), ("process", (2, 1)),
+                      ("shared_memory", None), ("shared_memory", (2, 1))]  # fmt: skip
+    cells = json.loads(path.read_text())
+    assert list(cells) == labels and path == tmp_path / "out" / "m.json"
+    assert cells["process-2x1"]["settings"]["decoder_sizing"] == "2x1"
+    assert len(cells["process"]["settings"]["load_average"]) == 3
+
+
+def test_every_model_option_defaults_to_the_one_default_variant():
+    import typer
+
+    from triton_sam.cli import app
+    from triton_sam.cli.options import DEFAULT_MODEL
+
+    def commands(group, path=()):
+        for name, command in group.commands.items():
+            if hasattr(command, "commands"):
+                yield from commands(command, (*path, name))
+            else:
+                yield (*path, name), command
+
+    seen = {
+        path: param.default
+        for path, command in commands(typer.main.get_command(app))
+        for param in command.params
+        if "--model" in param.opts
+    }
+    assert len(seen) >= 10 and set(seen.values()) == {DEFAULT_MODEL}, seen
+
+
+def test_the_cli_loads_no_heavy_library_before_a_command_runs():
+    """`triton-sam --help` stays fast: the exporters, the server, the gateway and the
+    benchmarks are imported by the commands that use them."""
+    heavy = ("torch", "onnx", "onnxruntime", "grpc", "uvicorn", "starlette", "hydra")
+    code = "import sys, triton_sam.cli; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    ).stdout.split()
+    assert not {m.split(".")[0] for m in loaded} & set(heavy)
+    assert not [m for m in loaded if m.startswith(("triton_sam.server", "triton_sam.bench."))
+                and m != "triton_sam.bench.harness"]  # fmt: skip
+
+
+def test_the_replica_benchmark_runs_the_reference_once_then_each_protocol(monkeypatch, tmp_path):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from triton_sam.bench import replicas_served
+    from triton_sam.bench.replicas import ReplicaBenchOptions
+    from triton_sam.models import get_model
+    from triton_sam.repository import writer
+
+    calls = []
+
+    @contextmanager
+    def embedded(repo):
+        calls.append(("serve", repo))
+        yield SimpleNamespace(http_address="h:1")
+
+    monkeypatch.setattr(writer, "embedded_repository", lambda repo: tmp_path / "twin")
+    monkeypatch.setattr(replicas_served, "embedded", embedded)
+    monkeypatch.setattr(replicas_served, "bench_images", lambda options: ["img"])
+    monkeypatch.setattr(
+        replicas_served, "run_sessions", lambda *a, **k: calls.append(("reference", a[1])) or []
+    )
+
+    def replicas(repo, protocol, options, *, reference, **names):
+        calls.append((protocol, names["session_model"]))
+        return protocol
+
+    monkeypatch.setattr(replicas_served, "run_replicas", replicas)
+    reports = replicas_served.serve_and_bench_replicas(
+        "sam2.1_hiera_tiny", ["http", "grpc"], ReplicaBenchOptions(), repository=tmp_path,
+        progress=lambda line: None,
+    )  # fmt: skip
+    session = get_model("sam2.1_hiera_tiny").family.session_model
+    assert reports == ["http", "grpc"]
+    assert calls == [("serve", tmp_path / "twin"), ("reference", "http"),
+                     ("http", session), ("grpc", session)]  # fmt: skip

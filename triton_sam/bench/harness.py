@@ -56,6 +56,11 @@ def embedded(repository: str | Path, **options: Any) -> EmbeddedTriton:
     return EmbeddedTriton(repository, **(FREE_PORTS | options))
 
 
+def protocol_url(server: EmbeddedTriton, protocol: str) -> str:
+    """The URL of the embedded ``server`` for ``protocol`` (``"grpc"``, else HTTP)."""
+    return server.grpc_url if protocol == "grpc" else server.http_url
+
+
 def checkpoints_dir() -> Path:
     """``paths.checkpoints`` of the composed configuration (where ``download`` puts them)."""
     from triton_sam.setup.settings import load_config
@@ -89,7 +94,11 @@ def served(
 
     spec, repo, _ = build_local_repository(model, checkpoints_dir(), work)
     with embedded(repo) as server:
-        target = server.grpc_url if protocol == "grpc" else server.http_url
         yield Served(
-            target, server.http_url, server.metrics_url, server.pid, spec.family.family, spec.name
+            protocol_url(server, protocol),
+            server.http_url,
+            server.metrics_url,
+            server.pid,
+            spec.family.family,
+            spec.name,
         )

@@ -1,0 +1,141 @@
+"""Video and 3-D stacks: ``setup-video`` (the SAM2.1 video graphs and the tracker model),
+``track`` (objects through a clip from a few clicks) and ``bench video``.
+
+The export pipeline, the server and the benchmarks are imported inside the commands:
+``triton-sam --help`` must not load them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from tqdm import tqdm
+
+from triton_sam.bench.harness import embedded, protocol_url
+from triton_sam.cli.app import app, bench_app
+from triton_sam.cli.options import (
+    DEFAULT_MODEL,
+    ModelArg,
+    OverridesArg,
+    Protocol,
+    ProtocolOpt,
+    RandomInitOpt,
+    ReportDirOpt,
+    RepositoryOpt,
+    TargetOpt,
+    VariantOpt,
+    WorkDirOpt,
+    echo_report,
+)
+from triton_sam.cli.setup import export_plan
+from triton_sam.client.track import parse_box, parse_click, track_video
+from triton_sam.client.video import SAM2VideoTritonClient
+from triton_sam.client.video_source import open_video
+
+
+@app.command("setup-video", short_help="Export the SAM2.1 video graphs and the tracker model.")
+def setup_video_cmd(
+    model: ModelArg,
+    overrides: OverridesArg = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="SAM2.1 checkpoint file, e.g. a fine-tuned one: checked against the "
+            "variant's architecture. Default: the downloaded, hash-verified one."
+        ),
+    ] = None,
+    random_init: RandomInitOpt = False,
+    target: TargetOpt = None,
+    repository: RepositoryOpt = None,
+) -> None:
+    """Export the SAM2.1 video graphs (verified against torch) and write them with the
+    sam2_tracker model into the repository (next to the image models).
+
+    A fine-tuned checkpoint: `triton-sam setup-video sam2.1_hiera_tiny --checkpoint
+    my_finetuned.pt` (the variant must be the architecture it was fine-tuned from).
+    """
+    from triton_sam.setup.pipeline import build_video_repository
+
+    plan = export_plan(
+        model, overrides, checkpoint, random_init=random_init, target=target, repository=repository
+    )
+    repo = plan.repository
+    build = build_video_repository(plan.spec, repo, **plan.build_args)
+    for name in build.models:
+        typer.echo(f"wrote {repo / name}")
+    worst = max(build.max_abs_error.values(), default=float("nan"))
+    typer.echo(f"onnxruntime vs torch max abs error over the graphs: {worst:.1e}")
+    typer.echo("next: `triton-sam serve`, then `triton-sam track VIDEO --click x,y --out DIR`")
+
+
+@app.command("track", short_help="Segment objects through a video or 3-D stack from clicks.")
+def track_cmd(
+    video: Annotated[
+        Path, typer.Argument(help="Folder of frames, mp4, multi-page TIFF stack or .npy volume.")
+    ],
+    click: Annotated[
+        list[str] | None, typer.Option("--click", help="x,y[,frame][,obj] (repeatable).")
+    ] = None,
+    box: Annotated[
+        list[str] | None, typer.Option("--box", help="x0,y0,x1,y1[,frame][,obj] (repeatable).")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("outputs/track"),
+    url: Annotated[
+        str | None, typer.Option(help="Triton server (default: an embedded one over --repository).")
+    ] = None,
+    protocol: ProtocolOpt = Protocol.grpc,
+    direction: Annotated[str, typer.Option(help="both | forward | reverse.")] = "both",
+    repository: RepositoryOpt = None,
+) -> None:
+    """Segment objects through a video or a 3-D stack from a few clicks: label PNGs per frame,
+    or one label TIFF stack for a volume."""
+    prompts = [parse_click(c) for c in click or []] + [parse_box(b) for b in box or []]
+    source = np.load(video) if video.suffix == ".npy" else video
+    total = open_video(source).num_frames
+
+    def run(target: str) -> None:
+        with (
+            SAM2VideoTritonClient(target, protocol=protocol) as client,
+            tqdm(total=total, unit="frame", desc="tracking") as bar,
+        ):
+            result = track_video(
+                client, source, prompts, out, direction=direction, progress=bar.update
+            )
+        shares = ", ".join(f"object {o}: {f:.1%}" for o, f in result.foreground.items())
+        typer.echo(f"{result.frames} frames, {shares}")
+        typer.echo(
+            "wrote "
+            + (str(result.paths[0].parent) if len(result.paths) > 1 else str(result.paths[0]))
+        )
+
+    if url:
+        run(url)
+        return
+    from triton_sam.repository.writer import embedded_repository
+
+    with embedded(embedded_repository(repository or Path("model_repository"))) as server:
+        run(protocol_url(server, protocol))
+
+
+@bench_app.command("video", short_help="Frames/s of video propagation vs SAM2VideoPredictor.")
+def bench_video_cmd(
+    model: VariantOpt = DEFAULT_MODEL,
+    frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
+    objects: Annotated[int, typer.Option(min=1, max=3, help="Objects tracked.")] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed propagations per path.")] = 1,
+    output: ReportDirOpt = Path("outputs/bench"),
+    work_dir: WorkDirOpt = Path(".bench_video"),
+) -> None:
+    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs SAM2VideoPredictor and
+    onnxruntime in-process, one run; bytes per propagated frame; server memory per session."""
+    from triton_sam.bench.video import write_video_report
+    from triton_sam.bench.video_served import serve_and_bench_video
+
+    report = serve_and_bench_video(
+        model, work_dir=work_dir, frames=frames, objects=objects, repeats=repeats,
+        progress=typer.echo,
+    )  # fmt: skip
+    echo_report(write_video_report(report, output))
