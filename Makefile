@@ -23,7 +23,7 @@ UV_VERSION    := 0.13.9
 
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools browser-tools docs
+.PHONY: install demo test test-fast lint clean perf-analyzer lock check-latest proxy-tools browser-tools docs docs-tools
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
@@ -119,19 +119,25 @@ $(DOCS_STAMP): $(STAMP) $(LOCK_DOCS)
 	$(BIN)/python -m pip check
 	touch $@
 
+docs-tools: $(DOCS_STAMP)
+
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
 
-test: $(STAMP) $(PERF_ANALYZER) proxy-tools browser-tools docs
-	$(BIN)/ruff check triton_sam tests
-	$(BIN)/pytest
+# Every tier, each one's time printed at the end (.ci/tiers): lint, the import contracts,
+# the docs build and the unit tier beside the export, integration and parity tiers (one
+# pytest run: their exports and servers are shared). docs/development.md: one tier alone.
+test: $(STAMP) $(PERF_ANALYZER) proxy-tools browser-tools $(DOCS_STAMP)
+	BIN=$(BIN) bash .ci/tiers
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow"
 
+# lint-imports: the layers contract of pyproject.toml's [tool.importlinter] (docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check triton_sam tests
 	$(BIN)/ruff format --check triton_sam tests
+	$(BIN)/lint-imports --no-cache --no-logo
 
 clean:
 	rm -rf .demo outputs .pytest_cache site

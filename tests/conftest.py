@@ -13,6 +13,7 @@ checkpoints are not the published files, so they stand for a user's fine-tuned c
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,44 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         server = _SHARED_SERVERS.pop(name, None)
         if server is not None:
             server.stop()  # idempotent: the fixture's own exit at session end is a no-op
+
+
+# -- time per tier ----------------------------------------------------------------------------
+# One pytest run covers several tiers (tests/<tier>/...): the session fixtures above are shared
+# across them (one export serves export, integration and parity tests), so splitting the tiers
+# into separate runs would build each export again. The time of each test (setup, call,
+# teardown: a session fixture's build counts in the first test that needs it) is summed by
+# tier and printed at the end; TRITON_SAM_TIER_TIMES=FILE also writes it there (.ci/run).
+_TIER_SECONDS: dict[str, float] = {}
+_TIER_TESTS: dict[str, int] = {}
+
+
+def _tier(nodeid: str) -> str:
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = _tier(report.nodeid)
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _TIER_TESTS[tier] = _TIER_TESTS.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _TIER_SECONDS:
+        return
+    lines = [
+        f"{tier:<12} {seconds:8.0f} s  {_TIER_TESTS.get(tier, 0):5d} tests"
+        for tier, seconds in sorted(_TIER_SECONDS.items())
+    ]
+    terminalreporter.write_sep("-", "time per tier (setup + call + teardown)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    path = os.environ.get("TRITON_SAM_TIER_TIMES")
+    if path:
+        with open(path, "a") as out:
+            out.writelines(f"{line}\n" for line in lines)
 
 
 @pytest.fixture(scope="session")
