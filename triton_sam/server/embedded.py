@@ -114,36 +114,17 @@ class EmbeddedTriton(Service):
         self.repository = Path(repository)
         if not self.repository.is_dir():
             raise RepositoryError(f"{self.repository}: model repository not found")
-        if model_control not in MODEL_CONTROLS:
-            raise InputValidationError(
-                "model_control", f"got {model_control!r}, expected one of {MODEL_CONTROLS}"
-            )
-        restricting = [a for a in extra_args if a.startswith(_RESTRICTION_FLAGS)]
-        if restricting:
-            raise InputValidationError(
-                "extra_args",
-                f"got {len(restricting)} restriction flag(s); the restricted APIs are set "
-                "from admin_key (Triton refuses an API restricted twice)",
-            )
-        ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        for field, port in ports.items():
-            process.check_port(field, port)
-        if startup_timeout_s <= 0:
-            raise InputValidationError(
-                "startup_timeout_s", f"got {startup_timeout_s}, expected > 0"
-            )
-        numbers = (
-            ("log_verbose", log_verbose),
-            ("exit_timeout_s", exit_timeout_s),
-            ("repository_poll_s", repository_poll_s),
+        _check_arguments(
+            model_control=model_control,
+            extra_args=extra_args,
+            ports={"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port},
+            startup_timeout_s=startup_timeout_s,
+            counts={
+                "log_verbose": log_verbose,
+                "exit_timeout_s": exit_timeout_s,
+                "repository_poll_s": repository_poll_s,
+            },
         )
-        for field, value in numbers:
-            if not isinstance(value, int) or value < 0:
-                raise InputValidationError(field, f"got {value!r}, expected an integer >= 0")
-        if repository_poll_s < 1:  # 0 would turn Triton's scans off: no self-heal
-            raise InputValidationError(
-                "repository_poll_s", f"got {repository_poll_s}, expected an integer >= 1"
-            )
         self.host = host
         self.log_verbose = log_verbose
         self.startup_timeout_s = startup_timeout_s
@@ -364,3 +345,40 @@ class EmbeddedTriton(Service):
 
     def _start_error(self, what: str) -> ServerStartError:
         return process.start_error(what, self._log_path)
+
+
+def _check_arguments(
+    *,
+    model_control: str,
+    extra_args: Sequence[str],
+    ports: dict[str, int],
+    startup_timeout_s: float,
+    counts: dict[str, int],
+) -> None:
+    """Refuse the arguments of :class:`EmbeddedTriton` that Triton would refuse or misread.
+
+    Raises:
+        InputValidationError: naming the argument, what was given and what is expected.
+    """
+    if model_control not in MODEL_CONTROLS:
+        raise InputValidationError(
+            "model_control", f"got {model_control!r}, expected one of {MODEL_CONTROLS}"
+        )
+    restricting = [a for a in extra_args if a.startswith(_RESTRICTION_FLAGS)]
+    if restricting:
+        raise InputValidationError(
+            "extra_args",
+            f"got {len(restricting)} restriction flag(s); the restricted APIs are set "
+            "from admin_key (Triton refuses an API restricted twice)",
+        )
+    for field, port in ports.items():
+        process.check_port(field, port)
+    if startup_timeout_s <= 0:
+        raise InputValidationError("startup_timeout_s", f"got {startup_timeout_s}, expected > 0")
+    for field, value in counts.items():
+        if not isinstance(value, int) or value < 0:
+            raise InputValidationError(field, f"got {value!r}, expected an integer >= 0")
+    if counts["repository_poll_s"] < 1:  # 0 would turn Triton's scans off: no self-heal
+        raise InputValidationError(
+            "repository_poll_s", f"got {counts['repository_poll_s']}, expected an integer >= 1"
+        )
