@@ -163,7 +163,11 @@ def test_the_watchdog_also_heals_the_lambda_json_model(embedded_triton, sam2_tin
         time.sleep(1.0)
         assert probe(raw, LAMBDA, KIND_LAMBDA_JSON) == "dead"
         watchdog = Watchdog(
-            server.http_address, watched, repository=sam2_tiny_repository, interval_s=1.0
+            server.http_address,
+            watched,
+            repository=sam2_tiny_repository,
+            grpc_address=server.grpc_address,  # the everything model too: alive, left alone
+            interval_s=1.0,
         )
         killed_at = time.perf_counter()
         watchdog.start()
