@@ -15,6 +15,8 @@
 # it never shows in a process list. With --restart (inside the container, where tritonserver
 # is PID 1), a dead model stops the server with SIGTERM so the restart policy starts a fresh
 # one (`triton-sam serve` heals by itself, in poll mode, without this script).
+# The everything job models (<family>_everything) are decoupled, which Triton's HTTP endpoint
+# refuses, so curl cannot probe them: the watchdog (triton_sam/server/health.py) does, over gRPC.
 # Exit 0 healthy, 1 not. Needs only bash and curl (both in the NGC Triton image).
 set -uo pipefail
 

@@ -6,6 +6,7 @@ up). The recovery under test: ``scripts/health_check.sh`` (curl) fails while the
 so an orchestrator's liveness probe restarts the server; the
 :class:`~triton_sam.server.health.Watchdog` reloads the model (poll mode: by touching its
 folders; explicit mode: through the repository API, with the admin key) and the next click works.
+The everything job model is decoupled: the watchdog probes it over a gRPC stream.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from triton_sam.client import SAM2TritonClient
+from triton_sam.client import everything as everything_client
+from triton_sam.client.transport import resolve_endpoint
 from triton_sam.errors import ServerError
-from triton_sam.server.health import Watchdog, probe, watched_models
-from triton_sam.serving.protocol import KIND_LAMBDA_JSON
+from triton_sam.server.health import Watchdog, probe, probe_stream, watched_models
+from triton_sam.serving.protocol import KIND_EVERYTHING, KIND_LAMBDA_JSON
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
 
 SESSION = "sam2_session"
 LAMBDA = "sam2"  # the Lambda seed's JSON contract, over SESSION
+EVERYTHING = "sam2_everything"  # segment everything: decoupled, gRPC only
 HEALTH_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "health_check.sh"
 IMAGE = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
 RECOVERY_BOUND_S = 60.0  # watchdog period + reload (0.5 s measured) + the re-embed, shared CPU
@@ -158,7 +163,11 @@ def test_the_watchdog_also_heals_the_lambda_json_model(embedded_triton, sam2_tin
         time.sleep(1.0)
         assert probe(raw, LAMBDA, KIND_LAMBDA_JSON) == "dead"
         watchdog = Watchdog(
-            server.http_address, watched, repository=sam2_tiny_repository, interval_s=1.0
+            server.http_address,
+            watched,
+            repository=sam2_tiny_repository,
+            grpc_address=server.grpc_address,  # the everything model too: alive, left alone
+            interval_s=1.0,
         )
         killed_at = time.perf_counter()
         watchdog.start()
@@ -172,6 +181,53 @@ def test_the_watchdog_also_heals_the_lambda_json_model(embedded_triton, sam2_tin
         assert lambda_request(server)["mask"]["data"] == before
     finally:
         raw.close()
+
+
+def everything_job(server) -> list[dict]:
+    """One small segment-everything job over the server's gRPC stream."""
+    params = '{"points_per_side": 2}'
+    inputs = everything_client.job_inputs(IMAGE, params_json=params)
+    endpoint = resolve_endpoint(server.grpc_url, "grpc")
+    return everything_client.generate(endpoint, EVERYTHING, inputs, timeout_s=120).instances
+
+
+def test_the_watchdog_heals_the_everything_job_model(embedded_triton, sam2_tiny_repository):
+    """``sam2_everything`` (decoupled: Triton's HTTP endpoint refuses it) is probed over a gRPC
+    stream with a job that has no image (our typed refusal = alive) and reloaded like the
+    others; the next job answers what it answered before the kill."""
+    watched = watched_models(sam2_tiny_repository)
+    if EVERYTHING not in watched:
+        pytest.skip(f"{sam2_tiny_repository} has no {EVERYTHING} model")
+    assert watched[EVERYTHING] == KIND_EVERYTHING
+    server = embedded_triton(sam2_tiny_repository, model_control="poll")
+    before = everything_job(server)
+    raw = grpcclient.InferenceServerClient(server.grpc_address)
+    try:
+        assert probe_stream(raw, EVERYTHING) == "alive"
+        os.kill(stub_pid(server, f"/{EVERYTHING}/".encode()), signal.SIGKILL)
+        time.sleep(1.0)
+        assert probe_stream(raw, EVERYTHING) == "dead"
+        watchdog = Watchdog(
+            server.http_address,
+            watched,
+            repository=sam2_tiny_repository,
+            grpc_address=server.grpc_address,
+            interval_s=1.0,
+        )
+        killed_at = time.perf_counter()
+        watchdog.start()
+        try:
+            while probe_stream(raw, EVERYTHING) != "alive":
+                assert time.perf_counter() - killed_at < RECOVERY_BOUND_S
+                time.sleep(0.5)
+        finally:
+            watchdog.stop()
+        assert [m for m, _ in watchdog.reloads] == [EVERYTHING]
+    finally:
+        raw.close()
+    assert everything_job(server) == before
+    counts = loads(server.log_path)  # poll mode: only the dead model was loaded again
+    assert counts[EVERYTHING] == 2 and set(counts.values()) == {1, 2}, counts
 
 
 def loads(log: Path) -> dict[str, int]:
@@ -222,7 +278,8 @@ def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export, tmp_pa
             if line.startswith("ready"):
                 break
         watching = next(x for x in lines if x.startswith("self-heal: watching "))
-        assert set(watching.split(": watching ")[1].strip().split(", ")) == {SESSION, LAMBDA}
+        # EVERYTHING is listed too; the watchdog probes it when serve gives it the gRPC address
+        assert {SESSION, LAMBDA} <= set(watching.split(": watching ")[1].strip().split(", "))
         url = next(x.split()[1] for x in lines if x.startswith("HTTP"))
 
         class Served:  # what click() and stub_pid() need

@@ -15,11 +15,11 @@ from triton_sam.errors import BackendNotFoundError, ServerStartError
 from triton_sam.server import (
     ORT_BACKEND_ENV,
     ORT_BACKEND_LIBRARY,
+    backends,
     find_onnxruntime_backend,
     onnxruntime_backend_candidates,
     required_backends,
 )
-from triton_sam.server import embedded as server
 
 ELF = b"\x7fELF" + bytes(60)
 
@@ -64,12 +64,13 @@ def test_default_locations_in_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     candidates = onnxruntime_backend_candidates()
     assert candidates[0] == Path(sys.prefix) / "tools/triton-onnxruntime-backend/onnxruntime"
-    checkout = Path(server.__file__).resolve().parents[2]
+    checkout = Path(backends.__file__).resolve().parents[2]
     shared = Path("shared/triton-onnxruntime-backend/onnxruntime")
     assert checkout.parent / shared in candidates  # ../shared beside the clone
     assert tmp_path / shared in candidates and tmp_path.parent / shared in candidates
-    assert server.MACHINE_ORT_BACKEND in candidates
-    assert str(server.MACHINE_ORT_BACKEND) == "/work/shared/triton-onnxruntime-backend/onnxruntime"
+    assert backends.MACHINE_ORT_BACKEND in candidates
+    machine = "/work/shared/triton-onnxruntime-backend/onnxruntime"
+    assert str(backends.MACHINE_ORT_BACKEND) == machine
     assert len(candidates) == len(set(candidates))
 
 
@@ -77,13 +78,13 @@ def test_the_first_default_location_holding_the_backend_wins(tmp_path, monkeypat
     monkeypatch.delenv(ORT_BACKEND_ENV, raising=False)
     second, third = _backend(tmp_path / "b"), _backend(tmp_path / "c")
     order = [tmp_path / "a", second, third]
-    monkeypatch.setattr(server, "onnxruntime_backend_candidates", lambda: order)
+    monkeypatch.setattr(backends, "onnxruntime_backend_candidates", lambda: order)
     assert find_onnxruntime_backend() == second.resolve()
 
 
 def test_nothing_found_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.delenv(ORT_BACKEND_ENV, raising=False)
-    monkeypatch.setattr(server, "onnxruntime_backend_candidates", lambda: [tmp_path / "a"])
+    monkeypatch.setattr(backends, "onnxruntime_backend_candidates", lambda: [tmp_path / "a"])
     with pytest.raises(BackendNotFoundError) as info:
         find_onnxruntime_backend()
     message = str(info.value)
@@ -96,7 +97,7 @@ def test_nothing_found_says_what_to_do(tmp_path, monkeypatch):
 def test_linking_resolves_symlinks_stored_as_text(tmp_path, stand_in):
     source = _backend(tmp_path / "backend", stand_in=stand_in)
     dest = tmp_path / "backends" / "onnxruntime"
-    server._link_backend(source, dest)
+    backends.link_backend(source, dest)
     for name in ("libonnxruntime.so.1", "libonnxruntime.so"):  # a chain of two
         link = dest / name
         assert link.is_symlink()
@@ -109,7 +110,7 @@ def test_linking_refuses_a_library_that_is_not_one(tmp_path):
     (source / "libonnxruntime.so").unlink()
     (source / "libonnxruntime.so").write_text("libmissing.so.1")  # names no file here
     with pytest.raises(BackendNotFoundError, match="libonnxruntime.so: not a shared library"):
-        server._link_backend(source, tmp_path / "dest")
+        backends.link_backend(source, tmp_path / "dest")
 
 
 def test_required_backends_are_read_from_the_configs(tmp_path):

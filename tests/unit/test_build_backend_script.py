@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_sam.server import embedded as server
+from triton_sam.server import backends
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build_onnxruntime_backend.sh"
@@ -83,7 +83,7 @@ def test_missing_rapidjson_says_which_package(tmp_path):
 def test_make_builds_where_the_server_looks_first():
     makefile = (ROOT / "Makefile").read_text()
     match = re.search(r"^ORT_BACKEND := \$\(VENV\)/(\S+)$", makefile, re.MULTILINE)
-    assert match and Path(match[1]) == server.BUILT_ORT_BACKEND
-    assert server.onnxruntime_backend_candidates()[0] == Path(sys.prefix) / match[1]
+    assert match and Path(match[1]) == backends.BUILT_ORT_BACKEND
+    assert backends.onnxruntime_backend_candidates()[0] == Path(sys.prefix) / match[1]
     recipe = makefile.split("$(ORT_BACKEND)/libtriton_onnxruntime.so:", 1)[1].split("\n\n")[0]
     assert "scripts/build_onnxruntime_backend.sh $(ORT_BACKEND)" in recipe

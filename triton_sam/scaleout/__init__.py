@@ -2,6 +2,8 @@
 
 - :mod:`triton_sam.scaleout.nginx`: the proxy's configuration (consistent hash of the
   routing header) rendered from one dataclass, for tests, compose and deploy/ alike.
+- :mod:`triton_sam.scaleout.access`: who gets through it (bearer tokens, tenants, open health
+  routes, refused admin APIs) and the tokens file.
 - :mod:`triton_sam.scaleout.proxy`: a local nginx process running it, and its access log.
 - :mod:`triton_sam.scaleout.replicas`: N embedded Triton replicas on one repository, and
   killing one of them as an orchestrator's failure would.

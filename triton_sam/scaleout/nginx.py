@@ -20,28 +20,11 @@ session call, see ``triton_sam.client.routing``). Properties this relies on (ngi
   next one (``*_next_upstream ... non_idempotent``); the new owner answers "not embedded"
   and the client re-embeds through its usual miss path.
 
-**Tenancy (optional bearer tokens).** Off by default: one trusted team shares the server and
-every request is in the default tenant (the proxy still drops a client-sent
-``triton-sam-tenant`` header, so nobody names a tenant through it). With ``tokens_file`` set:
-
-- the file maps tokens to tenant names in nginx ``map`` syntax, one ``<token> <tenant>;`` a
-  line (:func:`write_tokens_file` writes it, owner-only). nginx cannot hash a request's token
-  before looking it up (no digest in its stock modules), so the tokens are stored as they
-  are, in a file only the proxy reads; nginx's ``map`` compares strings ignoring case, so
-  tokens are lowercase hex (:func:`new_token`: 256 random bits);
-- a request without a valid ``Authorization: Bearer <token>`` (HTTP header or gRPC metadata)
-  is answered by nginx itself: HTTP 401 with a JSON ``error``, gRPC status 16
-  UNAUTHENTICATED; the health endpoints stay open (orchestrators probe them without one);
-- every request passed on carries ``triton-sam-tenant: <tenant>`` (``proxy_set_header`` /
-  ``grpc_set_header``, which replace whatever the client sent under that name, in any case)
-  and no ``Authorization`` (the token stays at the proxy);
-- Triton's admin APIs (model repository, shared memory, trace, logging) are not served through
-  the proxy at all (HTTP 403, gRPC 7 PERMISSION_DENIED), on top of Triton's own admin key.
-
-Triton forwards the header to the models (``--http-header-forward-pattern`` /
-``--grpc-header-forward-pattern``, ``serving.protocol.tenancy``), which keep each tenant's
-state apart and refuse a request that carries the tenant twice (a forged body parameter
-next to the proxy's header).
+**Tenancy (optional bearer tokens)**, off by default: with ``tokens_file`` set, the proxy
+answers a request without a valid bearer token itself (HTTP 401, gRPC UNAUTHENTICATED), passes
+every other one on with the tenant of its token in ``triton-sam-tenant``, and never serves
+Triton's admin APIs. What is checked, and the tokens file, are in
+:mod:`triton_sam.scaleout.access` (its names are importable from here too).
 
 The same renderer writes the local test proxy, the compose proxy and the in-cluster proxy's
 ConfigMap (``deploy/``), so the configuration the tests prove is the one that is deployed.
@@ -50,16 +33,31 @@ The local process and its access log are in :mod:`triton_sam.scaleout.proxy`.
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from triton_sam.client.routing import ROUTING_HEADER
 from triton_sam.errors import InputValidationError
-from triton_sam.serving.protocol.tenancy import MAX_TENANT_CHARS, TENANT_HEADER
+from triton_sam.scaleout.access import (
+    GRPC_ADMIN_METHODS,
+    GRPC_HEALTH,
+    GRPC_PERMISSION_DENIED,
+    GRPC_SERVICE,
+    GRPC_UNAUTHENTICATED,
+    HTTP_ADMIN_PATTERNS,
+    HTTP_HEALTH,
+    TENANT_VARIABLE,
+    check_tokens_path,
+    token_maps,
+)
+from triton_sam.scaleout.access import TENANT_PATTERN as TENANT_PATTERN
+from triton_sam.scaleout.access import TOKEN_PATTERN as TOKEN_PATTERN
+from triton_sam.scaleout.access import new_token as new_token
+from triton_sam.scaleout.access import read_tokens_file as read_tokens_file
+from triton_sam.scaleout.access import tokens_text as tokens_text
+from triton_sam.scaleout.access import write_tokens_file as write_tokens_file
+from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 
 # nginx exposes request header "x-sam-image-id" as $http_x_sam_image_id.
 HASH_VARIABLE = "$http_" + ROUTING_HEADER.replace("-", "_")
@@ -89,40 +87,6 @@ _LOG_FORMAT = "\\t".join(
         "$request_uri",
     )
 )
-
-# Tokens: lowercase hex, at least 128 bits (nginx's map ignores case, so only these are safe
-# to compare); tenants: short names that are safe in a header and in a file name.
-TOKEN_PATTERN = re.compile(r"[0-9a-f]{32,128}")
-TENANT_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_TENANT_CHARS - 1}}}")
-# nginx variables of the token check.
-_TOKEN_VARIABLE = "$sam_bearer_token"
-_TENANT_VARIABLE = "$sam_tenant"
-# Triton's health endpoints, open without a token.
-HTTP_HEALTH = ("/v2/health/live", "/v2/health/ready")
-_GRPC_SERVICE = "/inference.GRPCInferenceService/"
-GRPC_HEALTH = (_GRPC_SERVICE + "ServerLive", _GRPC_SERVICE + "ServerReady")
-# Triton's restricted APIs (model repository, shared memory, trace, logging): with tokens on,
-# the proxy serves none of them. HTTP paths as Triton routes them (any case, nginx decodes and
-# normalises the URI before matching), gRPC methods of inference.GRPCInferenceService.
-HTTP_ADMIN_PATTERNS = (
-    r"^/v2/(repository|systemsharedmemory|cudasharedmemory|logging)(/|$)",
-    r"^/v2/(models/[^/]+/(versions/[^/]+/)?)?trace(/|$)",
-)
-GRPC_ADMIN_METHODS = (
-    "RepositoryIndex",
-    "RepositoryModelLoad",
-    "RepositoryModelUnload",
-    "SystemSharedMemoryStatus",
-    "SystemSharedMemoryRegister",
-    "SystemSharedMemoryUnregister",
-    "CudaSharedMemoryStatus",
-    "CudaSharedMemoryRegister",
-    "CudaSharedMemoryUnregister",
-    "TraceSetting",
-    "LogSettings",
-)
-GRPC_UNAUTHENTICATED = 16
-GRPC_PERMISSION_DENIED = 7
 
 
 @dataclass(frozen=True)
@@ -174,12 +138,8 @@ class ProxyConfig:
                 f"got {len(self.grpc_backends)} entries, expected one per HTTP backend "
                 f"({len(self.http_backends)})",
             )
-        if self.tokens_file is not None and (
-            not self.tokens_file or any(c in self.tokens_file for c in " ;{}\n\t'\"$")
-        ):
-            raise InputValidationError(
-                "tokens_file", f"got {self.tokens_file!r}, expected a plain path"
-            )
+        if self.tokens_file is not None:
+            check_tokens_path(self.tokens_file)
         for name in ("fail_timeout_s", "read_timeout_s", "worker_processes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -193,17 +153,11 @@ def render_nginx_conf(config: ProxyConfig) -> str:
     )
     lines = [
         "# Image-affine proxy for Triton replicas (rendered by triton_sam.scaleout.nginx).",
-        "daemon off;",
-        f"worker_processes {config.worker_processes};",
-        f"pid {config.prefix}/nginx.pid;",
-        f"error_log {config.error_log or config.prefix + '/error.log'} warn;",
-        "events { worker_connections 1024; }",
-        "http {",
-        f"  client_body_temp_path {config.prefix}/client_body;",
-        f"  proxy_temp_path {config.prefix}/proxy;",
-        f"  fastcgi_temp_path {config.prefix}/fastcgi;",
-        f"  uwsgi_temp_path {config.prefix}/uwsgi;",
-        f"  scgi_temp_path {config.prefix}/scgi;",
+        *_head(
+            config.prefix,
+            workers=config.worker_processes,
+            error_log=config.error_log or config.prefix + "/error.log",
+        ),
         f"  log_format sam_routing '{_LOG_FORMAT}';",
         f"  {access}",
         # an embed carries the image; keep bodies up to 16 MiB in memory, larger on disk
@@ -211,7 +165,7 @@ def render_nginx_conf(config: ProxyConfig) -> str:
         "  client_body_buffer_size 16m;",
     ]
     if config.tokens_file:
-        lines += _token_maps(config.tokens_file)
+        lines += token_maps(config.tokens_file)
     if config.http_backends:
         lines += _upstream("triton_http", config.http_backends, config)
         http = ["proxy_http_version 1.1;", 'proxy_set_header Connection "";']
@@ -223,24 +177,6 @@ def render_nginx_conf(config: ProxyConfig) -> str:
         lines += _server(f"{config.grpc_listen} http2", "grpc", "grpc://triton_grpc", [], config)
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def _token_maps(tokens_file: str) -> list[str]:
-    """The bearer token of a request (its ``Authorization`` header, or gRPC metadata, which
-    nginx sees as the same HTTP/2 header) and the tenant it maps to ("" for none)."""
-    return [
-        # a 128-character token is a longer key than nginx's default map buckets hold
-        "  map_hash_bucket_size 256;",
-        f"  map $http_authorization {_TOKEN_VARIABLE} {{",
-        '    default "";',
-        '    "~*^bearer +(?<sam_token>[0-9a-f]+) *$" $sam_token;',
-        "  }",
-        f"  map {_TOKEN_VARIABLE} {_TENANT_VARIABLE} {{",
-        '    default "";',
-        '    "" "";',
-        f"    include {tokens_file};",
-        "  }",
-    ]
 
 
 def _server(
@@ -255,7 +191,7 @@ def _server(
         # the tenant is the proxy's word only: replace whatever the client sent under the
         # name (none with tokens off), and keep the token at the proxy
         f"      {module}_set_header {TENANT_HEADER} "
-        + (f"{_TENANT_VARIABLE};" if config.tokens_file else '"";'),
+        + (f"{TENANT_VARIABLE};" if config.tokens_file else '"";'),
         *([f'      {module}_set_header Authorization "";'] if config.tokens_file else []),
         # session calls are idempotent (module docstring): resend a request whose replica
         # died before answering to the next one on the ring
@@ -286,7 +222,7 @@ def _server(
     )
     health = GRPC_HEALTH if grpc else HTTP_HEALTH
     admin = (
-        [rf"^{re.escape(_GRPC_SERVICE)}({'|'.join(GRPC_ADMIN_METHODS)})$"]
+        [rf"^{re.escape(GRPC_SERVICE)}({'|'.join(GRPC_ADMIN_METHODS)})$"]
         if grpc
         else list(HTTP_ADMIN_PATTERNS)
     )
@@ -297,7 +233,7 @@ def _server(
         lines += [f'    location ~* "{pattern}" {{', *refuse_403, "    }"]
     lines += [
         "    location / {",
-        f'      if ({_TENANT_VARIABLE} = "") {{',
+        f'      if ({TENANT_VARIABLE} = "") {{',
         "        return 401;",
         "      }",
         "      error_page 401 = @sam_unauthenticated;",
@@ -309,6 +245,23 @@ def _server(
         "  }",
     ]
     return lines
+
+
+def _head(prefix: str, *, workers: int, error_log: str) -> list[str]:
+    """The start of an nginx.conf up to ``http {``'s temp paths: foreground, files under
+    ``prefix`` (where the process may write: the official image's workers, a test's tmp)."""
+    return [
+        "daemon off;",
+        f"worker_processes {workers};",
+        f"pid {prefix}/nginx.pid;",
+        f"error_log {error_log} warn;",
+        "events { worker_connections 1024; }",
+        "http {",
+        *(f"  {kind}_temp_path {prefix}/{kind};" for kind in _TEMP_PATHS),
+    ]
+
+
+_TEMP_PATHS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
 
 
 def _http_error(status: int, message: str, *, bearer: bool = False) -> list[str]:
@@ -367,69 +320,6 @@ def compose_config(
     )
 
 
-def new_token() -> str:
-    """A fresh bearer token: 256 random bits as lowercase hex."""
-    return secrets.token_hex(32)
-
-
-def tokens_text(tokens: Mapping[str, str]) -> str:
-    """The tokens file of ``tokens`` (token -> tenant): nginx ``map`` lines.
-
-    Raises:
-        InputValidationError: a token that is not 32-128 lowercase hex digits, or a tenant name
-            outside ``TENANT_PATTERN``.
-    """
-    lines = ["# bearer token -> tenant (triton_sam.scaleout.nginx); keep this file secret"]
-    for token, tenant in tokens.items():
-        if not isinstance(token, str) or not TOKEN_PATTERN.fullmatch(token):
-            raise InputValidationError(
-                "tokens", "a token is not 32-128 lowercase hex digits (new_token() makes one)"
-            )
-        if not isinstance(tenant, str) or not TENANT_PATTERN.fullmatch(tenant):
-            raise InputValidationError(
-                "tokens",
-                f"tenant {tenant!r}: expected letters, digits, '_', '.', '-' (at most "
-                f"{MAX_TENANT_CHARS}, starting with a letter or digit)",
-            )
-        lines.append(f"{token} {tenant};")
-    return "\n".join(lines) + "\n"
-
-
-def read_tokens_file(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The tokens of a file :func:`write_tokens_file` wrote (token -> tenant).
-
-    Raises:
-        InputValidationError: a line that is not ``<token> <tenant>;``, or a bad token/tenant.
-    """
-    tokens = {}
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.removesuffix(";").split()
-        if not line.endswith(";") or len(parts) != 2:
-            raise InputValidationError("tokens", f"{path}:{number}: expected '<token> <tenant>;'")
-        tokens[parts[0]] = parts[1]
-    tokens_text(tokens)  # validates
-    return tokens
-
-
-def write_tokens_file(path: str | os.PathLike[str], tokens: Mapping[str, str]) -> Path:
-    """Write ``tokens`` (token -> tenant) for ``ProxyConfig.tokens_file``, readable by its
-    owner only, atomically; nginx reads it when it starts or reloads."""
-    path = Path(path)
-    text = tokens_text(tokens)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 # The in-cluster token check (deploy/kubernetes/overlays/tenancy): ingress-nginx asks it about
 # every request (``auth-url``) and copies its ``triton-sam-tenant`` answer onto the request it
 # passes on (``auth-response-headers``; ``proxy_set_header`` or, for gRPC, ``grpc_set_header``,
@@ -451,32 +341,22 @@ def render_auth_conf(
     admin key is the guard). ingress-nginx answers the client with the same status (a gRPC
     client reads 401 as UNAUTHENTICATED, 403 as PERMISSION_DENIED).
     """
-    ProxyConfig(http_backends=("check:1",), tokens_file=tokens_file)  # validates the path
+    check_tokens_path(tokens_file)
     # The URL is raw here (nginx normalises only its own request's path): refuse the
     # spellings nginx would normalise (escapes, dot segments), allow repeated slashes.
     url = r"^[a-z][a-z0-9+.-]*://[^/]*"
     admin = [
         url + r"/+v2/+(repository|systemsharedmemory|cudasharedmemory|logging)(/|\?|$)",
         url + r"/+v2/+(models/+[^/?]+/+(versions/+[^/?]+/+)?)?trace(/|\?|$)",
-        url + rf"/+{re.escape(_GRPC_SERVICE[1:])}({'|'.join(GRPC_ADMIN_METHODS)})$",
+        url + rf"/+{re.escape(GRPC_SERVICE[1:])}({'|'.join(GRPC_ADMIN_METHODS)})$",
         url + r"[^?]*%",
         url + r"[^?]*/\.\.?(/|\?|$)",
     ]
     lines = [
         "# Bearer-token check for ingress-nginx's auth-url (triton_sam.scaleout.nginx).",
-        "daemon off;",
-        "worker_processes 1;",
-        f"pid {prefix}/nginx.pid;",
-        "error_log stderr warn;",
-        "events { worker_connections 1024; }",
-        "http {",
-        f"  client_body_temp_path {prefix}/client_body;",
-        f"  proxy_temp_path {prefix}/proxy;",
-        f"  fastcgi_temp_path {prefix}/fastcgi;",
-        f"  uwsgi_temp_path {prefix}/uwsgi;",
-        f"  scgi_temp_path {prefix}/scgi;",
+        *_head(prefix, workers=1, error_log="stderr"),
         "  access_log off;",
-        *_token_maps(tokens_file),
+        *token_maps(tokens_file),
         f"  map {_ORIGINAL_URL} $sam_admin {{",
         "    default 0;",
         *(f'    "~*{pattern}" 1;' for pattern in admin),
@@ -487,10 +367,10 @@ def render_auth_conf(
         "      if ($sam_admin) {",
         "        return 403;",
         "      }",
-        f'      if ({_TENANT_VARIABLE} = "") {{',
+        f'      if ({TENANT_VARIABLE} = "") {{',
         "        return 401;",
         "      }",
-        f"      add_header {TENANT_HEADER} {_TENANT_VARIABLE} always;",
+        f"      add_header {TENANT_HEADER} {TENANT_VARIABLE} always;",
         "      return 204;",
         "    }",
         "    location / {",

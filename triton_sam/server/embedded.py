@@ -1,13 +1,11 @@
 """Embedded tritonserver: the real Triton binary of the nvidia-pytriton wheel, as a child process.
 
-No Docker, no GPU needed. The wheel ships ``tritonserver`` (Triton 2.51), the python backend
-and one python-backend stub per Python version, but no onnxruntime backend. This module
-assembles a backend directory with the python backend around the stub of the running
-interpreter and, when the repository holds ``onnxruntime_onnx`` models, Triton's own
-onnxruntime backend built for this server (see :func:`find_onnxruntime_backend`); it starts
-the server over a model repository on localhost, waits until it is ready and stops it without
-leaving processes behind. Configs are loaded strictly (no auto-completion from the graphs), so
-what loads here is exactly what the config says.
+No Docker, no GPU needed. :class:`EmbeddedTriton` starts the server over a model repository on
+localhost, with the backends :mod:`triton_sam.server.backends` assembles (the python backend
+around this interpreter's stub, Triton's onnxruntime backend when the repository needs it),
+waits until it is ready and stops it without leaving processes behind
+(:mod:`triton_sam.server.process`). Configs are loaded strictly (no auto-completion from the
+graphs), so what loads here is exactly what the config says.
 
     with EmbeddedTriton("model_repository", http_port=0, grpc_port=0, metrics_port=0) as server:
         client = SAM2TritonClient(server.http_url)
@@ -15,18 +13,10 @@ what loads here is exactly what the config says.
 
 from __future__ import annotations
 
-import compileall
-import contextlib
-import importlib.util
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,51 +24,33 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 from triton_sam.errors import (
-    BackendNotFoundError,
     InputValidationError,
     RepositoryError,
     ServerStartError,
 )
 from triton_sam.server import admin_key as admin
+from triton_sam.server import process
+from triton_sam.server.backends import (
+    backend_dir,
+    dist_dir,
+    find_onnxruntime_backend,
+    find_tritonserver,
+    required_backends,
+    server_env,
+)
 from triton_sam.server.lifecycle import Service
 from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
 
 ModelControl = Literal["none", "explicit", "poll"]
 MODEL_CONTROLS = ("none", "explicit", "poll")
-STUB_NAME = "triton_python_backend_stub"
 # Python backend shared memory per model instance: start small, grow in steps big enough
 # for a SAM2 embedding set (~16 MiB) so one encoder response needs at most one growth.
 SHM_DEFAULT_BYTES = 4 * 2**20
 SHM_GROWTH_BYTES = 16 * 2**20
-_LOG_TAIL_LINES = 15
-# Triton's onnxruntime backend (a folder holding libtriton_onnxruntime.so and the
-# libonnxruntime it links, RUNPATH $ORIGIN): where it is looked for, first match wins.
-ORT_BACKEND_ENV = "TRITON_SAM_ONNXRUNTIME_BACKEND"
-ORT_BACKEND_LIBRARY = "libtriton_onnxruntime.so"
-# `make onnxruntime-backend` builds it here, under the virtualenv (sys.prefix).
-BUILT_ORT_BACKEND = Path("tools") / "triton-onnxruntime-backend" / "onnxruntime"
-# A prebuilt copy shared beside checkouts (CI machines): <ancestor>/shared/... of the checkout.
-SHARED_ORT_BACKEND = Path("shared") / "triton-onnxruntime-backend" / "onnxruntime"
-MACHINE_ORT_BACKEND = Path("/work") / SHARED_ORT_BACKEND
-_ELF_MAGIC = b"\x7fELF"
 _RESTRICTION_FLAGS = ("--http-restricted-api", "--grpc-restricted-protocol")
-
-
-def find_tritonserver() -> Path:
-    """Path of the ``tritonserver`` binary shipped in the nvidia-pytriton wheel.
-
-    Raises:
-        ServerStartError: nvidia-pytriton is not installed, or its binary is missing.
-    """
-    binary = _dist_dir() / "bin" / "tritonserver"
-    if not binary.is_file():
-        raise ServerStartError(
-            f"tritonserver: {binary} not found; reinstall with `pip install nvidia-pytriton`"
-        )
-    return binary
 
 
 class EmbeddedTriton(Service):
@@ -142,36 +114,17 @@ class EmbeddedTriton(Service):
         self.repository = Path(repository)
         if not self.repository.is_dir():
             raise RepositoryError(f"{self.repository}: model repository not found")
-        if model_control not in MODEL_CONTROLS:
-            raise InputValidationError(
-                "model_control", f"got {model_control!r}, expected one of {MODEL_CONTROLS}"
-            )
-        restricting = [a for a in extra_args if a.startswith(_RESTRICTION_FLAGS)]
-        if restricting:
-            raise InputValidationError(
-                "extra_args",
-                f"got {len(restricting)} restriction flag(s); the restricted APIs are set "
-                "from admin_key (Triton refuses an API restricted twice)",
-            )
-        ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
-        for field, port in ports.items():
-            _check_port(field, port)
-        if startup_timeout_s <= 0:
-            raise InputValidationError(
-                "startup_timeout_s", f"got {startup_timeout_s}, expected > 0"
-            )
-        numbers = (
-            ("log_verbose", log_verbose),
-            ("exit_timeout_s", exit_timeout_s),
-            ("repository_poll_s", repository_poll_s),
+        _check_arguments(
+            model_control=model_control,
+            extra_args=extra_args,
+            ports={"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port},
+            startup_timeout_s=startup_timeout_s,
+            counts={
+                "log_verbose": log_verbose,
+                "exit_timeout_s": exit_timeout_s,
+                "repository_poll_s": repository_poll_s,
+            },
         )
-        for field, value in numbers:
-            if not isinstance(value, int) or value < 0:
-                raise InputValidationError(field, f"got {value!r}, expected an integer >= 0")
-        if repository_poll_s < 1:  # 0 would turn Triton's scans off: no self-heal
-            raise InputValidationError(
-                "repository_poll_s", f"got {repository_poll_s}, expected an integer >= 1"
-            )
         self.host = host
         self.log_verbose = log_verbose
         self.startup_timeout_s = startup_timeout_s
@@ -310,7 +263,7 @@ class EmbeddedTriton(Service):
             self._finalizer = None
         if self._process is not None:
             grace_s = self.exit_timeout_s + 20.0 if grace_s is None else grace_s
-            _terminate(self._process, grace_s, self._shm_prefix)
+            process.terminate(self._process, grace_s, self._shm_prefix)
             self._process = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -329,19 +282,19 @@ class EmbeddedTriton(Service):
         ):
             ort_backend = find_onnxruntime_backend(self.onnxruntime_backend)
         self._workdir = Path(tempfile.mkdtemp(prefix="triton_sam_server_"))
-        backends = _backend_dir(self._workdir, ort_backend)
-        self._ports = _resolve_ports(self.host, self._requested_ports)
+        backends = backend_dir(self._workdir, ort_backend)
+        self._ports = process.resolve_ports(self.host, self._requested_ports)
         self._keep_log = False
-        self._log_path = self._user_log_path or _temp_log()
+        self._log_path = self._user_log_path or process.temp_log()
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.model_control == "poll":
-            _precompile(self.repository)
+            process.precompile(self.repository)
         cmd = [str(binary), *self._args(backends)]
         with open(self._log_path, "wb") as log:
-            self._process = _spawn(cmd, log, _server_env())
+            self._process = process.spawn(cmd, log, server_env())
         # Last resort for a server nobody stopped (interpreter exit, lost reference).
         self._finalizer = weakref.finalize(
-            self, _cleanup, self._process, self._shm_prefix, self._workdir
+            self, process.cleanup, self._process, self._shm_prefix, self._workdir
         )
 
     def _args(self, backends: Path) -> list[str]:
@@ -349,7 +302,7 @@ class EmbeddedTriton(Service):
         args = [
             f"--model-repository={self.repository.resolve()}",
             f"--backend-directory={backends}",
-            f"--cache-directory={_dist_dir() / 'caches'}",
+            f"--cache-directory={dist_dir() / 'caches'}",
             f"--http-address={self.host}",
             f"--http-port={ports['http']}",
             f"--grpc-address={self.host}",
@@ -391,321 +344,41 @@ class EmbeddedTriton(Service):
             return False
 
     def _start_error(self, what: str) -> ServerStartError:
-        lines = _read_log(self._log_path)
-        # Triton's error lines ("E1121 12:00:00.0 ...") say why; the tail shows where it stopped.
-        errors = [_clip(x) for x in lines if x[:1] == "E" and x[1:5].isdigit()]
-        errors = [x for x in errors if "CudaDriverHelper has not been" not in x]  # CPU noise
-        tail = lines[-_LOG_TAIL_LINES:]
-        return ServerStartError(
-            f"{what}.\nHint: {_hint(errors + tail)}\n"
-            f"Errors logged:\n  " + "\n  ".join(errors[-8:] or ["(none)"]) + "\n"
-            f"Log: {self._log_path}; last lines:\n" + "\n".join(tail)
-        )
+        return process.start_error(what, self._log_path)
 
 
-def _precompile(repository: Path) -> None:
-    """Write the ``__pycache__`` of every python-backend model before Triton polls.
-
-    A stub writes it beside the ``model.py`` it imports, on the model's first load; in poll
-    mode Triton sees the version folder change and loads the model again (measured: every
-    python model twice, seconds after start). Compiled first, the stub finds it current and
-    writes nothing. Best effort: a read-only repository is not written by the stub either.
-    """
-    compileall.compile_dir(str(repository), quiet=2, workers=1)
-
-
-def _dist_dir() -> Path:
-    # find_spec locates the package without importing it (pytriton's import is heavy).
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise ServerStartError(
-            "tritonserver: the nvidia-pytriton package, which ships the tritonserver binary, "
-            "is not installed: `pip install nvidia-pytriton` (or `pip install triton-sam[serve]`)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
-
-
-def _backend_dir(workdir: Path, onnxruntime: Path | None = None) -> Path:
-    """``<workdir>/backends/``: ``python/`` = the wheel's python backend + this Python's stub;
-    ``onnxruntime/`` = the given onnxruntime backend, when there is one.
-
-    The python backend runs ``<its dir>/triton_python_backend_stub``; the wheel keeps one stub
-    per Python version elsewhere, so (like pytriton) we assemble a backend dir around the
-    right one. Symlinks keep the stub's RPATH ($ORIGIN -> nvidia_pytriton.libs) valid.
-    """
-    dist = _dist_dir()
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = dist / "python_backend_stubs" / version / STUB_NAME
-    if not stub.is_file():
-        have = sorted(p.name for p in (dist / "python_backend_stubs").glob("3.*"))
-        raise ServerStartError(
-            f"tritonserver: no python-backend stub for Python {version} in nvidia-pytriton "
-            f"(it has {have}); use one of those Python versions"
-        )
-    python_dir = workdir / "backends" / "python"
-    python_dir.mkdir(parents=True)
-    for item in (dist / "backends" / "python").iterdir():
-        if item.is_file():
-            (python_dir / item.name).symlink_to(item)
-    (python_dir / STUB_NAME).symlink_to(stub)
-    if onnxruntime is not None:
-        _link_backend(onnxruntime, python_dir.parent / "onnxruntime")
-    return python_dir.parent
-
-
-def required_backends(repository: str | os.PathLike[str]) -> set[str]:
-    """Backends the models of ``repository`` name (``"onnxruntime"`` for
-    ``platform: "onnxruntime_onnx"``), read from their ``config.pbtxt``."""
-    from triton_sam.repository.config import parse_config
-
-    needed = set()
-    for config_path in Path(repository).glob("*/config.pbtxt"):
-        if config_path.parent.name.startswith("."):
-            continue
-        config = parse_config(config_path)
-        if config.platform == "onnxruntime_onnx":
-            needed.add("onnxruntime")
-        elif config.backend:
-            needed.add(config.backend)
-    return needed
-
-
-def onnxruntime_backend_candidates() -> list[Path]:
-    """Where :func:`find_onnxruntime_backend` looks when neither an argument nor
-    ``$TRITON_SAM_ONNXRUNTIME_BACKEND`` names a folder, in order.
-
-    1. ``<sys.prefix>/tools/triton-onnxruntime-backend/onnxruntime``: what
-       ``make onnxruntime-backend`` builds for this environment's server and onnxruntime;
-    2. ``<ancestor>/shared/triton-onnxruntime-backend/onnxruntime`` for every ancestor of the
-       checkout this package runs from and of the working directory (a prebuilt copy next
-       to the clone, as on CI machines);
-    3. ``/work/shared/triton-onnxruntime-backend/onnxruntime``.
-    """
-    roots = [Path(__file__).resolve().parents[2], Path.cwd().resolve()]
-    candidates = [Path(sys.prefix) / BUILT_ORT_BACKEND]
-    for root in roots:
-        candidates += [ancestor / SHARED_ORT_BACKEND for ancestor in (root, *root.parents)]
-    candidates.append(MACHINE_ORT_BACKEND)
-    return list(dict.fromkeys(candidates))
-
-
-def find_onnxruntime_backend(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The folder of Triton's onnxruntime backend for the embedded server.
-
-    Args:
-        explicit: a folder given by the caller (``--onnxruntime-backend``); it must hold the
-            backend, nothing else is tried. Otherwise ``$TRITON_SAM_ONNXRUNTIME_BACKEND``,
-            when set, is the only folder tried; otherwise the first of
-            :func:`onnxruntime_backend_candidates` holding ``libtriton_onnxruntime.so``.
+def _check_arguments(
+    *,
+    model_control: str,
+    extra_args: Sequence[str],
+    ports: dict[str, int],
+    startup_timeout_s: float,
+    counts: dict[str, int],
+) -> None:
+    """Refuse the arguments of :class:`EmbeddedTriton` that Triton would refuse or misread.
 
     Raises:
-        BackendNotFoundError: no backend there; the message lists where it looked and what
-            to do (set the variable, or build one with ``make onnxruntime-backend``).
+        InputValidationError: naming the argument, what was given and what is expected.
     """
-    if explicit is not None:
-        source, tried = "the onnxruntime_backend argument", [Path(explicit)]
-    elif os.environ.get(ORT_BACKEND_ENV):
-        source, tried = f"${ORT_BACKEND_ENV}", [Path(os.environ[ORT_BACKEND_ENV])]
-    else:
-        source, tried = "the default locations", onnxruntime_backend_candidates()
-    for folder in tried:
-        if (folder / ORT_BACKEND_LIBRARY).is_file():
-            return folder.resolve()
-    listed = "\n  ".join(str(p) for p in tried)
-    raise BackendNotFoundError(
-        f"Triton's onnxruntime backend ({ORT_BACKEND_LIBRARY}) not found in {source}; "
-        f"looked in:\n  {listed}\n"
-        "The repository has onnxruntime_onnx models, which the tritonserver of the "
-        f"nvidia-pytriton wheel cannot run without it. Either set {ORT_BACKEND_ENV} (or "
-        "pass --onnxruntime-backend) to a folder holding the backend built for this server "
-        "(e.g. ../shared/triton-onnxruntime-backend/onnxruntime), or build one from "
-        "Triton's sources with `make onnxruntime-backend` (needs network access to "
-        "github.com, cmake, g++ and rapidjson-dev)."
-    )
-
-
-def _link_backend(source: Path, dest: Path) -> None:
-    """Link every file of the backend folder ``source`` into ``dest``.
-
-    A file whose whole content is the name of another file of the folder is a symbolic
-    link stored as text (what a copy or checkout without symlink support leaves of
-    ``libonnxruntime.so.1 -> libonnxruntime.so.1.32.0``); it is linked to that file, since
-    the dynamic loader would read the text as a truncated library ("file too short").
-
-    Raises:
-        BackendNotFoundError: a shared library of the backend is not a loadable file.
-    """
-    dest.mkdir(parents=True)
-    for item in sorted(source.iterdir()):
-        target = item
-        # libonnxruntime.so -> libonnxruntime.so.1 -> libonnxruntime.so.1.32.0: follow chains
-        for _ in range(8):
-            named = _link_text(target)
-            if named is None:
-                break
-            target = source / named
-        (dest / item.name).symlink_to(target.resolve())
-    for library in sorted(dest.glob("lib*.so*")):
-        if not _is_elf(library):
-            raise BackendNotFoundError(
-                f"{source / library.name}: not a shared library (nor a link to one in "
-                f"{source}); rebuild the backend folder (`make onnxruntime-backend`)"
-            )
-
-
-def _link_text(path: Path) -> str | None:
-    """The sibling file name ``path`` holds as its only content, if it is such a stand-in."""
-    if path.is_symlink() or not path.is_file() or path.stat().st_size > 255:
-        return None
-    name = path.read_bytes().strip().decode("utf-8", errors="replace")
-    if name and "/" not in name and name != path.name and (path.parent / name).is_file():
-        return name
-    return None
-
-
-def _is_elf(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == _ELF_MAGIC
-    except OSError:
-        return False
-
-
-def _server_env() -> dict[str, str]:
-    """Environment that lets the stub start this interpreter and import its packages."""
-    env = dict(os.environ)
-    # The stub links libpython3.X.so.1.0: use the running interpreter's, not a system one.
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    libs = [libdir, str(_dist_dir().parent.parent / "nvidia_pytriton.libs")]
-    env["LD_LIBRARY_PATH"] = _join_paths(libs, env.get("LD_LIBRARY_PATH"))
-    # The stub's embedded interpreter ignores PYTHONPATH and PYTHONHOME (measured on the
-    # 2.51 stub); it derives sys.prefix by finding `python3` on PATH, so putting this
-    # interpreter's bin dir first makes it adopt this environment (a venv via pyvenv.cfg)
-    # and its site-packages (numpy, onnxruntime). pytriton does the same.
-    env["PATH"] = _join_paths([str(Path(sys.executable).parent)], env.get("PATH"))
-    return env
-
-
-def _spawn(cmd: list[str], log: IO[bytes], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    # Own process group: stop() can reach the python-backend stubs even if the server dies.
-    return subprocess.Popen(
-        _die_with_parent(cmd),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def _die_with_parent(cmd: list[str]) -> list[str]:
-    """``cmd`` under ``setpriv --pdeathsig TERM`` where that exists: the server gets SIGTERM
-    (and stops its stubs) when this process dies.
-
-    Without it a SIGKILLed parent (a timed-out test run, a killed notebook kernel) leaves a
-    tritonserver holding ports, shared memory and gigabytes of RAM. setpriv execs the
-    server in place (same pid); a preexec_fn would do the same but can deadlock in a
-    threaded parent. Linux ties the signal to the creating *thread*, so it is only asked for
-    from the main thread, whose end is the process's.
-    """
-    setpriv = shutil.which("setpriv")
-    if setpriv is None or threading.current_thread() is not threading.main_thread():
-        return cmd
-    return [setpriv, "--pdeathsig", "TERM", "--", *cmd]
-
-
-def _terminate(process: subprocess.Popen[bytes], grace_s: float, shm_prefix: str) -> None:
-    """SIGTERM (Triton drains and unloads), SIGKILL the group after ``grace_s``, reap."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(process.pid)
-            process.wait()
-    # Stubs orphaned by a crashed or killed server are still in the group.
-    _kill_group(process.pid)
-    # A killed server leaves its shared-memory regions behind in /dev/shm.
-    for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
-        region.unlink(missing_ok=True)
-
-
-def _cleanup(process: subprocess.Popen[bytes], shm_prefix: str, workdir: Path) -> None:
-    _terminate(process, 5.0, shm_prefix)
-    shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _resolve_ports(host: str, requested: dict[str, int]) -> dict[str, int]:
-    """Replace 0 by free ports; sockets stay open until all are chosen so none repeats."""
-    held, ports = [], dict(requested)
-    bind_host = "" if host in ("0.0.0.0", "::") else host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        for name, port in requested.items():
-            if port == 0:
-                s = socket.socket(family, socket.SOCK_STREAM)
-                s.bind((bind_host, 0))
-                held.append(s)
-                ports[name] = s.getsockname()[1]
-    finally:
-        for s in held:
-            s.close()
-    return ports
-
-
-def _check_port(field: str, port: object) -> None:
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise InputValidationError(field, f"got {port!r}, expected 0 (any free port) to 65535")
-
-
-def _join_paths(first: Sequence[str], existing: str | None) -> str:
-    return os.pathsep.join([p for p in first if p] + ([existing] if existing else []))
-
-
-def _temp_log() -> Path:
-    fd, path = tempfile.mkstemp(prefix="triton_sam_server_", suffix=".log")
-    os.close(fd)
-    return Path(path)
-
-
-def _read_log(path: Path | None, max_bytes: int = 1 << 20) -> list[str]:
-    if path is None or not path.is_file():
-        return ["(no log)"]
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
-        return f.read().decode("utf-8", errors="replace").splitlines()
-
-
-def _clip(line: str, limit: int = 600) -> str:
-    return line if len(line) <= limit else line[:limit] + " ..."
-
-
-_HINTS = (
-    (
-        "libpython",
-        "the python-backend stub needs this Python's shared libpython3.X.so.1.0 "
-        f"(looked in LIBDIR={sysconfig.get_config_var('LIBDIR')}); use a Python built with "
-        "--enable-shared",
-    ),
-    (
-        "No module named",
-        "the python-backend stub cannot import a package; install it in this "
-        f"interpreter's environment ({sys.prefix}), whose bin/ must hold a `python3`",
-    ),
-    ("ddress already in use", "a port is taken; pass port 0 to pick free ports"),
-    ("shared memory", "python-backend shared memory failed; check free space in /dev/shm"),
-    ("failed to load", "a model failed to load; see the errors logged below"),
-)
-
-
-def _hint(lines: list[str]) -> str:
-    text = "\n".join(lines)
-    for needle, hint in _HINTS:
-        if needle in text:
-            return hint
-    return "see the log below; rerun with log_verbose=1 for details"
+    if model_control not in MODEL_CONTROLS:
+        raise InputValidationError(
+            "model_control", f"got {model_control!r}, expected one of {MODEL_CONTROLS}"
+        )
+    restricting = [a for a in extra_args if a.startswith(_RESTRICTION_FLAGS)]
+    if restricting:
+        raise InputValidationError(
+            "extra_args",
+            f"got {len(restricting)} restriction flag(s); the restricted APIs are set "
+            "from admin_key (Triton refuses an API restricted twice)",
+        )
+    for field, port in ports.items():
+        process.check_port(field, port)
+    if startup_timeout_s <= 0:
+        raise InputValidationError("startup_timeout_s", f"got {startup_timeout_s}, expected > 0")
+    for field, value in counts.items():
+        if not isinstance(value, int) or value < 0:
+            raise InputValidationError(field, f"got {value!r}, expected an integer >= 0")
+    if counts["repository_poll_s"] < 1:  # 0 would turn Triton's scans off: no self-heal
+        raise InputValidationError(
+            "repository_poll_s", f"got {counts['repository_poll_s']}, expected an integer >= 1"
+        )

@@ -9,8 +9,10 @@ orchestrator that only polls it never restarts anything.
 
 So liveness is asked of the model itself: a probe request for an image id nobody embeds
 (:data:`LIVENESS_ID`) costs a dictionary lookup in a healthy stub, which answers our
-NOT_FOUND miss; a dead stub answers the "not healthy" error. Recovery, by what the
-deployment allows:
+NOT_FOUND miss; a dead stub answers the "not healthy" error. The segment-everything job model
+(``<family>_everything``) is decoupled, which Triton's HTTP endpoint refuses, so it is probed
+over a gRPC stream (:func:`probe_stream`): a job without an image, which a live stub refuses
+at once naming the field. Recovery, by what the deployment allows:
 
 - model control ``poll`` (``triton-sam serve`` with self-heal): :func:`touch` marks the dead
   model's folders as modified, and Triton's next scan of the repository loads it again with a
@@ -28,20 +30,28 @@ deployment allows:
 
 from __future__ import annotations
 
+import functools
 import os
+import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from triton_sam.errors import InputValidationError
 from triton_sam.serving import protocol as envelope
+from triton_sam.serving.protocol import everything as everything_protocol
 
 LIVENESS_ID = "triton-sam-liveness"
 # Triton's own message for a request to a model whose stub process died (not ours to code).
 DEAD_MARKER = "is not healthy"
+# How long a stream probe waits: a live everything stub refuses it at once, unless its job
+# slots are taken (the probe then waits in the stub's line: "busy", and it is cancelled).
+STREAM_PROBE_TIMEOUT_S = 5.0
+STREAM_KINDS = (envelope.KIND_EVERYTHING,)
 
 
 def probe(client: object, model: str, kind: str | None = None) -> str:
@@ -74,13 +84,55 @@ def probe(client: object, model: str, kind: str | None = None) -> str:
     try:
         client.infer(model, tensors)
     except InferenceServerException as e:
-        message = str(e)
-        if envelope.error_code(message) is not None:
-            return "alive"  # the stub answered in our protocol (the miss, or a refusal)
-        if DEAD_MARKER in message:
-            return "dead"
-        raise
+        return _status(e)
     return "alive"
+
+
+def probe_stream(client: object, model: str, *, timeout_s: float = STREAM_PROBE_TIMEOUT_S) -> str:
+    """``"alive"``, ``"dead"`` or ``"busy"`` for a decoupled model we ship (the everything job
+    model, ``<family>_everything``), by a probe job over a gRPC stream.
+
+    The job carries ``params`` ``{}`` and no image: a live stub refuses it before any work,
+    naming the image field (our ``InvalidInput``); a dead one answers the "not healthy" error.
+    ``"busy"``: no answer within ``timeout_s``, because the stub's job slots are taken and the
+    probe waits in its line (a dead stub answers at once); the stream is cancelled, so the
+    probe ends unrun, but it keeps its place in the line (``max_waiting_jobs``) until the
+    running job ends: meanwhile another job is refused as ``Overloaded`` instead of waiting.
+
+    Args:
+        client: a ``tritonclient.grpc.InferenceServerClient`` with no stream open.
+        model: the everything model.
+        timeout_s: how long to wait for the answer.
+
+    Raises:
+        tritonclient.utils.InferenceServerException: any other error (server down, unknown
+            model): not a stub death this module can repair.
+    """
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue[object] = queue.Queue()
+    params = grpcclient.InferInput(everything_protocol.PARAMS, [1], "BYTES")
+    params.set_data_from_numpy(np.array([b"{}"], dtype=np.object_))
+    client.start_stream(callback=lambda result, error: answers.put(error))
+    try:
+        client.async_stream_infer(model, [params])
+        try:
+            error = answers.get(timeout=timeout_s)
+        except queue.Empty:
+            return "busy"
+    finally:
+        client.stop_stream(cancel_requests=True)
+    return "alive" if error is None else _status(error)
+
+
+def _status(error: Exception) -> str:
+    """``"alive"`` or ``"dead"`` from a probe's error; any other error is raised again."""
+    message = str(error)
+    if envelope.error_code(message) is not None:
+        return "alive"  # the stub answered in our protocol (the miss, or a refusal)
+    if DEAD_MARKER in message:
+        return "dead"
+    raise error
 
 
 def session_models(repo_dir: str | os.PathLike[str]) -> list[str]:
@@ -91,12 +143,13 @@ def session_models(repo_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def watched_models(repo_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """The python models a watchdog probes, name -> kind: the session models and the Lambda
-    JSON models (a dead stub of either answers every request with an error until reloaded)."""
+    """The python models a watchdog probes, name -> kind: the session models, the Lambda
+    JSON models and the everything job models (a dead stub of any answers every request with
+    an error until reloaded)."""
     from triton_sam.repository.config import model_kind, parse_config
     from triton_sam.repository.writer import CONFIG_FILENAME, list_models
 
-    kinds = (envelope.KIND_EMBEDDING_CACHE, envelope.KIND_LAMBDA_JSON)
+    kinds = (envelope.KIND_EMBEDDING_CACHE, envelope.KIND_LAMBDA_JSON, *STREAM_KINDS)
     found = {}
     for name in list_models(repo_dir):
         kind = model_kind(parse_config(Path(repo_dir) / name / CONFIG_FILENAME))
@@ -149,11 +202,20 @@ def heal_by_touch(
     Raises:
         TimeoutError: still dead after ``timeout_s``.
     """
+    return _touch_and_wait(repository, model, lambda: probe(client, model, kind), timeout_s)
+
+
+def _touch_and_wait(
+    repository: str | os.PathLike[str],
+    model: str,
+    check: Callable[[], str],
+    timeout_s: float = 300.0,
+) -> float:
     start = time.perf_counter()
     touch(repository, model)
     while time.perf_counter() - start < timeout_s:
         time.sleep(0.25)
-        if probe(client, model, kind) == "alive":
+        if check() == "alive":
             return time.perf_counter() - start
     raise TimeoutError(f"{model}: still dead {timeout_s:.0f} s after touching its files")
 
@@ -169,8 +231,12 @@ class Watchdog:
             reloaded by :func:`heal_by_touch`.
         admin_key: for a server in explicit mode: a dead model is reloaded by :func:`heal`.
         interval_s: seconds between probes.
+        grpc_address: ``host:port`` of the server's gRPC endpoint, where the everything job
+            models are probed (:func:`probe_stream`); without it they are not watched (a
+            warning says so).
 
     Attributes:
+        models: the models watched.
         reloads: (model, seconds the reload took) of every recovery, in order.
     """
 
@@ -185,15 +251,16 @@ class Watchdog:
         repository: str | os.PathLike[str] | None = None,
         admin_key: str | None = None,
         interval_s: float = 5.0,
+        grpc_address: str | None = None,
     ) -> None:
         if (repository is None) == (admin_key is None):
             raise InputValidationError(
                 "repository", "give repository (poll mode) or admin_key (explicit), one of them"
             )
         self.address = address
-        self.kinds: dict[str, str | None] = (
-            dict(models) if isinstance(models, Mapping) else dict.fromkeys(models)
-        )
+        self.grpc_address = grpc_address
+        kinds = dict(models) if isinstance(models, Mapping) else dict.fromkeys(models)
+        self.kinds: dict[str, str | None] = _streams_last(kinds, grpc_address)
         self.models = tuple(self.kinds)
         self.repository = Path(repository) if repository is not None else None
         self.admin_key = admin_key
@@ -203,24 +270,42 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def check_once(self) -> dict[str, str]:
-        """Probe every model once, reload the dead ones; returns model -> status found."""
+        """Probe every model once, reload the dead ones; returns model -> status found
+        (``"alive"``, ``"dead"``, or ``"busy"`` for an everything model whose jobs kept it
+        from answering: see :func:`probe_stream`)."""
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.address)
+        streams = self._stream_client()
         try:
-            found = {m: probe(client, m, kind) for m, kind in self.kinds.items()}
+            found = {m: self._probe(client, streams, m) for m in self.models}
             for model, status in found.items():
                 if status != "dead":
                     continue
                 if self.repository is not None:
-                    kind = self.kinds[model]
-                    seconds = heal_by_touch(client, self.repository, model, kind=kind)
+                    check = functools.partial(self._probe, client, streams, model)
+                    seconds = _touch_and_wait(self.repository, model, check)
                 else:
                     seconds = heal(client, model, admin_key=self.admin_key)
                 self.reloads.append((model, seconds))
             return found
         finally:
             client.close()
+            if streams is not None:
+                streams.close()
+
+    def _stream_client(self) -> object | None:
+        if not any(kind in STREAM_KINDS for kind in self.kinds.values()):
+            return None
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.grpc_address)
+
+    def _probe(self, client: object, streams: object | None, model: str) -> str:
+        kind = self.kinds[model]
+        if kind in STREAM_KINDS:
+            return probe_stream(streams, model)
+        return probe(client, model, kind)
 
     def start(self) -> Watchdog:
         self._thread = threading.Thread(target=self._run, name="triton-sam-watchdog", daemon=True)
@@ -238,3 +323,17 @@ class Watchdog:
                 self.check_once()
             except Exception:  # server restarting or stopping: try again next round
                 continue
+
+
+def _streams_last(kinds: dict[str, str | None], grpc_address: str | None) -> dict[str, str | None]:
+    """``kinds`` with the models probed over a gRPC stream last (a busy one keeps a round
+    waiting for up to its probe's timeout), or left out, with a warning, without an address."""
+    streams = {m: k for m, k in kinds.items() if k in STREAM_KINDS}
+    if streams and grpc_address is None:
+        warnings.warn(
+            f"self-heal: {', '.join(streams)} not watched: decoupled models are probed over "
+            "gRPC; give the Watchdog grpc_address",
+            stacklevel=3,
+        )
+        streams = {}
+    return {**{m: k for m, k in kinds.items() if k not in STREAM_KINDS}, **streams}
