@@ -278,8 +278,10 @@ def test_triton_sam_serve_heals_a_killed_stub_by_itself(sam2_tiny_export, tmp_pa
             if line.startswith("ready"):
                 break
         watching = next(x for x in lines if x.startswith("self-heal: watching "))
-        # EVERYTHING is listed too; the watchdog probes it when serve gives it the gRPC address
-        assert {SESSION, LAMBDA} <= set(watching.split(": watching ")[1].strip().split(", "))
+        # the everything job model too: serve gives the watchdog the gRPC address it probes over
+        assert {SESSION, LAMBDA, EVERYTHING} <= set(
+            watching.split(": watching ")[1].strip().split(", ")
+        )
         url = next(x.split()[1] for x in lines if x.startswith("HTTP"))
 
         class Served:  # what click() and stub_pid() need

@@ -117,11 +117,16 @@ def serve_cmd(
         typer.echo(f"metrics {server.metrics_url}/metrics\nlog     {server.log_path}")
         typer.echo(f"admin   header {HTTP_HEADER}: the key in {key.source}")
         watched = watched_models(repo) if self_heal else {}
+        # The gRPC address lets it probe decoupled models (segment everything) over a stream.
         watchdog = (
-            Watchdog(server.http_address, watched, repository=repo).start() if watched else None
+            Watchdog(
+                server.http_address, watched, repository=repo, grpc_address=server.grpc_address
+            ).start()
+            if watched
+            else None
         )
         if watchdog is not None:
-            typer.echo(f"self-heal: watching {', '.join(watched)}")
+            typer.echo(f"self-heal: watching {', '.join(watchdog.models)}")
         page = _web_server(server, repo, web_port).start() if web else None
         if page is not None:
             typer.echo(f"web     {page.url}   <- open in a browser")
