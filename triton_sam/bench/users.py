@@ -53,7 +53,9 @@ from typing import Any
 import numpy as np
 
 from triton_sam.bench import paths as bench_paths
+from triton_sam.bench.harness import embedded, protocol_urls
 from triton_sam.bench.latency import Series, measure
+from triton_sam.bench.memory import TreePeaks
 from triton_sam.models.spec import ModelSpec
 
 OFFICIAL = "official"
@@ -628,11 +630,8 @@ def _checkpoint(spec: ModelSpec, root: Path, checkpoints_dir: Path) -> Path:
 @contextmanager
 def served(repository: Path, protocols: Sequence[str]) -> Iterator[dict[str, str]]:
     """Start one embedded server on ``repository``; yields protocol -> URL."""
-    from triton_sam.server import EmbeddedTriton
-
-    with EmbeddedTriton(repository, http_port=0, grpc_port=0, metrics_port=0) as server:
-        by_protocol = {"http": server.http_url, "grpc": server.grpc_url}
-        yield {p: by_protocol[p] for p in protocols}
+    with embedded(repository) as server:
+        yield protocol_urls(server, protocols)
 
 
 @dataclass(frozen=True)
@@ -663,32 +662,11 @@ def bench_one_model(
         ``ru_maxrss`` of a process spawned for one model keeps its parent's mark from the
         fork, and a server forked from this process inherits this one's.)
     """
-    from triton_sam.bench.soak import process_tree_rss
-
     t0 = time.perf_counter()
-    peak = {"tree": 0, "servers": 0, "own": 0}
-    stop = threading.Event()
-
-    def sample() -> None:
-        import psutil
-
-        own = psutil.Process()
-        while True:  # every 2 s, and once when stopped (a short run still gets one)
-            stopped = stop.wait(2.0)
-            tree = process_tree_rss(own.pid) or 0
-            mine = getattr(own.memory_full_info(), "pss", 0)
-            peak["tree"] = max(peak["tree"], tree)
-            peak["servers"] = max(peak["servers"], tree - mine)
-            peak["own"] = max(peak["own"], own.memory_info().rss)
-            if stopped:
-                return
-
-    sampler = threading.Thread(target=sample, name="bench-memory", daemon=True)
-    sampler.start()
     series: list[Series] = []
     agreement: dict[str, dict[str, object]] = {}
     common = {"n_encode": settings.n_encode, "n_decode": settings.n_decode}
-    try:
+    with TreePeaks(2.0) as sampler:
         with served(model.repository, settings.protocols) as urls:
             series += bench_model(model, {"onnxruntime": urls}, image,
                                   concurrency=settings.concurrency, official=settings.official,
@@ -709,9 +687,7 @@ def bench_one_model(
                     model, variant, urls, image, n_encode=settings.n_encode
                 )
             gc.collect()
-    finally:
-        stop.set()
-        sampler.join()
+    peak = sampler.peaks
     memory = {
         "bench_process": peak["own"] / 2**20,
         "servers_peak": peak["servers"] / 2**20,
