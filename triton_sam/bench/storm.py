@@ -6,7 +6,7 @@ image embedded before (with a think time between clicks, as people do). Every an
 classified: ok, a typed refusal (``ServerOverloadedError``: the session model's embed line
 was full), or any other error (a transport error, a timeout, an untyped server error),
 which must never happen. The server tree's memory (PSS of tritonserver and its stubs,
-:func:`triton_sam.bench.soak.process_tree_rss`) is sampled throughout.
+:func:`triton_sam.bench.memory.process_tree_rss`) is sampled throughout.
 
 The same users first click with no storm (idle), so their latency during the storm is
 compared with theirs from the same run. Each storm count runs twice with fresh images: the

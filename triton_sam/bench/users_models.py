@@ -67,10 +67,11 @@ def prepare_model(
     :func:`prepare_encoder_variant`; a variant the family has no rewrite for is recorded in
     ``skipped_variants`` instead of failing the run.
     """
+    from triton_sam.bench.harness import setup_repository
     from triton_sam.errors import ExportError
     from triton_sam.models import get_model
     from triton_sam.repository.writer import embedded_repository
-    from triton_sam.setup.pipeline import build_repository, obtain_checkpoint
+    from triton_sam.setup.pipeline import obtain_checkpoint
 
     unknown = set(encoder_variants) - set(ENCODER_VARIANTS)
     if unknown:
@@ -90,7 +91,10 @@ def prepare_model(
         checkpoint = obtain_checkpoint(
             spec, checkpoint=checkpoint, checkpoints_dir=checkpoints_dir, download=False
         )
-        build_repository(spec, repo, checkpoint=checkpoint, checkpoints_dir=checkpoints_dir)
+        # its twins are written below, with this benchmark's choices
+        setup_repository(
+            spec, repo, checkpoint=checkpoint, twin=False, checkpoints_dir=checkpoints_dir
+        )
         done.write_text(json.dumps({"checkpoint": str(checkpoint)}))
     # fp32: the graphs as exported; `triton-sam serve`'s default twin is the ``fused`` variant
     # where the family has an attention fusion (the same twin as the served path otherwise).
