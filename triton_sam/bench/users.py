@@ -30,6 +30,10 @@ so it inherits nothing), one embedded server at a time within it, and merges the
 baselines of a model are measured in the same process as its served rows, and one model's
 predictor, ORT sessions and servers are gone before the next model starts. The report's
 settings carry each child's peak memory.
+
+This module runs the benchmark; :mod:`~triton_sam.bench.users_models` exports the models,
+:mod:`~triton_sam.bench.users_timing` times their cells, :mod:`~triton_sam.bench.users_report`
+turns the series into ratios, goals and files (their names import from here too).
 """
 
 from __future__ import annotations
