@@ -28,14 +28,13 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from gateway_support import paintera_embed, running_gateway  # noqa: E402
 
+from triton_sam.bench.harness import embedded, setup_repository  # noqa: E402
 from triton_sam.export import ExportOptions, save_random_checkpoint  # noqa: E402
 from triton_sam.gateway import BackendOptions, GatewayOptions, create_app  # noqa: E402
 from triton_sam.gateway.backend import TritonBackend  # noqa: E402
 from triton_sam.models import get_model  # noqa: E402
-from triton_sam.setup.pipeline import build_repository, obtain_checkpoint  # noqa: E402
-from triton_sam.repository.writer import embedded_repository  # noqa: E402
+from triton_sam.setup.pipeline import obtain_checkpoint  # noqa: E402
 from triton_sam.tools.sample import sample_image  # noqa: E402
-from triton_sam.server import EmbeddedTriton  # noqa: E402
 
 CLICK, HW = (210, 190), (480, 640)
 
@@ -45,14 +44,18 @@ def served_repository(out: Path) -> tuple[Path, Path]:
     checkpoint = out / spec.checkpoint.filename
     if not checkpoint.exists():
         save_random_checkpoint(spec, checkpoint, seed=1)
-    repo = out / "model_repository"
-    if not repo.exists():
-        (out / "none").mkdir(exist_ok=True)
-        ckpt = obtain_checkpoint(
-            spec, checkpoint=checkpoint, checkpoints_dir=out / "none", download=False
-        )
-        build_repository(spec, repo, checkpoint=ckpt, export_options=ExportOptions())
-    return embedded_repository(repo), checkpoint
+    (out / "none").mkdir(exist_ok=True)
+    ckpt = obtain_checkpoint(
+        spec, checkpoint=checkpoint, checkpoints_dir=out / "none", download=False
+    )
+    repo = setup_repository(
+        spec,
+        out / "model_repository",
+        checkpoint=ckpt,
+        reuse_model=spec.family.encoder_model,  # a second run reuses the export
+        export_options=ExportOptions(),
+    )
+    return repo, checkpoint
 
 
 def main() -> None:
@@ -81,7 +84,7 @@ def main() -> None:
         times.setdefault(name, []).append((time.perf_counter() - t0) * 1e3)
         return out
 
-    with EmbeddedTriton(repository, http_port=0, grpc_port=0, metrics_port=0) as server:
+    with embedded(repository) as server:
         options = BackendOptions(url=server.grpc_url, protocol="grpc")
         backend = TritonBackend(options)
         embedding = direct(backend.embed(rgb, tenant="", request_id="warm-up"))

@@ -9,27 +9,25 @@ import sys
 import time
 from pathlib import Path
 
+from triton_sam.bench.harness import embedded, protocol_urls, setup_repository
 from triton_sam.bench.latency import run_latency_benchmark, write_report
 from triton_sam.export import sam3
 from triton_sam.models import get_model
-from triton_sam.setup.pipeline import build_repository
-from triton_sam.repository.writer import embedded_repository
 from triton_sam.tools.sample import sample_image
-from triton_sam.server import EmbeddedTriton
 
 root = Path(sys.argv[1])
 spec = get_model("sam3_tracker")
 ckpt = sam3.save_random_checkpoint(spec, root / "ckpt", seed=1, config=sam3.small_config())
 t0 = time.perf_counter()
-build = build_repository(spec, root / "repo", checkpoint=ckpt)  # production configs
-served = embedded_repository(root / "repo")  # their CPU twins, Triton's onnxruntime backend
+# production configs, served as their CPU twins on Triton's onnxruntime backend
+served = setup_repository(spec, root / "repo", checkpoint=ckpt)
 print(f"build_repository: {time.perf_counter() - t0:.1f} s")
 for p in sorted((root / "repo").glob("*/1/*")):
     print(f"{p.relative_to(root / 'repo')}: {p.stat().st_size / 2**20:.2f} MiB")
-with EmbeddedTriton(served, http_port=0, grpc_port=0, metrics_port=0) as server:
+with embedded(served) as server:
     report = run_latency_benchmark(
         served,
-        {"http": server.http_url, "grpc": server.grpc_url},
+        protocol_urls(server),
         spec.family,
         sample_image(),
         concurrency=[1, 4],

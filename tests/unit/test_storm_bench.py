@@ -51,3 +51,17 @@ def test_storm_settings_are_checked() -> None:
 def test_storm_images_are_distinct_pngs() -> None:
     files = storm.storm_images(3, (24, 32), seed=0)
     assert len(set(files)) == 3 and all(f.startswith(b"\x89PNG") for f in files)
+
+
+def test_a_storm_report_compares_clicks_with_the_idle_ones_of_the_same_run(tmp_path) -> None:
+    report = storm.StormReport("sam2_session", storm.StormSettings(embeds=(4,)))
+    report.idle.latency_ms = [10.0, 20.0]
+    run = storm.StormRun(4, 1, peak_mib=900.0)
+    run.clicks.latency_ms = [20.0, 40.0]
+    report.runs.append(run)
+    summary = report.summary()
+    assert summary["idle_clicks"]["p99"] == 19.9
+    assert summary["runs"][0]["click_p95_over_idle_p95"] == 2.0
+    assert summary["transport_errors"] == 0
+    paths = storm.write_report(report, tmp_path)
+    assert "| 4 | 1 | 0 | 0 | 0 |" in paths["md"].read_text()

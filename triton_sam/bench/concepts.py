@@ -246,11 +246,10 @@ def bench_local(
         checkpoint: a ``facebook/sam3``-layout model directory (exported as ``sam3_concept``);
             None writes the small random-init model (``sam3_concept_small``).
     """
+    from triton_sam.bench.harness import embedded, protocol_urls, setup_repository
     from triton_sam.export import sam3_concept
     from triton_sam.models import get_model
     from triton_sam.repository.config import RepositoryOptions
-    from triton_sam.server import EmbeddedTriton
-    from triton_sam.setup.pipeline import build_repository
 
     work_dir = Path(work_dir)
     if checkpoint is None:
@@ -260,14 +259,17 @@ def bench_local(
             sam3_concept.save_random_checkpoint(spec, checkpoint)
     else:
         spec = get_model("sam3_concept")
-    repo = work_dir / "model_repository"
-    build_repository(
-        spec, repo, checkpoint=checkpoint, repository_options=RepositoryOptions(target="python")
+    repo = setup_repository(
+        spec,
+        work_dir / "model_repository",
+        checkpoint=checkpoint,
+        twin=False,  # written for the python target: served as it is
+        repository_options=RepositoryOptions(target="python"),
     )
-    with EmbeddedTriton(repo, http_port=0, grpc_port=0, metrics_port=0) as server:
+    with embedded(repo) as server:
         report = run_concept_bench(
             checkpoint=checkpoint,
-            urls={"http": server.http_url, "grpc": server.grpc_url},
+            urls=protocol_urls(server),
             phrases=phrases,
             images=images,
             repeats=repeats,

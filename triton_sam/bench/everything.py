@@ -182,17 +182,18 @@ def _served(spec: Any, work: Path, overrides: dict):
     """(runner, peak-memory sampler) of the served row: an embedded server over a repository
     written from :func:`prepare`'s checkpoint, as ``setup`` writes it."""
     from triton_sam.bench.everything_served import PeakMemory
+    from triton_sam.bench.harness import embedded, setup_repository
     from triton_sam.client import SAM2TritonClient
-    from triton_sam.repository.writer import embedded_repository
-    from triton_sam.server import EmbeddedTriton
-    from triton_sam.setup.pipeline import build_repository
 
-    repo = work / "model_repository"
-    if not (repo / f"{spec.family.family}_everything").is_dir():
-        checkpoint = work / f"{spec.name}.random1.pt"
-        build_repository(spec, repo, checkpoint=checkpoint, everything=True)
+    repo = setup_repository(
+        spec,
+        work / "model_repository",
+        checkpoint=work / f"{spec.name}.random1.pt",
+        reuse_model=f"{spec.family.family}_everything",
+        everything=True,
+    )
     with (
-        EmbeddedTriton(embedded_repository(repo), http_port=0, grpc_port=0, metrics_port=0) as s,
+        embedded(repo) as s,
         SAM2TritonClient(s.grpc_url, model_type=spec.family.family, protocol="grpc") as client,
         PeakMemory(s.pid, 0.2) as peak,
     ):

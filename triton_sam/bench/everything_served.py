@@ -3,7 +3,7 @@
 What a user of ``triton-sam everything`` waits for: one ``generate_masks`` call against the
 ``<family>_everything`` model (gRPC stream, progress included), timed on the client, while a
 thread samples the memory of ``tritonserver`` and its python stubs
-(:func:`~triton_sam.bench.soak.process_tree_rss`: PSS, so the shared-memory pool the
+(:func:`~triton_sam.bench.memory.process_tree_rss`: PSS, so the shared-memory pool the
 processes all map is counted once). The image is embedded once before the timed jobs (the
 session model caches it), so a row is the everything-decoder batches plus the driver, the
 cost a second job on the same image, or a job after ``set_image``, pays.
@@ -11,7 +11,6 @@ cost a second job on the same image, or a job after ``set_image``, pays.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.bench.soak import process_tree_rss
+from triton_sam.bench.memory import PeakMemory
+
+__all__ = ["PeakMemory", "ServedRow", "served_rows"]
 
 
 @dataclass(frozen=True)
@@ -80,38 +81,6 @@ def served_rows(
     return rows
 
 
-class PeakMemory:
-    """The largest :func:`process_tree_rss` of ``pid`` seen while the block runs."""
-
-    def __init__(self, pid: int | None, period_s: float) -> None:
-        self.pid, self.period_s = pid, period_s
-        self.bytes: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="everything-memory", daemon=True)
-
-    def __enter__(self) -> PeakMemory:
-        if self.pid is not None:
-            self._sample()
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pid is not None:
-            self._stop.set()
-            self._thread.join()
-            self._sample()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self._sample()
-
-    def _sample(self) -> None:
-        assert self.pid is not None
-        value = process_tree_rss(self.pid)
-        if value is not None:
-            self.bytes = max(self.bytes or 0, value)
-
-
 def main(argv: list[str] | None = None) -> None:
     """``python -m triton_sam.bench.everything_served``: a random-init repository written as
     ``setup`` writes it (once, into ``--work``), an embedded server over it, the served rows."""
@@ -120,10 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     from dataclasses import asdict
     from pathlib import Path
 
+    from triton_sam.bench.harness import embedded, setup_repository
     from triton_sam.models import get_model
-    from triton_sam.repository.writer import embedded_repository
-    from triton_sam.server import EmbeddedTriton
-    from triton_sam.setup.pipeline import build_repository
     from triton_sam.tools.sample import sample_image
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -135,11 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path(".bench/everything_served"))
     args = parser.parse_args(argv)
     spec = get_model(args.model)
-    repo = args.work / args.model / "model_repository"
-    if not (repo / f"{spec.family.family}_everything").is_dir():
-        build_repository(spec, repo, checkpoint=None, random_init=True, everything=True)
+    repo = setup_repository(
+        spec,
+        args.work / args.model / "model_repository",
+        reuse_model=f"{spec.family.family}_everything",
+        everything=True,
+    )
     image = sample_image(args.width, args.height)
-    with EmbeddedTriton(embedded_repository(repo), http_port=0, grpc_port=0, metrics_port=0) as s:
+    with embedded(repo) as s:
         rows = served_rows(
             s.grpc_url,
             image,

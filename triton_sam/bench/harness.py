@@ -8,13 +8,14 @@ the server (its pid for memory sampling, its metrics URL for counters) are writt
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from triton_sam.models.spec import ModelSpec
     from triton_sam.server import EmbeddedTriton
 
 # Free ports for all three endpoints: a benchmark's server never collides with a running one.
@@ -102,3 +103,52 @@ def served(
             spec.family.family,
             spec.name,
         )
+
+
+def protocol_urls(
+    server: EmbeddedTriton, protocols: Sequence[str] = ("http", "grpc")
+) -> dict[str, str]:
+    """``protocol -> URL`` of a running embedded ``server`` for each of ``protocols``."""
+    by_protocol = {"http": server.http_url, "grpc": server.grpc_url}
+    return {p: by_protocol[p] for p in protocols}
+
+
+def setup_repository(
+    spec: ModelSpec,
+    repository: Path,
+    *,
+    checkpoint: Path | None = None,
+    reuse_model: str | None = None,
+    twin: bool = True,
+    **build_options: Any,
+) -> Path:
+    """``repository`` written as ``triton-sam setup`` writes it, and what the embedded
+    server serves of it.
+
+    Args:
+        spec: the variant.
+        repository: where the production repository is written.
+        checkpoint: the weights; None exports the official config's random initialisation.
+        reuse_model: a model name: when ``repository`` already holds it, an earlier build
+            finished and is reused (None: always built).
+        twin: return the repository's CPU twin (:func:`~triton_sam.repository.writer.
+            embedded_repository`, Triton's onnxruntime backend); False returns
+            ``repository`` itself (a repository written for the python target).
+        **build_options: more :func:`~triton_sam.setup.pipeline.build_repository` options
+            (``everything``, ``export_options``, ``repository_options``...).
+
+    Returns:
+        The repository to give :func:`embedded`.
+    """
+    from triton_sam.repository.writer import embedded_repository
+    from triton_sam.setup.pipeline import build_repository
+
+    if reuse_model is None or not (repository / reuse_model).is_dir():
+        build_repository(
+            spec,
+            repository,
+            checkpoint=checkpoint,
+            random_init=checkpoint is None,
+            **build_options,
+        )
+    return embedded_repository(repository) if twin else repository

@@ -18,22 +18,31 @@ short run's time on the decoder, where interactive load is.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
+from triton_sam.bench.memory import MemorySample, MemorySampler, process_tree_rss
+from triton_sam.bench.soak_report import MIB, SoakReport, write_report
 from triton_sam.client.speculative import SpeculativeSAM2Client
 from triton_sam.errors import InputValidationError
 
-MIB = 2**20
+__all__ = [  # the report's names too: callers import them from here
+    "MIB",
+    "MemorySample",
+    "MemorySampler",
+    "SoakReport",
+    "SoakSettings",
+    "process_tree_rss",
+    "run_soak",
+    "run_soak_on_server",
+    "soak_images",
+    "write_report",
+]
 
 
 @dataclass(frozen=True)
@@ -75,141 +84,6 @@ class SoakSettings:
         for name in ("duration_s", "sample_every_s", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputValidationError(name, f"got {getattr(self, name)!r}, expected > 0")
-
-
-@dataclass
-class MemorySample:
-    """Resident memory at one time (bytes); ``server`` is None when it cannot be seen."""
-
-    t_s: float
-    client: int
-    server: int | None
-
-
-@dataclass
-class SoakReport:
-    """What a soak did. Latencies in ms; memory in bytes.
-
-    ``server`` holds the server's counters of the clicks over the prompting phase
-    (``executed``, ``cancelled``...; empty when its statistics endpoint is not known), read
-    from the models named in ``counted``.
-    """
-
-    model: str
-    protocol: str
-    settings: SoakSettings
-    server: dict[str, int] = field(default_factory=dict)
-    counted: list[str] = field(default_factory=list)
-    requests: int = 0
-    failures: int = 0
-    errors: list[str] = field(default_factory=list)
-    decode_ms: list[float] = field(default_factory=list)
-    encode_ms: list[float] = field(default_factory=list)
-    prompts_s: float = 0.0
-    memory: list[MemorySample] = field(default_factory=list)
-
-    @staticmethod
-    def percentiles(values: list[float]) -> dict[str, float]:
-        """p50/p95/p99/max of ``values`` (NaN when empty)."""
-        if not values:
-            return dict.fromkeys(("p50", "p95", "p99", "max"), math.nan)
-        a = np.asarray(values)
-        return {
-            "p50": float(np.percentile(a, 50)),
-            "p95": float(np.percentile(a, 95)),
-            "p99": float(np.percentile(a, 99)),
-            "max": float(a.max()),
-        }
-
-    @property
-    def throughput(self) -> float:
-        """Decoder requests per second over the prompting phase."""
-        return len(self.decode_ms) / self.prompts_s if self.prompts_s else math.nan
-
-    def memory_summary(self, who: str) -> dict[str, float]:
-        """``who`` = "client" | "server": max, and growth from the first to the last third
-        of the prompting phase (medians, so one spike is not growth), in MiB."""
-        values = [getattr(s, who) for s in self.memory if getattr(s, who) is not None]
-        if not values:
-            return {"max_mib": math.nan, "start_mib": math.nan, "end_mib": math.nan}
-        third = max(1, len(values) // 3)
-        start, end = float(np.median(values[:third])), float(np.median(values[-third:]))
-        return {
-            "max_mib": max(values) / MIB,
-            "start_mib": start / MIB,
-            "end_mib": end / MIB,
-            "growth_mib": (end - start) / MIB,
-        }
-
-    def summary(self) -> dict[str, Any]:
-        """The headline figures (what the JSON and markdown reports lead with)."""
-        return {
-            "requests": self.requests,
-            "failures": self.failures,
-            "executed_server": self.server.get("executed"),
-            "decode_ms": self.percentiles(self.decode_ms),
-            "encode_ms": self.percentiles(self.encode_ms),
-            "decode_per_s": self.throughput,
-            "client_rss": self.memory_summary("client"),
-            "server_rss": self.memory_summary("server"),
-        }
-
-
-def process_tree_rss(pid: int) -> int | None:
-    """Memory of ``pid`` and all its descendants (bytes), None if it is gone.
-
-    Proportional set size (PSS) where the kernel reports it: tritonserver and its stubs map
-    the same shared-memory regions, which plain RSS would count once per process.
-    """
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    total = 0
-    for proc in procs:
-        try:
-            info = proc.memory_full_info()
-            total += getattr(info, "pss", info.rss)
-        except psutil.Error:  # a stub exiting while we read
-            continue
-    return total
-
-
-class MemorySampler:
-    """Samples this process's RSS and the server's (tree) RSS on a background thread."""
-
-    def __init__(self, server_pid: int | None, period_s: float) -> None:
-        self.server_pid, self.period_s = server_pid, period_s
-        self.samples: list[MemorySample] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-memory", daemon=True)
-        self._t0 = time.monotonic()
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def sample(self) -> MemorySample:
-        """Take one sample now (also recorded)."""
-        import psutil
-
-        server = process_tree_rss(self.server_pid) if self.server_pid else None
-        sample = MemorySample(
-            time.monotonic() - self._t0, psutil.Process().memory_info().rss, server
-        )
-        self.samples.append(sample)
-        return sample
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.sample()
 
 
 def _prompt(rng: np.random.Generator, hw: tuple[int, int], i: int, previous: Any) -> dict:
@@ -401,57 +275,6 @@ def soak_images(count: int, size_hw: tuple[int, int] = (427, 640)) -> list[np.nd
 
     h, w = size_hw
     return [sample_image(w, h, seed=i) for i in range(count)]
-
-
-def write_report(report: SoakReport, out_dir: Path) -> dict[str, Path]:
-    """Write ``soak.json`` (everything, samples included) and ``soak.md`` (the summary)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary = report.summary()
-    payload = {
-        "model": report.model,
-        "protocol": report.protocol,
-        "settings": asdict(report.settings),
-        "summary": summary,
-        "errors": report.errors,
-        "memory": [asdict(s) for s in report.memory],
-        "decode_ms": report.decode_ms,
-        "encode_ms": report.encode_ms,
-    }
-    paths = {"json": out_dir / "soak.json", "md": out_dir / "soak.md"}
-    paths["json"].write_text(json.dumps(payload, indent=2))
-    s, dec, enc = report.settings, summary["decode_ms"], summary["encode_ms"]
-    cli, srv = summary["client_rss"], summary["server_rss"]
-    executed = "-" if summary["executed_server"] is None else summary["executed_server"]
-    lines = [
-        f"# Soak: {report.model} ({report.protocol})",
-        "",
-        f"{s.sessions} concurrent sessions for {report.prompts_s:.0f} s "
-        f"({s.images or s.sessions} image(s) encoded"
-        + (f", re-encoded every {s.encode_every} prompts" if s.encode_every else "")
-        + ").",
-        "",
-        "| requests | failures | decodes executed (server) | decode p50 / p95 / p99 / max ms "
-        "| decodes/s | encode p50 / p95 ms | client RSS max (growth) MiB "
-        "| server RSS max (growth) MiB |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {report.requests} | {report.failures} | {executed} "
-        f"| {dec['p50']:.0f} / {dec['p95']:.0f} / "
-        f"{dec['p99']:.0f} / {dec['max']:.0f} | {report.throughput:.1f} | "
-        f"{enc['p50']:.0f} / {enc['p95']:.0f} | {cli['max_mib']:.0f} "
-        f"({cli.get('growth_mib', math.nan):+.0f}) | {srv['max_mib']:.0f} "
-        f"({srv.get('growth_mib', math.nan):+.0f}) |",
-        "",
-        "Server RSS = PSS of tritonserver + its python-backend stub processes (shared memory "
-        "counted once); growth = median of "
-        "the last third of the samples minus the median of the first third. Decodes "
-        "executed = the `inference_count` of the decoders that ran the clicks ("
-        + (", ".join(f"`{m}`" for m in report.counted) or "not read")
-        + "), over the prompting phase.",
-    ]
-    if report.errors:
-        lines += ["", "Errors (first ones):", *[f"- {e}" for e in report.errors]]
-    paths["md"].write_text("\n".join(lines) + "\n")
-    return paths
 
 
 def run_soak_on_server(
