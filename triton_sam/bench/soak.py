@@ -20,16 +20,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
 from triton_sam.bench.memory import MemorySample, MemorySampler, process_tree_rss
-from triton_sam.bench.soak_report import MIB, SoakReport, write_report
+from triton_sam.bench.soak_report import MIB, SoakReport, SoakSettings, write_report
 from triton_sam.client.speculative import SpeculativeSAM2Client
-from triton_sam.errors import InputValidationError
 
 __all__ = [  # the report's names too: callers import them from here
     "MIB",
@@ -43,47 +41,6 @@ __all__ = [  # the report's names too: callers import them from here
     "soak_images",
     "write_report",
 ]
-
-
-@dataclass(frozen=True)
-class SoakSettings:
-    """Shape of the soak.
-
-    Attributes:
-        sessions: concurrent sessions (users), each with its own connection.
-        duration_s: how long the sessions prompt, after every image is encoded.
-        images: distinct images encoded (0 = one per session).
-        encode_every: re-encode the session's image after this many prompts (0 = never).
-        sample_every_s: memory sampling period.
-        timeout_s: per-request timeout of the clients.
-        warmup_s: prompting before memory growth is measured (pools and arenas of the
-            server grow to the load's batch sizes first); counted in the requests.
-        server_embeddings: keep the embeddings on the server (the ``<family>_session``
-            model, the clients' default) where the server offers it; False measures the
-            stateless path, where each request carries the embeddings.
-    """
-
-    sessions: int = 16
-    duration_s: float = 60.0
-    images: int = 0
-    encode_every: int = 0
-    sample_every_s: float = 0.5
-    timeout_s: float = 120.0
-    server_embeddings: bool = True
-    warmup_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("sessions",):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
-        for name in ("images", "encode_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 0")
-        for name in ("duration_s", "sample_every_s", "timeout_s"):
-            if not getattr(self, name) > 0:
-                raise InputValidationError(name, f"got {getattr(self, name)!r}, expected > 0")
 
 
 def _prompt(rng: np.random.Generator, hw: tuple[int, int], i: int, previous: Any) -> dict:

@@ -24,7 +24,6 @@ import io
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,13 +37,14 @@ from triton_sam.bench.storm_report import (
     SAM2_TINY_FEATURES,
     StormReport,
     StormRun,
+    StormSettings,
     Tally,
     memory_bound,
     sam2_cpu_bound,
     to_mib,
     write_report,
 )
-from triton_sam.errors import InputValidationError, TritonSamError
+from triton_sam.errors import TritonSamError
 
 __all__ = [  # the report's names too: callers import them from here
     "MIB",
@@ -65,37 +65,6 @@ __all__ = [  # the report's names too: callers import them from here
 ]
 IMAGE_BYTES = "image_bytes"
 IMAGE_ID = "image_id"
-
-
-@dataclass(frozen=True)
-class StormSettings:
-    """Shape of the storm benchmark.
-
-    Attributes:
-        embeds: storm sizes (concurrent embeds), each run twice with fresh images.
-        clickers: users clicking on an embedded image meanwhile.
-        think_s: each clicker's pause between clicks (uniform in 0.5x-1.5x).
-        idle_clicks: clicks per clicker before any storm (their idle latency).
-        image_hw: (height, width) of the storm's PNG images.
-        timeout_s: per-request timeout.
-        sample_every_s: memory sampling period.
-        settle_s: pause after each storm (answers sent, buffers returned) before the next.
-    """
-
-    embeds: tuple[int, ...] = (64, 256)
-    clickers: int = 16
-    think_s: float = 0.5
-    idle_clicks: int = 10
-    image_hw: tuple[int, int] = (240, 320)
-    timeout_s: float = 300.0
-    sample_every_s: float = 0.5
-    settle_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.embeds or any(n < 1 for n in self.embeds):
-            raise InputValidationError("embeds", f"got {self.embeds}, expected counts >= 1")
-        if self.clickers < 1 or self.idle_clicks < 1:
-            raise InputValidationError("clickers", "expected >= 1 clicker and >= 1 idle click")
 
 
 def storm_images(count: int, hw: tuple[int, int], *, seed: int) -> list[bytes]:

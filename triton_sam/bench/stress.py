@@ -23,13 +23,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
-from triton_sam.bench.stress_report import ModeResult, StressReport, write_report
+from triton_sam.bench.stress_report import DragSettings, ModeResult, StressReport, write_report
 from triton_sam.client.speculative import SpeculativeSAM2Client, wait_for_latest_result
 from triton_sam.errors import InputValidationError, ServerOverloadedError
 
@@ -48,36 +47,6 @@ __all__ = [  # the report's names too: callers import them from here
 ]
 
 MODES: tuple[str, ...] = ("reference", "cancel", "latest")
-
-
-@dataclass(frozen=True)
-class DragSettings:
-    """Shape of the simulated interaction.
-
-    Attributes:
-        events: mouse events per drag.
-        rate_hz: events per second.
-        sessions: concurrent sessions (users), each dragging.
-        repeats: drags per session, one after another.
-    """
-
-    events: int = 50
-    rate_hz: float = 100.0
-    sessions: int = 4
-    repeats: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("events", "sessions", "repeats"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
-        if not self.rate_hz > 0:
-            raise InputValidationError("rate_hz", f"got {self.rate_hz!r}, expected > 0")
-
-    @property
-    def duration_s(self) -> float:
-        """Nominal drag duration: first to last event."""
-        return (self.events - 1) / self.rate_hz
 
 
 def drag_path(n: int, orig_hw: tuple[int, int], *, index: int = 0) -> np.ndarray:

@@ -9,14 +9,42 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from triton_sam.bench.stats import percentiles
+from triton_sam.errors import InputValidationError
 
-if TYPE_CHECKING:
-    from triton_sam.bench.stress import DragSettings
+
+@dataclass(frozen=True)
+class DragSettings:
+    """Shape of the simulated interaction.
+
+    Attributes:
+        events: mouse events per drag.
+        rate_hz: events per second.
+        sessions: concurrent sessions (users), each dragging.
+        repeats: drags per session, one after another.
+    """
+
+    events: int = 50
+    rate_hz: float = 100.0
+    sessions: int = 4
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("events", "sessions", "repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
+        if not self.rate_hz > 0:
+            raise InputValidationError("rate_hz", f"got {self.rate_hz!r}, expected > 0")
+
+    @property
+    def duration_s(self) -> float:
+        """Nominal drag duration: first to last event."""
+        return (self.events - 1) / self.rate_hz
 
 
 @dataclass
