@@ -24,27 +24,16 @@ from typing import Any
 from triton_sam.models.sam3_concept import ConceptFamilySpec
 from triton_sam.models.spec import TensorSpec
 from triton_sam.repository import config as cfg
+from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     SERVING_DIR,
     ModelFiles,
     graph_artifacts,
-    shipped_modules,
     write_models,
 )
 from triton_sam.serving.protocol import concept as protocol
 
 SERVING_SOURCE = SERVING_DIR / "concept_model.py"
-# The dependency-free modules the serving model imports.
-SHIPPED_MODULES = (
-    "__init__",
-    "cache",
-    "protocol/__init__",
-    "protocol/concept",
-    "protocol/tenancy",
-    "images",
-    "masks",
-    "resample",
-)
 
 
 @dataclass(frozen=True)
@@ -167,7 +156,7 @@ def feature_bytes(family: ConceptFamilySpec) -> int:
 def serving_files(tokenizer: Path) -> dict[str, Path]:
     """What goes into the serving model's version directory."""
     files = {"model.py": SERVING_SOURCE, protocol.TOKENIZER_FILE: Path(tokenizer)}
-    return files | shipped_modules(SHIPPED_MODULES)
+    return files | shipped_files(SERVING_SOURCE)
 
 
 def concept_artifacts(

@@ -23,24 +23,12 @@ from triton_sam.repository.config import (
     model_config_pb2,
 )
 from triton_sam.repository.session_config import SessionOptions
-from triton_sam.repository.writer import SERVING_DIR, ModelFiles, shipped_modules
+from triton_sam.repository.shipping import shipped_files
+from triton_sam.repository.writer import SERVING_DIR, ModelFiles
 from triton_sam.serving import everything
 from triton_sam.serving.protocol import everything as protocol
 
 EVERYTHING_SOURCE = SERVING_DIR / "everything_model.py"
-SHIPPED_MODULES = (
-    "__init__",
-    "protocol/__init__",
-    "protocol/embedding_cache",
-    "protocol/everything",
-    "protocol/tenancy",
-    "bounds",
-    "everything",
-    "intake",
-    "masks",
-    "resample",
-    "rules",
-)
 
 
 @dataclass(frozen=True)
@@ -130,5 +118,5 @@ def everything_artifact(
     """The everything model as one artifact of a repository build (written with the graphs,
     the session model and the everything-decoder, ``writer.write_models``)."""
     config = build_everything_config(family, session, options)
-    files = {"model.py": EVERYTHING_SOURCE} | shipped_modules(SHIPPED_MODULES)
+    files = {"model.py": EVERYTHING_SOURCE} | shipped_files(EVERYTHING_SOURCE)
     return ModelFiles(config.name, config_to_text(config), files)

@@ -25,12 +25,12 @@ from triton_sam.repository.config import (
     model_config_pb2,
 )
 from triton_sam.repository.session_config import SessionOptions
+from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     CONFIG_FILENAME,
     SERVING_DIR,
     ModelFiles,
     read_model,
-    shipped_modules,
     written_by_triton_sam,
 )
 from triton_sam.serving import intake
@@ -39,19 +39,6 @@ from triton_sam.serving.protocol import lambda_json as protocol
 log = logging.getLogger(__name__)
 
 LAMBDA_SOURCE = SERVING_DIR / "lambda_model.py"
-SHIPPED_MODULES = (
-    "__init__",
-    "protocol/__init__",
-    "protocol/embedding_cache",
-    "protocol/lambda_json",
-    "protocol/tenancy",
-    "bounds",
-    "intake",
-    "lambda_prompts",
-    "prompt_frame",
-    "resample",
-    "rules",
-)
 
 
 def serves_lambda(family: FamilySpec) -> bool:
@@ -114,7 +101,7 @@ def lambda_artifact(
     """The ``sam2`` model as one artifact of a repository build (written with the pair and
     the session model, ``writer.write_models``)."""
     config = build_lambda_config(family, options, session)
-    files = {"model.py": LAMBDA_SOURCE} | shipped_modules(SHIPPED_MODULES)
+    files = {"model.py": LAMBDA_SOURCE} | shipped_files(LAMBDA_SOURCE)
     return ModelFiles(config.name, config_to_text(config), files)
 
 

@@ -29,13 +29,13 @@ from triton_sam.repository.config import (
     model_kind,
     triton_dtype,
 )
+from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     RUNNER_NAME,
     SERVING_DIR,
     SHIPPED_PACKAGE,
     ModelFiles,
     graph_artifacts,
-    shipped_modules,
     write_models,
 )
 from triton_sam.serving.protocol import tracker as protocol
@@ -184,10 +184,7 @@ def video_artifacts(
 
 def tracker_files() -> dict[str, Path]:
     """The tracker's version directory: model.py and the tracking package."""
-    tracking = sorted(f"tracking/{p.stem}" for p in (SERVING_DIR / "tracking").glob("*.py"))
-    modules = ["__init__", "resample", "protocol/__init__", "protocol/tenancy", "protocol/tracker"]
-    modules += tracking
-    return {RUNNER_NAME: TRACKER_SOURCE} | shipped_modules(modules)
+    return {RUNNER_NAME: TRACKER_SOURCE} | shipped_files(TRACKER_SOURCE)
 
 
 def write_video_models(
