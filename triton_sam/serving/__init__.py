@@ -21,3 +21,49 @@ it), and the clients import the very same files as ``triton_sam.serving``:
   ``embedding_cache_model``, ``tracker_model``, ``runner_model``); they need Triton's
   ``triton_python_backend_utils`` and are never imported by the package itself.
 """
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+# The name the repository writer ships this package under beside a model.py (the same value
+# as protocol.SHIPPED_PACKAGE; written here too so importing the package imports nothing).
+_SHIPPED = "triton_sam_serving"
+
+
+class _ShippedName(importlib.abc.MetaPathFinder):
+    """Answers ``triton_sam_serving[.x]`` with the module ``triton_sam.serving[.x]`` itself.
+
+    Why: every ``model.py`` imports its modules under the shipped name only (one import
+    block, read by ``repository/shipping.py`` to know what to ship). Inside Triton that is
+    the package beside it; in the source tree (unit tests, the clients) this finder answers
+    the name with the very same module objects, so a class raised by one name is caught by
+    the other.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (importlib's)
+        if fullname != _SHIPPED and not fullname.startswith(_SHIPPED + "."):
+            return None
+        module = importlib.import_module(__name__ + fullname[len(_SHIPPED) :])
+        loader = _Same(module)
+        return importlib.util.spec_from_loader(
+            fullname, loader, is_package=hasattr(module, "__path__")
+        )
+
+
+class _Same(importlib.abc.Loader):
+    """Loads a shipped name as the already imported source-tree module."""
+
+    def __init__(self, module) -> None:  # noqa: ANN001
+        self.module, self.spec = module, module.__spec__
+
+    def create_module(self, spec):  # noqa: ANN001
+        return self.module
+
+    def exec_module(self, module) -> None:  # noqa: ANN001
+        module.__spec__ = self.spec  # the import system set the alias's spec: give it back
+
+
+if __name__ != _SHIPPED and not any(isinstance(f, _ShippedName) for f in sys.meta_path):
+    sys.meta_path.insert(0, _ShippedName())  # before the path finder, which would load a copy

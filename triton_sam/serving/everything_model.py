@@ -38,19 +38,13 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from triton_sam_serving import bounds, everything, intake
-    from triton_sam_serving import protocol as envelope
-    from triton_sam_serving.protocol import embedding_cache as session
-    from triton_sam_serving.protocol import everything as protocol
-    from triton_sam_serving.protocol import tenancy
-except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import bounds, everything, intake
-    from triton_sam.serving import protocol as envelope
-    from triton_sam.serving.protocol import embedding_cache as session
-    from triton_sam.serving.protocol import everything as protocol
-    from triton_sam.serving.protocol import tenancy
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
+from triton_sam_serving import bounds, everything, intake, model_io
+from triton_sam_serving import protocol as envelope
+from triton_sam_serving.protocol import embedding_cache as session
+from triton_sam_serving.protocol import everything as protocol
+from triton_sam_serving.protocol import tenancy
+from triton_sam_serving.session_call import SessionCall, checked, preferred_memory
 
 
 class _Overloaded(Exception):
@@ -89,14 +83,6 @@ class _Admission:
             self._admitted -= 1
 
 
-class _SessionError(Exception):
-    """An error the session model answered: its protocol code and text."""
-
-    def __init__(self, code, text):
-        super().__init__(text)
-        self.code = code
-
-
 class TritonPythonModel:
     """``<family>_everything``: an image (or its id) + params in, progress and instances out."""
 
@@ -108,7 +94,7 @@ class TritonPythonModel:
             )
         params = envelope.config_parameters(config)
         self.family = params[protocol.PARAM_FAMILY]
-        self.session_model = params[protocol.PARAM_SESSION_MODEL]
+        self.session_call = SessionCall(pb_utils, params[protocol.PARAM_SESSION_MODEL])
         self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
         self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
         self.max_image_bytes = int(
@@ -155,16 +141,10 @@ class TritonPythonModel:
             if waited and request.is_cancelled():
                 raise everything.Cancelled("cancelled while waiting for a job slot")
             response = self._answer(request, sender)
-        except bounds.RequestError as e:
-            response = _error(envelope.ERR_INVALID_INPUT, str(e))
-        except envelope.ProtocolError as e:
-            response = _error(e.code, str(e))
-        except _SessionError as e:
-            response = _error(e.code, str(e))
         except everything.Cancelled as e:
             response = _error(envelope.ERR_CANCELLED, f"job {e}")
-        except Exception as e:  # never let one job take the stub down
-            response = _error(envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}")
+        except Exception as e:  # refusals by their code; never let one job take the stub down
+            response = model_io.error_answer(pb_utils, e)
         finally:
             self.admission.done(ran=ran)
         _final(sender, response)
@@ -182,7 +162,7 @@ class TritonPythonModel:
                 f"from the pixels: send {protocol.IMAGE_BYTES} or {protocol.IMAGE_RGB}",
             )
         wanted = [session.IMAGE_ID, session.IMAGE_SIZE, *self.embedding_names]
-        whole = self._session(tenant, [_image_tensor(kind, value)], wanted)
+        whole = self.session_call.call(tenant, [_image_tensor(kind, value)], wanted)
         hw = tuple(int(v) for v in whole[session.IMAGE_SIZE].as_numpy().reshape(-1)[:2])
         rgb = None
         if params.crop_n_layers > 0:  # the crops' pixels: decoded here too (bounded above)
@@ -201,7 +181,7 @@ class TritonPythonModel:
                 features = held.pop("whole")  # not held past its crop
             else:
                 crop = np.ascontiguousarray(rgb[y0:y1, x0:x1])
-                features = self._session(
+                features = self.session_call.call(
                     tenant, [_image_tensor("rgb", crop)], list(self.embedding_names)
                 )
             return [features[n] for n in self.embedding_names]
@@ -232,8 +212,7 @@ class TritonPythonModel:
             raise bounds.RequestError(
                 protocol.PARAMS, f"got {value.size} elements, expected 1 (one JSON object)"
             )
-        item = value[0]
-        blob = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        blob = model_io.as_bytes(value[0])
         if len(blob) > self.max_params_bytes:
             raise bounds.RequestError(
                 protocol.PARAMS,
@@ -260,8 +239,7 @@ class TritonPythonModel:
         values = array.reshape(-1)
         if values.size != 1:
             raise bounds.RequestError(name, f"got {values.size} elements, expected 1")
-        item = values[0]
-        blob = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        blob = model_io.as_bytes(values[0])
         if name == protocol.IMAGE_ID:
             image_id = blob.decode("utf-8", "replace")
             bounds.check_key(name, image_id)
@@ -272,27 +250,6 @@ class TritonPythonModel:
             )
         return "bytes", blob
 
-    def _session(self, tenant, inputs, wanted):
-        """One BLS call to the session model as ``tenant``: output name -> pb_utils.Tensor,
-        or _SessionError with the session model's code and message."""
-        kwargs = {}
-        if tenant != tenancy.DEFAULT_TENANT:
-            kwargs["parameters"] = {tenancy.TENANT_HEADER: tenant}
-        response = pb_utils.InferenceRequest(
-            model_name=self.session_model,
-            inputs=inputs,
-            requested_output_names=wanted,
-            **kwargs,  # features where the session keeps them (on a GPU: device memory)
-        ).exec()
-        if response.has_error():
-            message = response.error().message()
-            code = envelope.error_code(message)
-            if code is None:
-                raise RuntimeError(f"{self.session_model}: {message}")
-            header = envelope.error_message(code, "")
-            raise _SessionError(code, message[message.find(header) + len(header) :])
-        return {n: pb_utils.get_output_tensor_by_name(response, n) for n in wanted}
-
     def _decode(self, features, feeds):
         """One run of the everything-decoder graph: output name -> numpy array."""
         inputs = list(features) + [pb_utils.Tensor(n, np.asarray(v)) for n, v in feeds.items()]
@@ -300,21 +257,13 @@ class TritonPythonModel:
             model_name=self.decoder_model,
             inputs=inputs,
             requested_output_names=list(everything.GRAPH_OUTPUTS),
-            **_cpu_outputs(),
+            **preferred_memory(pb_utils),  # the records are written on the host
         ).exec()
-        if response.has_error():
-            raise RuntimeError(f"{self.decoder_model}: {response.error().message()}")
+        checked(response, self.decoder_model)
         return {
             n: pb_utils.get_output_tensor_by_name(response, n).as_numpy()
             for n in everything.GRAPH_OUTPUTS
         }
-
-
-def _cpu_outputs():
-    # The records are written on the host: ask for host memory (PreferredMemory: Triton 23.xx+).
-    if not hasattr(pb_utils, "PreferredMemory"):
-        return {}
-    return {"preferred_memory": pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)}
 
 
 def _image_tensor(kind, value):
