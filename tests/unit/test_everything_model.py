@@ -23,7 +23,7 @@ from triton_sam.errors import (
 )
 from triton_sam.models.registry import get_family
 from triton_sam.repository.config import parse_config
-from triton_sam.repository.everything_config import (
+from triton_sam.repository.everything_job import (
     EverythingOptions,
     build_everything_config,
     everything_artifact,

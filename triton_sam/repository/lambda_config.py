@@ -35,6 +35,7 @@ from triton_sam.repository.writer import (
 )
 from triton_sam.serving import intake
 from triton_sam.serving.protocol import lambda_json as protocol
+from triton_sam.serving.protocol.settings import to_parameters
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,13 @@ def build_lambda_config(
     # Several queued requests reach one execute (their BLS calls overlap), and a request
     # cancelled while queued is dropped.
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_SESSION_MODEL: family.session_model,
-        protocol.PARAM_MAX_IMAGE_BYTES: str(session.max_image_bytes),
-        protocol.PARAM_MAX_POINTS: str(session.max_points),
-        protocol.PARAM_MAX_BOXES: str(protocol.DEFAULT_MAX_BOXES),
-        protocol.PARAM_MAX_PROMPT_BYTES: str(protocol.DEFAULT_MAX_PROMPT_BYTES),
-        protocol.PARAM_PREPROCESSING: intake.preprocessing_json(family.preprocessing),
-    }
-    for key, value in params.items():
+    served = protocol.LambdaSettings(
+        session_model=family.session_model,
+        max_image_bytes=session.max_image_bytes,
+        max_points=session.max_points,
+        preprocessing=intake.preprocessing_json(family.preprocessing),
+    )
+    for key, value in to_parameters(served, kind=protocol.KIND).items():
         config.parameters[key].string_value = value
     return config
 

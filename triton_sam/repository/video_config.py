@@ -39,6 +39,7 @@ from triton_sam.repository.writer import (
     write_models,
 )
 from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.protocol.settings import to_parameters
 from triton_sam.serving.tracking.config import TrackerConfig
 
 TRACKER_SOURCE = SERVING_DIR / "tracker_model.py"
@@ -136,21 +137,14 @@ def build_tracker_config(
     # One instance, always: the sessions live in it (see tracker_model.py).
     model.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     model.dynamic_batching.max_queue_delay_microseconds = 0
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_GRAPH_MODELS: _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
-        protocol.PARAM_MODEL_CONFIG: config.to_json(),
-        protocol.PARAM_MAX_SESSIONS: tracker.max_sessions,
-        protocol.PARAM_MAX_FRAMES: tracker.max_frames,
-        protocol.PARAM_MAX_SESSION_BYTES: tracker.max_session_bytes,
-        protocol.PARAM_MAX_TOTAL_BYTES: tracker.max_total_bytes,
-        protocol.PARAM_FEATURE_CACHE_FRAMES: tracker.feature_cache_frames,
-        protocol.PARAM_MAX_TENANT_SESSIONS: tracker.max_tenant_sessions,
-        protocol.PARAM_MAX_TENANT_BYTES: tracker.max_tenant_bytes,
-        protocol.PARAM_EVICT_IDLE_S: tracker.evict_idle_s,
-    }
-    for key, value in params.items():
-        model.parameters[key].string_value = str(value)
+    bounds = {key: getattr(tracker, key) for key in protocol.STORE_BOUNDS}
+    served = protocol.TrackerSettings(
+        graph_models=_json(graph_models or protocol.DEFAULT_MODEL_NAMES),
+        model_config=config.to_json(),
+        **bounds,
+    )
+    for key, value in to_parameters(served, kind=protocol.KIND).items():
+        model.parameters[key].string_value = value
     return model
 
 

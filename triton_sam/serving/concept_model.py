@@ -42,7 +42,7 @@ from triton_sam_serving import cache, concept_request, images, masks, model_io
 from triton_sam_serving import protocol as envelope
 from triton_sam_serving.bounds import RequestError
 from triton_sam_serving.protocol import concept as protocol
-from triton_sam_serving.protocol import tenancy
+from triton_sam_serving.protocol import settings, tenancy
 from triton_sam_serving.session_call import checked, preferred_memory
 
 TEXT_FEATURES = "text_features"
@@ -62,31 +62,20 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = envelope.config_parameters(config)
+        self.settings = settings.from_parameters(
+            protocol.ConceptSettings, envelope.config_parameters(config)
+        )
         self.name = args["model_name"]
-        self.vision_model = params[protocol.PARAM_VISION_MODEL]
-        self.text_model = params[protocol.PARAM_TEXT_MODEL]
-        self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
-        self.feature_names = params[protocol.PARAM_FEATURE_NAMES].split(",")
-        # Counted from the spec, not from the arrays: on a GPU instance they stay in device
-        # memory as BLS tensors, which the cache must count all the same.
-        self.feature_bytes = int(params[protocol.PARAM_FEATURE_BYTES])
-        self.num_queries = int(params[protocol.PARAM_NUM_QUERIES])
-        self.max_phrases = int(params[protocol.PARAM_MAX_PHRASES])
-        self.phrases_per_decode = int(params[protocol.PARAM_PHRASES_PER_DECODE])
-        self.max_pixels = int(params[protocol.PARAM_MAX_IMAGE_PIXELS])
         outputs = {t["name"]: t for t in config["output"]}
         self.mask_size = int(outputs[protocol.MASKS_LOGITS]["dims"][-1])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.tokenizer = concept_request.Tokenizer(
             os.path.join(version_dir, protocol.TOKENIZER_FILE),
-            params[protocol.PARAM_PAD_TOKEN_ID],
+            self.settings.pad_token_id,
             protocol.CONTEXT_LENGTH,
         )
-        self.images = cache.LruCache(
-            int(params[protocol.PARAM_MAX_IMAGES]), int(params[protocol.PARAM_MAX_BYTES])
-        )
-        self.phrases = cache.LruCache(int(params[protocol.PARAM_MAX_PHRASES_CACHED]))
+        self.images = cache.LruCache(self.settings.max_images, self.settings.max_bytes)
+        self.phrases = cache.LruCache(self.settings.max_phrases_cached)
         self.on_gpu = args.get("model_instance_kind") == "GPU"
         self.device_id = int(args.get("model_instance_device_id") or 0)
 
@@ -111,7 +100,7 @@ class TritonPythonModel:
                 protocol.MASKS_LOGITS,
             }
             phrases = concept_request.phrases(
-                pb_utils, request, self.max_phrases
+                pb_utils, request, self.settings.max_phrases
             )  # [] = embed or probe only
             threshold = concept_request.scalar(
                 pb_utils, request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1
@@ -121,7 +110,12 @@ class TritonPythonModel:
             )
             limit = int(
                 concept_request.scalar(
-                    pb_utils, request, protocol.MAX_INSTANCES, self.num_queries, 1, self.num_queries
+                    pb_utils,
+                    request,
+                    protocol.MAX_INSTANCES,
+                    self.settings.num_queries,
+                    1,
+                    self.settings.num_queries,
                 )
             )
             token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
@@ -166,7 +160,7 @@ class TritonPythonModel:
             return image_id, 0, entry
         rgb = model_io.single(pixels.as_numpy(), protocol.IMAGE)
         try:
-            rgb = images.check_rgb(rgb, max_pixels=self.max_pixels)
+            rgb = images.check_rgb(rgb, max_pixels=self.settings.max_image_pixels)
         except ValueError as e:
             raise RequestError(*str(e).split(": ", 1)) from None  # "<field>: <message>"
         image_id = images.image_id(rgb, protocol.image_namespace(self.name))
@@ -183,7 +177,9 @@ class TritonPythonModel:
     async def _encode(self, key, rgb):
         """Run the vision graph; keep and return the entry (features by name, (H, W))."""
         pixels = pb_utils.Tensor("pixel_values", images.preprocess_sam3(rgb))
-        response = await self._bls(self.vision_model, [pixels], self.feature_names, gpu=self.on_gpu)
+        response = await self._bls(
+            self.settings.vision_model, [pixels], list(self.settings.feature_names), gpu=self.on_gpu
+        )
         features = {}
         for tensor in response.output_tensors():
             # GPU: keep the BLS output tensor itself (device memory, no host copy); CPU: copy
@@ -191,7 +187,7 @@ class TritonPythonModel:
             value = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
             features[tensor.name()] = value
         entry = (features, tuple(int(d) for d in rgb.shape[:2]))
-        self.images.put(key, entry, self.feature_bytes, owner=key[0])
+        self.images.put(key, entry, self.settings.feature_bytes, owner=key[0])
         return entry
 
     async def _text(self, token_ids, token_mask, tenant):
@@ -211,7 +207,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("input_ids", token_ids[missing]),
                 pb_utils.Tensor(ATTENTION_MASK, token_mask[missing]),
             ]
-            response = await self._bls(self.text_model, feeds, [TEXT_FEATURES], gpu=False)
+            response = await self._bls(self.settings.text_model, feeds, [TEXT_FEATURES], gpu=False)
             values = pb_utils.get_output_tensor_by_name(response, TEXT_FEATURES).as_numpy()
             for i, value in zip(missing, values, strict=True):
                 fresh[keys[i]] = np.array(value)
@@ -227,7 +223,7 @@ class TritonPythonModel:
             v if not isinstance(v, np.ndarray) else pb_utils.Tensor(n, v)
             for n, v in sorted(features.items())
         ]
-        step = self.phrases_per_decode
+        step = self.settings.phrases_per_decode
         jobs = []
         for start in range(0, len(text), step):
             feeds = [
@@ -237,7 +233,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("threshold", np.array([[threshold]], np.float32)),
                 pb_utils.Tensor("max_instances", np.array([[limit]], np.int64)),
             ]
-            jobs.append(self._bls(self.decoder_model, feeds, names, gpu=False))
+            jobs.append(self._bls(self.settings.decoder_model, feeds, names, gpu=False))
         chunks = []
         for response in await asyncio.gather(*jobs):
             out = {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in names}

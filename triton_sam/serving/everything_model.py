@@ -43,7 +43,7 @@ from triton_sam_serving import bounds, everything, intake, model_io
 from triton_sam_serving import protocol as envelope
 from triton_sam_serving.protocol import embedding_cache as session
 from triton_sam_serving.protocol import everything as protocol
-from triton_sam_serving.protocol import tenancy
+from triton_sam_serving.protocol import settings, tenancy
 from triton_sam_serving.session_call import SessionCall, checked, preferred_memory
 
 
@@ -92,26 +92,13 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"{args['model_name']}: needs model_transaction_policy {{ decoupled: true }}"
             )
-        params = envelope.config_parameters(config)
-        self.family = params[protocol.PARAM_FAMILY]
-        self.session_call = SessionCall(pb_utils, params[protocol.PARAM_SESSION_MODEL])
-        self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
-        self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
-        self.max_image_bytes = int(
-            params.get(protocol.PARAM_MAX_IMAGE_BYTES) or bounds.MAX_IMAGE_BYTES
+        self.settings = settings.from_parameters(
+            protocol.JobSettings, envelope.config_parameters(config)
         )
-        self.max_pixels = int(
-            params.get(protocol.PARAM_MAX_IMAGE_PIXELS) or bounds.MAX_IMAGE_PIXELS
-        )
-        self.max_params_bytes = int(
-            params.get(protocol.PARAM_MAX_PARAMS_BYTES) or protocol.DEFAULT_MAX_PARAMS_BYTES
-        )
+        self.family = self.settings.family
+        self.session_call = SessionCall(pb_utils, self.settings.session_model)
         self.admission = _Admission(
-            int(
-                params.get(protocol.PARAM_MAX_CONCURRENT_JOBS)
-                or protocol.DEFAULT_MAX_CONCURRENT_JOBS
-            ),
-            int(params.get(protocol.PARAM_MAX_WAITING_JOBS) or protocol.DEFAULT_MAX_WAITING_JOBS),
+            self.settings.max_concurrent_jobs, self.settings.max_waiting_jobs
         )
         everything.defaults(self.family)  # a config naming no family we reproduce: refused
 
@@ -161,7 +148,7 @@ class TritonPythonModel:
                 f"got {params.crop_n_layers} with {protocol.IMAGE_ID} alone; crops are cut "
                 f"from the pixels: send {protocol.IMAGE_BYTES} or {protocol.IMAGE_RGB}",
             )
-        wanted = [session.IMAGE_ID, session.IMAGE_SIZE, *self.embedding_names]
+        wanted = [session.IMAGE_ID, session.IMAGE_SIZE, *self.settings.embedding_names]
         whole = self.session_call.call(tenant, [_image_tensor(kind, value)], wanted)
         hw = tuple(int(v) for v in whole[session.IMAGE_SIZE].as_numpy().reshape(-1)[:2])
         rgb = None
@@ -170,7 +157,7 @@ class TritonPythonModel:
                 value
                 if kind == "rgb"
                 else intake.decode_image(
-                    value, max_pixels=self.max_pixels, field=protocol.IMAGE_BYTES
+                    value, max_pixels=self.settings.max_image_pixels, field=protocol.IMAGE_BYTES
                 )
             )
         held = {"whole": whole}
@@ -182,9 +169,9 @@ class TritonPythonModel:
             else:
                 crop = np.ascontiguousarray(rgb[y0:y1, x0:x1])
                 features = self.session_call.call(
-                    tenant, [_image_tensor("rgb", crop)], list(self.embedding_names)
+                    tenant, [_image_tensor("rgb", crop)], list(self.settings.embedding_names)
                 )
-            return [features[n] for n in self.embedding_names]
+            return [features[n] for n in self.settings.embedding_names]
 
         def progress(done, total):
             _progress(sender, done, total)
@@ -213,10 +200,10 @@ class TritonPythonModel:
                 protocol.PARAMS, f"got {value.size} elements, expected 1 (one JSON object)"
             )
         blob = model_io.as_bytes(value[0])
-        if len(blob) > self.max_params_bytes:
+        if len(blob) > self.settings.max_params_bytes:
             raise bounds.RequestError(
                 protocol.PARAMS,
-                f"got {len(blob)} bytes, expected at most {self.max_params_bytes}",
+                f"got {len(blob)} bytes, expected at most {self.settings.max_params_bytes}",
             )
         try:
             return blob.decode("utf-8")
@@ -235,7 +222,9 @@ class TritonPythonModel:
             )
         ((name, array),) = given.items()
         if name == protocol.IMAGE_RGB:
-            return "rgb", intake.check_rgb(array, max_pixels=self.max_pixels, field=name)
+            return "rgb", intake.check_rgb(
+                array, max_pixels=self.settings.max_image_pixels, field=name
+            )
         values = array.reshape(-1)
         if values.size != 1:
             raise bounds.RequestError(name, f"got {values.size} elements, expected 1")
@@ -244,9 +233,9 @@ class TritonPythonModel:
             image_id = blob.decode("utf-8", "replace")
             bounds.check_key(name, image_id)
             return "id", image_id
-        if len(blob) > self.max_image_bytes:
+        if len(blob) > self.settings.max_image_bytes:
             raise bounds.RequestError(
-                name, f"got {len(blob)} bytes, expected at most {self.max_image_bytes}"
+                name, f"got {len(blob)} bytes, expected at most {self.settings.max_image_bytes}"
             )
         return "bytes", blob
 
@@ -254,12 +243,12 @@ class TritonPythonModel:
         """One run of the everything-decoder graph: output name -> numpy array."""
         inputs = list(features) + [pb_utils.Tensor(n, np.asarray(v)) for n, v in feeds.items()]
         response = pb_utils.InferenceRequest(
-            model_name=self.decoder_model,
+            model_name=self.settings.decoder_model,
             inputs=inputs,
             requested_output_names=list(everything.GRAPH_OUTPUTS),
             **preferred_memory(pb_utils),  # the records are written on the host
         ).exec()
-        checked(response, self.decoder_model)
+        checked(response, self.settings.decoder_model)
         return {
             n: pb_utils.get_output_tensor_by_name(response, n).as_numpy()
             for n in everything.GRAPH_OUTPUTS

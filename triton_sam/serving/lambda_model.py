@@ -34,7 +34,7 @@ from triton_sam_serving import bounds, intake, lambda_prompts, model_io, prompt_
 from triton_sam_serving import protocol as envelope
 from triton_sam_serving.protocol import embedding_cache as session
 from triton_sam_serving.protocol import lambda_json as protocol
-from triton_sam_serving.protocol import tenancy
+from triton_sam_serving.protocol import settings, tenancy
 from triton_sam_serving.session_call import SessionCall, SessionError
 
 # What each session call asks for: masks at the original size as bits, their scores, the
@@ -50,18 +50,12 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = envelope.config_parameters(config)
+        self.settings = settings.from_parameters(
+            protocol.LambdaSettings, envelope.config_parameters(config)
+        )
         self.name = args["model_name"]
-        self.session_call = SessionCall(pb_utils, params[protocol.PARAM_SESSION_MODEL])
-        self.max_image_bytes = int(
-            params.get(protocol.PARAM_MAX_IMAGE_BYTES) or bounds.MAX_IMAGE_BYTES
-        )
-        self.max_points = int(params.get(protocol.PARAM_MAX_POINTS) or bounds.MAX_POINTS)
-        self.max_boxes = int(params.get(protocol.PARAM_MAX_BOXES) or protocol.DEFAULT_MAX_BOXES)
-        self.max_prompt_bytes = int(
-            params.get(protocol.PARAM_MAX_PROMPT_BYTES) or protocol.DEFAULT_MAX_PROMPT_BYTES
-        )
-        pre_json = params.get(protocol.PARAM_PREPROCESSING) or ""
+        self.session_call = SessionCall(pb_utils, self.settings.session_model)
+        pre_json = self.settings.preprocessing
         self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
@@ -94,16 +88,18 @@ class TritonPythonModel:
             prompt_text = _one_string(request, protocol.PROMPT_JSON)
             prompt = lambda_prompts.parse_prompt(
                 prompt_text,
-                max_points=self.max_points,
-                max_boxes=self.max_boxes,
-                max_bytes=self.max_prompt_bytes,
+                max_points=self.settings.max_points,
+                max_boxes=self.settings.max_boxes,
+                max_bytes=self.settings.max_prompt_bytes,
             )
             # Base64 (up to 85 MiB of it) and PNG encoding off the loop: other requests' BLS
             # calls go on meanwhile.
             loop = asyncio.get_running_loop()
             image = await loop.run_in_executor(
                 None,
-                lambda: lambda_prompts.decode_image_b64(image_b64, max_bytes=self.max_image_bytes),
+                lambda: lambda_prompts.decode_image_b64(
+                    image_b64, max_bytes=self.settings.max_image_bytes
+                ),
             )
             masks, scores, size = await self._masks(image, prompt, tenant)
             text = await loop.run_in_executor(

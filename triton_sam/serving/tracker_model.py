@@ -43,6 +43,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
 from triton_sam_serving import model_io
 from triton_sam_serving import protocol as envelope
+from triton_sam_serving.protocol import settings
 from triton_sam_serving.protocol import tracker as protocol
 from triton_sam_serving.protocol.tenancy import request_tenant
 from triton_sam_serving.session_call import checked, preferred_memory
@@ -81,28 +82,13 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = envelope.config_parameters(config)
-        p = protocol
-
-        def bound(key, default):
-            value = params.get(key)
-            return int(value) if value not in (None, "") else default
-
-        store = SessionStore(
-            max_sessions=bound(p.PARAM_MAX_SESSIONS, p.DEFAULT_MAX_SESSIONS),
-            max_frames=bound(p.PARAM_MAX_FRAMES, p.DEFAULT_MAX_FRAMES),
-            max_session_bytes=bound(p.PARAM_MAX_SESSION_BYTES, p.DEFAULT_MAX_SESSION_BYTES),
-            max_total_bytes=bound(p.PARAM_MAX_TOTAL_BYTES, p.DEFAULT_MAX_TOTAL_BYTES),
-            feature_cache_frames=bound(
-                p.PARAM_FEATURE_CACHE_FRAMES, p.DEFAULT_FEATURE_CACHE_FRAMES
-            ),
-            max_tenant_sessions=bound(p.PARAM_MAX_TENANT_SESSIONS, p.DEFAULT_MAX_TENANT_SESSIONS),
-            max_tenant_bytes=bound(p.PARAM_MAX_TENANT_BYTES, p.DEFAULT_MAX_TENANT_BYTES),
-            evict_idle_s=bound(p.PARAM_EVICT_IDLE_S, p.DEFAULT_EVICT_IDLE_S),
+        served = settings.from_parameters(
+            protocol.TrackerSettings, envelope.config_parameters(config)
         )
-        runner = BlsRunner(json.loads(params[protocol.PARAM_GRAPH_MODELS]))
         self.service = TrackingService(
-            runner, TrackerConfig.from_json(params[protocol.PARAM_MODEL_CONFIG]), store
+            BlsRunner(json.loads(served.graph_models)),
+            TrackerConfig.from_json(served.model_config),
+            SessionStore(**served.store_bounds()),
         )
         self.input_names = [t["name"] for t in config["input"]]
         self.metrics = _Metrics(args)
