@@ -24,7 +24,7 @@ answer is a ``Cancelled`` error nobody reads).
 Bounded: ``max_concurrent_jobs`` jobs run at once (each on its own thread: the driver's
 callbacks block on their BLS calls), ``max_waiting_jobs`` wait, one more is refused at once
 with ``Overloaded``; a job that was cancelled while it waited is answered unrun. One job's
-memory is bounded by the parameters' bounds (``serving/everything.py``: one batch of masks at
+memory is bounded by the parameters' bounds (``serving/everything/``: one batch of masks at
 a time, RLE per batch) and the image bounds (``max_image_bytes``, ``max_image_pixels``,
 checked here before anything is decoded).
 """
