@@ -17,9 +17,19 @@ it), and the clients import the very same files as ``triton_sam.serving``:
   bit-packing);
 - :mod:`.protocol`: tensor names, limits and error codes of the served models;
 - :mod:`.tracking`: SAM2 video tracking orchestration (the tracker model's, and in-process);
+- :mod:`.everything`: segment everything's parameters, plan, instances and driver (the
+  everything job model's, and in-process);
+- :mod:`.model_io`: how a ``model.py`` reads its inputs and answers a refusal (one way);
+- :mod:`.session_call`: the BLS call to the session model (tenant, relayed refusals);
+- :mod:`.concept_request`: the concept model's phrases, tokens and scalars;
 - ``*_model.py``: the python-backend ``model.py`` files (``concept_model``,
-  ``embedding_cache_model``, ``tracker_model``, ``runner_model``); they need Triton's
-  ``triton_python_backend_utils`` and are never imported by the package itself.
+  ``embedding_cache_model``, ``everything_model`` (the everything JOB model),
+  ``lambda_model``, ``tracker_model``, ``runner_model``); they need Triton's
+  ``triton_python_backend_utils`` and are never imported by the package itself. Each imports
+  the package by its shipped name only (``from triton_sam_serving import ...``, after putting
+  its own directory on ``sys.path``); ``repository/shipping.py`` reads those imports to ship
+  what it needs, and in the source tree the finder below answers the shipped name with this
+  package's own modules.
 """
 
 import importlib
