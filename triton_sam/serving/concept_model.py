@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package sh
 from triton_sam_serving import cache, concept_request, images, masks, model_io
 from triton_sam_serving import protocol as envelope
 from triton_sam_serving.bounds import RequestError
+from triton_sam_serving.concept_request import Tokenizer
 from triton_sam_serving.protocol import concept as protocol
 from triton_sam_serving.protocol import settings, tenancy
 from triton_sam_serving.session_call import checked, preferred_memory
@@ -69,7 +70,7 @@ class TritonPythonModel:
         outputs = {t["name"]: t for t in config["output"]}
         self.mask_size = int(outputs[protocol.MASKS_LOGITS]["dims"][-1])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
-        self.tokenizer = concept_request.Tokenizer(
+        self.tokenizer = Tokenizer(
             os.path.join(version_dir, protocol.TOKENIZER_FILE),
             self.settings.pad_token_id,
             protocol.CONTEXT_LENGTH,
