@@ -7,18 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from . import params as contract
 from .instances import Instances, box_area, near_crop_edge, nms, uncropped_runs
-from .params import (
-    OUT_BOXES,
-    OUT_IOU,
-    OUT_MASKS,
-    OUT_PROMPT_INDEX,
-    OUT_STABILITY,
-    Cancelled,
-    EverythingParams,
-    check_image,
-    defaults,
-)
+from .params import Cancelled, EverythingParams, check_image, defaults
 from .plan import CropJob, batches, graph_feeds, plan
 
 # -- driver ---------------------------------------------------------------------------------
@@ -102,15 +93,15 @@ class Generator:
     def _batch(
         self, outputs: dict, points: np.ndarray, job: CropJob, image_hw: tuple[int, int]
     ) -> Instances:
-        masks = np.asarray(outputs[OUT_MASKS], bool)
-        boxes = np.asarray(outputs[OUT_BOXES], np.int64).reshape(-1, 4)
+        masks = np.asarray(outputs[contract.OUT_MASKS], bool)
+        boxes = np.asarray(outputs[contract.OUT_BOXES], np.int64).reshape(-1, 4)
         keep = ~near_crop_edge(boxes, job.box, image_hw)
-        index = np.asarray(outputs[OUT_PROMPT_INDEX], np.int64).reshape(-1)[keep]
+        index = np.asarray(outputs[contract.OUT_PROMPT_INDEX], np.int64).reshape(-1)[keep]
         return Instances(
             [uncropped_runs(m, job.box, image_hw) for m in masks[keep]],
             boxes[keep],
-            np.asarray(outputs[OUT_IOU], np.float32).reshape(-1)[keep],
-            np.asarray(outputs[OUT_STABILITY], np.float32).reshape(-1)[keep],
+            np.asarray(outputs[contract.OUT_IOU], np.float32).reshape(-1)[keep],
+            np.asarray(outputs[contract.OUT_STABILITY], np.float32).reshape(-1)[keep],
             np.asarray(points, self.point_dtype)[index],
             np.zeros((int(keep.sum()), 4), np.int64),
         )

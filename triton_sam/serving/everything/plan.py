@@ -7,18 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .params import (
-    IN_CROP_HW,
-    IN_MASK_THRESHOLD,
-    IN_MULTIMASK,
-    IN_POINTS,
-    IN_PRED_IOU_THRESH,
-    IN_STABILITY_HIGH,
-    IN_STABILITY_LOW,
-    IN_STABILITY_THRESH,
-    IN_USE_M2M,
-    EverythingParams,
-)
+from . import params as contract
+from .params import EverythingParams
 
 
 # -- plan: crops and point grids ------------------------------------------------------------
@@ -111,13 +101,17 @@ def graph_feeds(params: EverythingParams, points: np.ndarray, crop_hw: tuple[int
     """
     f32 = np.float32
     return {
-        IN_POINTS: np.asarray(points, np.float64).reshape(-1, 2),
-        IN_CROP_HW: np.array(crop_hw, np.int64),
-        IN_PRED_IOU_THRESH: np.array([params.pred_iou_thresh], f32),
-        IN_STABILITY_THRESH: np.array([params.stability_score_thresh], f32),
-        IN_STABILITY_HIGH: np.array([params.mask_threshold + params.stability_score_offset], f32),
-        IN_STABILITY_LOW: np.array([params.mask_threshold - params.stability_score_offset], f32),
-        IN_MASK_THRESHOLD: np.array([params.mask_threshold], f32),
-        IN_MULTIMASK: np.array([params.multimask_output], bool),
-        IN_USE_M2M: np.array([params.use_m2m], bool),
+        contract.IN_POINTS: np.asarray(points, np.float64).reshape(-1, 2),
+        contract.IN_CROP_HW: np.array(crop_hw, np.int64),
+        contract.IN_PRED_IOU_THRESH: np.array([params.pred_iou_thresh], f32),
+        contract.IN_STABILITY_THRESH: np.array([params.stability_score_thresh], f32),
+        contract.IN_STABILITY_HIGH: np.array(
+            [params.mask_threshold + params.stability_score_offset], f32
+        ),
+        contract.IN_STABILITY_LOW: np.array(
+            [params.mask_threshold - params.stability_score_offset], f32
+        ),
+        contract.IN_MASK_THRESHOLD: np.array([params.mask_threshold], f32),
+        contract.IN_MULTIMASK: np.array([params.multimask_output], bool),
+        contract.IN_USE_M2M: np.array([params.use_m2m], bool),
     }
