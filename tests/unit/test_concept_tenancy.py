@@ -13,6 +13,7 @@ import pytest
 
 from triton_sam.repository import concept as concept_repo
 from triton_sam.serving import cache
+from triton_sam.serving.protocol.concept import ConceptSettings
 
 IMAGE = np.random.default_rng(3).integers(0, 256, (24, 32, 3), dtype=np.uint8)
 
@@ -50,10 +51,23 @@ def model(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     instance = module.TritonPythonModel()  # what initialize sets, without a server
-    instance.name, instance.max_pixels, instance.feature_bytes = "sam3_concept", 10**6, 100
+    instance.name, instance.on_gpu = "sam3_concept", False
+    instance.settings = ConceptSettings(
+        vision_model="vision",
+        text_model="text",
+        decoder_model="decoder",
+        feature_names=("f",),
+        feature_bytes=100,
+        pad_token_id=0,
+        num_queries=200,
+        max_images=4,
+        max_bytes=0,
+        max_phrases_cached=8,
+        max_phrases=4,
+        phrases_per_decode=4,
+        max_image_pixels=10**6,
+    )
     instance.images, instance.phrases = cache.LruCache(4), cache.LruCache(8)
-    instance.on_gpu, instance.vision_model, instance.text_model = False, "vision", "text"
-    instance.feature_names = ["f"]
     instance.bls_calls = []
 
     async def bls(model_name, inputs, outputs, *, gpu):

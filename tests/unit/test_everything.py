@@ -1,4 +1,4 @@
-"""Segment-everything pieces (serving/everything.py) against the official generators' helpers.
+"""Segment-everything pieces (serving/everything/) against the official generators' helpers.
 
 The references are upstream's own functions (``segment_anything/utils/amg.py``,
 ``torchvision.ops.batched_nms``) where they are importable; the project's unit tier runs

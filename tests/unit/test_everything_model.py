@@ -23,7 +23,7 @@ from triton_sam.errors import (
 )
 from triton_sam.models.registry import get_family
 from triton_sam.repository.config import parse_config
-from triton_sam.repository.everything_config import (
+from triton_sam.repository.everything_job import (
     EverythingOptions,
     build_everything_config,
     everything_artifact,
@@ -74,7 +74,7 @@ def test_admission_options_are_validated():
 def test_the_embedded_twin_keeps_it_decoupled_on_one_cpu_instance():
     artifact = everything_artifact(get_family("sam2"))
     assert written_by_triton_sam(artifact)
-    assert {"model.py", "triton_sam_serving/everything.py"} <= set(artifact.files)
+    assert {"model.py", "triton_sam_serving/everything/__init__.py"} <= set(artifact.files)
     twin = parse_config(embedded_twin(artifact, "onnxruntime").config_text)
     assert twin.model_transaction_policy.decoupled
     (group,) = twin.instance_group

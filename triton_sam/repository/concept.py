@@ -24,27 +24,17 @@ from typing import Any
 from triton_sam.models.sam3_concept import ConceptFamilySpec
 from triton_sam.models.spec import TensorSpec
 from triton_sam.repository import config as cfg
+from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     SERVING_DIR,
     ModelFiles,
     graph_artifacts,
-    shipped_modules,
     write_models,
 )
 from triton_sam.serving.protocol import concept as protocol
+from triton_sam.serving.protocol.settings import to_parameters
 
 SERVING_SOURCE = SERVING_DIR / "concept_model.py"
-# The dependency-free modules the serving model imports.
-SHIPPED_MODULES = (
-    "__init__",
-    "cache",
-    "protocol/__init__",
-    "protocol/concept",
-    "protocol/tenancy",
-    "images",
-    "masks",
-    "resample",
-)
 
 
 @dataclass(frozen=True)
@@ -138,23 +128,22 @@ def build_serving_config(
     else:
         group.kind = cfg.model_config_pb2.ModelInstanceGroup.KIND_CPU
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_VISION_MODEL: family.vision.model,
-        protocol.PARAM_TEXT_MODEL: family.text.model,
-        protocol.PARAM_DECODER_MODEL: family.decoder.model,
-        protocol.PARAM_FEATURE_NAMES: ",".join(family.feature_names),
-        protocol.PARAM_FEATURE_BYTES: str(feature_bytes(family)),
-        protocol.PARAM_PAD_TOKEN_ID: str(int(pad_token_id)),
-        protocol.PARAM_NUM_QUERIES: str(family.num_queries),
-        protocol.PARAM_MAX_IMAGES: str(concept.max_images),
-        protocol.PARAM_MAX_BYTES: str(concept.max_bytes),
-        protocol.PARAM_MAX_PHRASES_CACHED: str(concept.max_phrases_cached),
-        protocol.PARAM_MAX_PHRASES: str(concept.max_phrases),
-        protocol.PARAM_PHRASES_PER_DECODE: str(concept.phrases_per_decode),
-        protocol.PARAM_MAX_IMAGE_PIXELS: str(concept.max_image_pixels),
-    }
-    for key, value in params.items():
+    served = protocol.ConceptSettings(
+        vision_model=family.vision.model,
+        text_model=family.text.model,
+        decoder_model=family.decoder.model,
+        feature_names=tuple(family.feature_names),
+        feature_bytes=feature_bytes(family),
+        pad_token_id=int(pad_token_id),
+        num_queries=family.num_queries,
+        max_images=concept.max_images,
+        max_bytes=concept.max_bytes,
+        max_phrases_cached=concept.max_phrases_cached,
+        max_phrases=concept.max_phrases,
+        phrases_per_decode=concept.phrases_per_decode,
+        max_image_pixels=concept.max_image_pixels,
+    )
+    for key, value in to_parameters(served, kind=protocol.KIND).items():
         config.parameters[key].string_value = value
     return config
 
@@ -167,7 +156,7 @@ def feature_bytes(family: ConceptFamilySpec) -> int:
 def serving_files(tokenizer: Path) -> dict[str, Path]:
     """What goes into the serving model's version directory."""
     files = {"model.py": SERVING_SOURCE, protocol.TOKENIZER_FILE: Path(tokenizer)}
-    return files | shipped_modules(SHIPPED_MODULES)
+    return files | shipped_files(SERVING_SOURCE)
 
 
 def concept_artifacts(

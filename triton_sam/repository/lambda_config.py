@@ -25,33 +25,21 @@ from triton_sam.repository.config import (
     model_config_pb2,
 )
 from triton_sam.repository.session_config import SessionOptions
+from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     CONFIG_FILENAME,
     SERVING_DIR,
     ModelFiles,
     read_model,
-    shipped_modules,
     written_by_triton_sam,
 )
 from triton_sam.serving import intake
 from triton_sam.serving.protocol import lambda_json as protocol
+from triton_sam.serving.protocol.settings import to_parameters
 
 log = logging.getLogger(__name__)
 
 LAMBDA_SOURCE = SERVING_DIR / "lambda_model.py"
-SHIPPED_MODULES = (
-    "__init__",
-    "protocol/__init__",
-    "protocol/embedding_cache",
-    "protocol/lambda_json",
-    "protocol/tenancy",
-    "bounds",
-    "intake",
-    "lambda_prompts",
-    "prompt_frame",
-    "resample",
-    "rules",
-)
 
 
 def serves_lambda(family: FamilySpec) -> bool:
@@ -94,16 +82,13 @@ def build_lambda_config(
     # Several queued requests reach one execute (their BLS calls overlap), and a request
     # cancelled while queued is dropped.
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_SESSION_MODEL: family.session_model,
-        protocol.PARAM_MAX_IMAGE_BYTES: str(session.max_image_bytes),
-        protocol.PARAM_MAX_POINTS: str(session.max_points),
-        protocol.PARAM_MAX_BOXES: str(protocol.DEFAULT_MAX_BOXES),
-        protocol.PARAM_MAX_PROMPT_BYTES: str(protocol.DEFAULT_MAX_PROMPT_BYTES),
-        protocol.PARAM_PREPROCESSING: intake.preprocessing_json(family.preprocessing),
-    }
-    for key, value in params.items():
+    served = protocol.LambdaSettings(
+        session_model=family.session_model,
+        max_image_bytes=session.max_image_bytes,
+        max_points=session.max_points,
+        preprocessing=intake.preprocessing_json(family.preprocessing),
+    )
+    for key, value in to_parameters(served, kind=protocol.KIND).items():
         config.parameters[key].string_value = value
     return config
 
@@ -114,7 +99,7 @@ def lambda_artifact(
     """The ``sam2`` model as one artifact of a repository build (written with the pair and
     the session model, ``writer.write_models``)."""
     config = build_lambda_config(family, options, session)
-    files = {"model.py": LAMBDA_SOURCE} | shipped_modules(SHIPPED_MODULES)
+    files = {"model.py": LAMBDA_SOURCE} | shipped_files(LAMBDA_SOURCE)
     return ModelFiles(config.name, config_to_text(config), files)
 
 

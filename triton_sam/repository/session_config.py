@@ -46,6 +46,7 @@ from triton_sam.repository.config import (
     parse_config,
     tensor_message,
 )
+from triton_sam.repository.shipping import imported_modules
 from triton_sam.repository.writer import (
     SERVING_DIR,
     ModelFiles,
@@ -66,21 +67,7 @@ from triton_sam.serving.protocol.embedding_cache import (
 
 SESSION_SOURCE = SERVING_DIR / "embedding_cache_model.py"
 # What the session model imports beside its model.py (triton_sam_serving/...).
-SHIPPED_MODULES = (
-    "__init__",
-    "protocol/__init__",
-    "protocol/embedding_cache",
-    "protocol/tenancy",
-    "bounds",
-    "cache",
-    "click_queue",
-    "images",
-    "intake",
-    "masks",
-    "prompt_frame",
-    "resample",
-    "rules",
-)
+SHIPPED_MODULES = imported_modules(SESSION_SOURCE)
 # Prompts in original pixels and finished masks (point_list decoders: SAM1, SAM2.1).
 PIXEL_INPUTS = (
     TensorSpec(protocol.POINTS, "float32", (-1, 2)),

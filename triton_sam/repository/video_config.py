@@ -29,16 +29,17 @@ from triton_sam.repository.config import (
     model_kind,
     triton_dtype,
 )
+from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     RUNNER_NAME,
     SERVING_DIR,
     SHIPPED_PACKAGE,
     ModelFiles,
     graph_artifacts,
-    shipped_modules,
     write_models,
 )
 from triton_sam.serving.protocol import tracker as protocol
+from triton_sam.serving.protocol.settings import to_parameters
 from triton_sam.serving.tracking.config import TrackerConfig
 
 TRACKER_SOURCE = SERVING_DIR / "tracker_model.py"
@@ -136,21 +137,14 @@ def build_tracker_config(
     # One instance, always: the sessions live in it (see tracker_model.py).
     model.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     model.dynamic_batching.max_queue_delay_microseconds = 0
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_GRAPH_MODELS: _json(graph_models or protocol.DEFAULT_MODEL_NAMES),
-        protocol.PARAM_MODEL_CONFIG: config.to_json(),
-        protocol.PARAM_MAX_SESSIONS: tracker.max_sessions,
-        protocol.PARAM_MAX_FRAMES: tracker.max_frames,
-        protocol.PARAM_MAX_SESSION_BYTES: tracker.max_session_bytes,
-        protocol.PARAM_MAX_TOTAL_BYTES: tracker.max_total_bytes,
-        protocol.PARAM_FEATURE_CACHE_FRAMES: tracker.feature_cache_frames,
-        protocol.PARAM_MAX_TENANT_SESSIONS: tracker.max_tenant_sessions,
-        protocol.PARAM_MAX_TENANT_BYTES: tracker.max_tenant_bytes,
-        protocol.PARAM_EVICT_IDLE_S: tracker.evict_idle_s,
-    }
-    for key, value in params.items():
-        model.parameters[key].string_value = str(value)
+    bounds = {key: getattr(tracker, key) for key in protocol.STORE_BOUNDS}
+    served = protocol.TrackerSettings(
+        graph_models=_json(graph_models or protocol.DEFAULT_MODEL_NAMES),
+        model_config=config.to_json(),
+        **bounds,
+    )
+    for key, value in to_parameters(served, kind=protocol.KIND).items():
+        model.parameters[key].string_value = value
     return model
 
 
@@ -184,10 +178,7 @@ def video_artifacts(
 
 def tracker_files() -> dict[str, Path]:
     """The tracker's version directory: model.py and the tracking package."""
-    tracking = sorted(f"tracking/{p.stem}" for p in (SERVING_DIR / "tracking").glob("*.py"))
-    modules = ["__init__", "resample", "protocol/__init__", "protocol/tenancy", "protocol/tracker"]
-    modules += tracking
-    return {RUNNER_NAME: TRACKER_SOURCE} | shipped_modules(modules)
+    return {RUNNER_NAME: TRACKER_SOURCE} | shipped_files(TRACKER_SOURCE)
 
 
 def write_video_models(

@@ -53,6 +53,7 @@ from triton_sam.repository.config import (
     with_warmup,
 )
 from triton_sam.repository.onnx_check import check_onnx_config
+from triton_sam.repository.shipping import imported_modules
 from triton_sam.serving import protocol
 from triton_sam.serving.protocol import embedding_cache
 
@@ -61,7 +62,7 @@ VERSION = "1"
 RUNNER_NAME = "model.py"  # what the python backend loads
 SERVING_DIR = Path(__file__).resolve().parent.parent / "serving"
 RUNNER_SOURCE = SERVING_DIR / "runner_model.py"
-RUNNER_MODULES = ("__init__", "protocol/__init__", "protocol/runner")  # what it imports
+RUNNER_MODULES = imported_modules(RUNNER_SOURCE)  # what it imports
 SHIPPED_PACKAGE = protocol.SHIPPED_PACKAGE  # what a python model imports beside its model.py
 # Every package a triton-sam has shipped beside its python models' model.py: today's, and the
 # tracking package of the first trackers. A python model whose version directory holds one was

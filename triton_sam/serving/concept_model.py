@@ -37,60 +37,25 @@ import sys
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from triton_sam_serving import cache, images, masks
-    from triton_sam_serving import protocol as envelope
-    from triton_sam_serving.protocol import concept as protocol
-    from triton_sam_serving.protocol import tenancy
-except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import cache, images, masks
-    from triton_sam.serving import protocol as envelope
-    from triton_sam.serving.protocol import concept as protocol
-    from triton_sam.serving.protocol import tenancy
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
+from triton_sam_serving import cache, concept_request, images, masks, model_io
+from triton_sam_serving import protocol as envelope
+from triton_sam_serving.bounds import RequestError
+from triton_sam_serving.concept_request import Tokenizer
+from triton_sam_serving.protocol import concept as protocol
+from triton_sam_serving.protocol import settings, tenancy
+from triton_sam_serving.session_call import checked, preferred_memory
 
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"
 DECODER_OUTPUTS = ("scores", "boxes", "query_index", "num_instances", "presence")
 
 
-class RequestError(ValueError):
-    """A request the protocol refuses; the message starts with the field's name."""
-
-
-class ImageMiss(Exception):
+class ImageMiss(envelope.ProtocolError):
     """An ``image_id`` this instance does not hold."""
 
-
-class Tokenizer:
-    """Sam3Processor's tokenisation: CLIP tokens, padded to the context length, never cut."""
-
-    def __init__(self, path, pad_id, context_length):
-        from tokenizers import Tokenizer as RustTokenizer
-
-        self._tokenizer = RustTokenizer.from_file(path)
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
-        self.pad_id = int(pad_id)
-        self.context_length = int(context_length)
-
-    def encode(self, phrases):
-        """phrases (list of str) -> (input_ids, attention_mask), int64 [N, context_length]."""
-        ids = np.full((len(phrases), self.context_length), self.pad_id, np.int64)
-        mask = np.zeros((len(phrases), self.context_length), np.int64)
-        for i, encoding in enumerate(self._tokenizer.encode_batch(list(phrases))):
-            n = len(encoding.ids)
-            if n > self.context_length:
-                raise RequestError(
-                    f"{protocol.TEXT}: phrase {i} ({phrases[i][:40]!r}) is {n} tokens, expected "
-                    f"at most {self.context_length} including its start and end tokens "
-                    "(Sam3Processor does not truncate and the text encoder has "
-                    f"{self.context_length} positions); shorten it"
-                )
-            ids[i, :n] = encoding.ids
-            mask[i, :n] = 1
-        return ids, mask
+    def __init__(self, message):
+        super().__init__(envelope.ERR_EMBEDDING_NOT_FOUND, message)
 
 
 class TritonPythonModel:
@@ -98,31 +63,20 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = envelope.config_parameters(config)
+        self.settings = settings.from_parameters(
+            protocol.ConceptSettings, envelope.config_parameters(config)
+        )
         self.name = args["model_name"]
-        self.vision_model = params[protocol.PARAM_VISION_MODEL]
-        self.text_model = params[protocol.PARAM_TEXT_MODEL]
-        self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
-        self.feature_names = params[protocol.PARAM_FEATURE_NAMES].split(",")
-        # Counted from the spec, not from the arrays: on a GPU instance they stay in device
-        # memory as BLS tensors, which the cache must count all the same.
-        self.feature_bytes = int(params[protocol.PARAM_FEATURE_BYTES])
-        self.num_queries = int(params[protocol.PARAM_NUM_QUERIES])
-        self.max_phrases = int(params[protocol.PARAM_MAX_PHRASES])
-        self.phrases_per_decode = int(params[protocol.PARAM_PHRASES_PER_DECODE])
-        self.max_pixels = int(params[protocol.PARAM_MAX_IMAGE_PIXELS])
         outputs = {t["name"]: t for t in config["output"]}
         self.mask_size = int(outputs[protocol.MASKS_LOGITS]["dims"][-1])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.tokenizer = Tokenizer(
             os.path.join(version_dir, protocol.TOKENIZER_FILE),
-            params[protocol.PARAM_PAD_TOKEN_ID],
+            self.settings.pad_token_id,
             protocol.CONTEXT_LENGTH,
         )
-        self.images = cache.LruCache(
-            int(params[protocol.PARAM_MAX_IMAGES]), int(params[protocol.PARAM_MAX_BYTES])
-        )
-        self.phrases = cache.LruCache(int(params[protocol.PARAM_MAX_PHRASES_CACHED]))
+        self.images = cache.LruCache(self.settings.max_images, self.settings.max_bytes)
+        self.phrases = cache.LruCache(self.settings.max_phrases_cached)
         self.on_gpu = args.get("model_instance_kind") == "GPU"
         self.device_id = int(args.get("model_instance_device_id") or 0)
 
@@ -137,22 +91,33 @@ class TritonPythonModel:
     # -- one request ---------------------------------------------------------------------
     async def _answer(self, request, runs):
         try:
-            if hasattr(request, "is_cancelled") and request.is_cancelled():
+            if model_io.cancelled(request):
                 return envelope.error_response(
                     pb_utils, envelope.ERR_CANCELLED, "request cancelled before execution"
                 )
             tenant = tenancy.request_tenant(request)  # a forged second value: refused
-            wanted = set(_requested(request)) or set(protocol.OUTPUTS) - {
+            wanted = set(model_io.requested_outputs(request)) or set(protocol.OUTPUTS) - {
                 protocol.MASKS_PNG,
                 protocol.MASKS_LOGITS,
             }
-            phrases = _phrases(request, self.max_phrases)  # [] = embed or probe only
-            threshold = _scalar(request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1)
-            mask_threshold = _scalar(
-                request, protocol.MASK_THRESHOLD, protocol.DEFAULT_MASK_THRESHOLD, 0, 1
+            phrases = concept_request.phrases(
+                pb_utils, request, self.settings.max_phrases
+            )  # [] = embed or probe only
+            threshold = concept_request.scalar(
+                pb_utils, request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1
+            )
+            mask_threshold = concept_request.scalar(
+                pb_utils, request, protocol.MASK_THRESHOLD, protocol.DEFAULT_MASK_THRESHOLD, 0, 1
             )
             limit = int(
-                _scalar(request, protocol.MAX_INSTANCES, self.num_queries, 1, self.num_queries)
+                concept_request.scalar(
+                    pb_utils,
+                    request,
+                    protocol.MAX_INSTANCES,
+                    self.settings.num_queries,
+                    1,
+                    self.settings.num_queries,
+                )
             )
             token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
             image_id, encoded, (features, hw) = await self._image(request, runs, tenant)
@@ -166,16 +131,8 @@ class TritonPythonModel:
             outputs[protocol.ENCODED] = np.array([[encoded]], np.int32)
             tensors = [pb_utils.Tensor(n, v) for n, v in outputs.items() if n in wanted]
             return pb_utils.InferenceResponse(output_tensors=tensors)
-        except RequestError as e:
-            return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
-        except envelope.ProtocolError as e:
-            return envelope.error_response(pb_utils, e.code, str(e))
-        except ImageMiss as e:
-            return envelope.error_response(pb_utils, envelope.ERR_EMBEDDING_NOT_FOUND, str(e))
         except Exception as e:  # never let one request take the stub (and its caches) down
-            return envelope.error_response(
-                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
-            )
+            return model_io.error_answer(pb_utils, e)
 
     async def _image(self, request, runs, tenant):
         """(image id, 1 if the vision graph ran for it else 0, (features, (H, W))), in
@@ -184,13 +141,14 @@ class TritonPythonModel:
         The entry is returned, not looked up again later: another request of the batch may
         evict it from the LRU before this one decodes.
         """
-        pixels = _input(request, protocol.IMAGE)
+        pixels = model_io.tensor(pb_utils, request, protocol.IMAGE)
         if pixels is None:
-            image_id = _string(request, protocol.IMAGE_ID)
+            image_id = model_io.string(pb_utils, request, protocol.IMAGE_ID)
             if image_id is None:
                 raise RequestError(
-                    f"{protocol.IMAGE}: missing; send the image (uint8 [H, W, 3]) or the "
-                    f"{protocol.IMAGE_ID} of an image this server answered"
+                    protocol.IMAGE,
+                    "missing; send the image (uint8 [H, W, 3]) or the "
+                    f"{protocol.IMAGE_ID} of an image this server answered",
                 )
             # sent with its pixels by another request of this batch, or held
             key = (tenant, image_id)
@@ -201,11 +159,11 @@ class TritonPythonModel:
                     "or the server restarted); send the image again"
                 )
             return image_id, 0, entry
-        rgb = _single(pixels.as_numpy(), protocol.IMAGE)
+        rgb = model_io.single(pixels.as_numpy(), protocol.IMAGE)
         try:
-            rgb = images.check_rgb(rgb, max_pixels=self.max_pixels)
+            rgb = images.check_rgb(rgb, max_pixels=self.settings.max_image_pixels)
         except ValueError as e:
-            raise RequestError(str(e)) from None
+            raise RequestError(*str(e).split(": ", 1)) from None  # "<field>: <message>"
         image_id = images.image_id(rgb, protocol.image_namespace(self.name))
         key = (tenant, image_id)
         entry = self.images.get(key)
@@ -220,7 +178,9 @@ class TritonPythonModel:
     async def _encode(self, key, rgb):
         """Run the vision graph; keep and return the entry (features by name, (H, W))."""
         pixels = pb_utils.Tensor("pixel_values", images.preprocess_sam3(rgb))
-        response = await self._bls(self.vision_model, [pixels], self.feature_names, gpu=self.on_gpu)
+        response = await self._bls(
+            self.settings.vision_model, [pixels], list(self.settings.feature_names), gpu=self.on_gpu
+        )
         features = {}
         for tensor in response.output_tensors():
             # GPU: keep the BLS output tensor itself (device memory, no host copy); CPU: copy
@@ -228,7 +188,7 @@ class TritonPythonModel:
             value = tensor if not tensor.is_cpu() else np.array(tensor.as_numpy())
             features[tensor.name()] = value
         entry = (features, tuple(int(d) for d in rgb.shape[:2]))
-        self.images.put(key, entry, self.feature_bytes, owner=key[0])
+        self.images.put(key, entry, self.settings.feature_bytes, owner=key[0])
         return entry
 
     async def _text(self, token_ids, token_mask, tenant):
@@ -248,7 +208,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("input_ids", token_ids[missing]),
                 pb_utils.Tensor(ATTENTION_MASK, token_mask[missing]),
             ]
-            response = await self._bls(self.text_model, feeds, [TEXT_FEATURES], gpu=False)
+            response = await self._bls(self.settings.text_model, feeds, [TEXT_FEATURES], gpu=False)
             values = pb_utils.get_output_tensor_by_name(response, TEXT_FEATURES).as_numpy()
             for i, value in zip(missing, values, strict=True):
                 fresh[keys[i]] = np.array(value)
@@ -264,7 +224,7 @@ class TritonPythonModel:
             v if not isinstance(v, np.ndarray) else pb_utils.Tensor(n, v)
             for n, v in sorted(features.items())
         ]
-        step = self.phrases_per_decode
+        step = self.settings.phrases_per_decode
         jobs = []
         for start in range(0, len(text), step):
             feeds = [
@@ -274,7 +234,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("threshold", np.array([[threshold]], np.float32)),
                 pb_utils.Tensor("max_instances", np.array([[limit]], np.int64)),
             ]
-            jobs.append(self._bls(self.decoder_model, feeds, names, gpu=False))
+            jobs.append(self._bls(self.settings.decoder_model, feeds, names, gpu=False))
         chunks = []
         for response in await asyncio.gather(*jobs):
             out = {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in names}
@@ -321,88 +281,8 @@ class TritonPythonModel:
         return out
 
     async def _bls(self, model, inputs, outputs, *, gpu):
-        kwargs = {"requested_output_names": list(outputs)}
-        if hasattr(pb_utils, "PreferredMemory"):  # Triton 23.xx on
-            kind = pb_utils.TRITONSERVER_MEMORY_GPU if gpu else pb_utils.TRITONSERVER_MEMORY_CPU
-            device = self.device_id if gpu else 0
-            kwargs["preferred_memory"] = pb_utils.PreferredMemory(kind, device)
-        request = pb_utils.InferenceRequest(model_name=model, inputs=inputs, **kwargs)
-        response = await request.async_exec()
-        if response.has_error():
-            raise RuntimeError(f"{model}: {response.error().message()}")
-        return response
-
-
-# -- request parsing -------------------------------------------------------------------------
-def _input(request, name):
-    return pb_utils.get_input_tensor_by_name(request, name)
-
-
-def _single(array, field):
-    """The one item of a batch-1 input (a request is one image with its phrases)."""
-    if array.shape[0] != 1:
-        raise RequestError(f"{field}: batch {array.shape[0]}, expected 1 (one image per request)")
-    return array[0]
-
-
-def _one_value(request, name):
-    """The value of an optional one-value input, or None when the request leaves it out."""
-    tensor = _input(request, name)
-    if tensor is None:
-        return None
-    values = tensor.as_numpy().reshape(-1)
-    if values.size != 1:
-        raise RequestError(f"{name}: got {values.size} values, expected 1")
-    return values[0]
-
-
-def _string(request, name):
-    value = _one_value(request, name)
-    return None if value is None else _utf8(value, name)
-
-
-def _utf8(value, field):
-    if isinstance(value, str):
-        return value
-    try:
-        return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(f"{field}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-
-
-def _phrases(request, max_phrases):
-    tensor = _input(request, protocol.TEXT)
-    if tensor is None:
-        return []
-    values = _single(tensor.as_numpy(), protocol.TEXT).reshape(-1)
-    if not 1 <= values.size <= max_phrases:
-        raise RequestError(
-            f"{protocol.TEXT}: got {values.size} phrases, expected 1 to {max_phrases} per request"
+        memory = preferred_memory(pb_utils, gpu=gpu, device=self.device_id)
+        request = pb_utils.InferenceRequest(
+            model_name=model, inputs=inputs, requested_output_names=list(outputs), **memory
         )
-    phrases = []
-    for i, value in enumerate(values):
-        field = f"{protocol.TEXT}[{i}]"
-        if len(value) > protocol.MAX_PHRASE_BYTES:
-            raise RequestError(
-                f"{field}: {len(value)} bytes, expected at most {protocol.MAX_PHRASE_BYTES}"
-            )
-        phrase = _utf8(value, field)
-        if not phrase.strip():
-            raise RequestError(f"{field}: empty, expected a noun phrase such as 'red car'")
-        phrases.append(phrase)
-    return phrases
-
-
-def _scalar(request, name, default, low, high):
-    value = _one_value(request, name)
-    if value is None:
-        return default
-    if not np.isfinite(value) or not low <= value <= high:
-        raise RequestError(f"{name}: got {value}, expected a number in [{low}, {high}]")
-    return value.item()
-
-
-def _requested(request):
-    if hasattr(request, "requested_output_names"):
-        return list(request.requested_output_names())
-    return []
+        return checked(await request.async_exec(), model)

@@ -24,7 +24,7 @@ answer is a ``Cancelled`` error nobody reads).
 Bounded: ``max_concurrent_jobs`` jobs run at once (each on its own thread: the driver's
 callbacks block on their BLS calls), ``max_waiting_jobs`` wait, one more is refused at once
 with ``Overloaded``; a job that was cancelled while it waited is answered unrun. One job's
-memory is bounded by the parameters' bounds (``serving/everything.py``: one batch of masks at
+memory is bounded by the parameters' bounds (``serving/everything/``: one batch of masks at
 a time, RLE per batch) and the image bounds (``max_image_bytes``, ``max_image_pixels``,
 checked here before anything is decoded).
 """
@@ -38,19 +38,13 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from triton_sam_serving import bounds, everything, intake
-    from triton_sam_serving import protocol as envelope
-    from triton_sam_serving.protocol import embedding_cache as session
-    from triton_sam_serving.protocol import everything as protocol
-    from triton_sam_serving.protocol import tenancy
-except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import bounds, everything, intake
-    from triton_sam.serving import protocol as envelope
-    from triton_sam.serving.protocol import embedding_cache as session
-    from triton_sam.serving.protocol import everything as protocol
-    from triton_sam.serving.protocol import tenancy
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
+from triton_sam_serving import bounds, everything, intake, model_io
+from triton_sam_serving import protocol as envelope
+from triton_sam_serving.protocol import embedding_cache as session
+from triton_sam_serving.protocol import everything as protocol
+from triton_sam_serving.protocol import settings, tenancy
+from triton_sam_serving.session_call import SessionCall, checked, preferred_memory
 
 
 class _Overloaded(Exception):
@@ -89,14 +83,6 @@ class _Admission:
             self._admitted -= 1
 
 
-class _SessionError(Exception):
-    """An error the session model answered: its protocol code and text."""
-
-    def __init__(self, code, text):
-        super().__init__(text)
-        self.code = code
-
-
 class TritonPythonModel:
     """``<family>_everything``: an image (or its id) + params in, progress and instances out."""
 
@@ -106,26 +92,13 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"{args['model_name']}: needs model_transaction_policy {{ decoupled: true }}"
             )
-        params = envelope.config_parameters(config)
-        self.family = params[protocol.PARAM_FAMILY]
-        self.session_model = params[protocol.PARAM_SESSION_MODEL]
-        self.decoder_model = params[protocol.PARAM_DECODER_MODEL]
-        self.embedding_names = [n for n in params[protocol.PARAM_EMBEDDING_NAMES].split(",") if n]
-        self.max_image_bytes = int(
-            params.get(protocol.PARAM_MAX_IMAGE_BYTES) or bounds.MAX_IMAGE_BYTES
+        self.settings = settings.from_parameters(
+            protocol.JobSettings, envelope.config_parameters(config)
         )
-        self.max_pixels = int(
-            params.get(protocol.PARAM_MAX_IMAGE_PIXELS) or bounds.MAX_IMAGE_PIXELS
-        )
-        self.max_params_bytes = int(
-            params.get(protocol.PARAM_MAX_PARAMS_BYTES) or protocol.DEFAULT_MAX_PARAMS_BYTES
-        )
+        self.family = self.settings.family
+        self.session_call = SessionCall(pb_utils, self.settings.session_model)
         self.admission = _Admission(
-            int(
-                params.get(protocol.PARAM_MAX_CONCURRENT_JOBS)
-                or protocol.DEFAULT_MAX_CONCURRENT_JOBS
-            ),
-            int(params.get(protocol.PARAM_MAX_WAITING_JOBS) or protocol.DEFAULT_MAX_WAITING_JOBS),
+            self.settings.max_concurrent_jobs, self.settings.max_waiting_jobs
         )
         everything.defaults(self.family)  # a config naming no family we reproduce: refused
 
@@ -155,16 +128,10 @@ class TritonPythonModel:
             if waited and request.is_cancelled():
                 raise everything.Cancelled("cancelled while waiting for a job slot")
             response = self._answer(request, sender)
-        except bounds.RequestError as e:
-            response = _error(envelope.ERR_INVALID_INPUT, str(e))
-        except envelope.ProtocolError as e:
-            response = _error(e.code, str(e))
-        except _SessionError as e:
-            response = _error(e.code, str(e))
         except everything.Cancelled as e:
             response = _error(envelope.ERR_CANCELLED, f"job {e}")
-        except Exception as e:  # never let one job take the stub down
-            response = _error(envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}")
+        except Exception as e:  # refusals by their code; never let one job take the stub down
+            response = model_io.error_answer(pb_utils, e)
         finally:
             self.admission.done(ran=ran)
         _final(sender, response)
@@ -181,8 +148,8 @@ class TritonPythonModel:
                 f"got {params.crop_n_layers} with {protocol.IMAGE_ID} alone; crops are cut "
                 f"from the pixels: send {protocol.IMAGE_BYTES} or {protocol.IMAGE_RGB}",
             )
-        wanted = [session.IMAGE_ID, session.IMAGE_SIZE, *self.embedding_names]
-        whole = self._session(tenant, [_image_tensor(kind, value)], wanted)
+        wanted = [session.IMAGE_ID, session.IMAGE_SIZE, *self.settings.embedding_names]
+        whole = self.session_call.call(tenant, [_image_tensor(kind, value)], wanted)
         hw = tuple(int(v) for v in whole[session.IMAGE_SIZE].as_numpy().reshape(-1)[:2])
         rgb = None
         if params.crop_n_layers > 0:  # the crops' pixels: decoded here too (bounded above)
@@ -190,7 +157,7 @@ class TritonPythonModel:
                 value
                 if kind == "rgb"
                 else intake.decode_image(
-                    value, max_pixels=self.max_pixels, field=protocol.IMAGE_BYTES
+                    value, max_pixels=self.settings.max_image_pixels, field=protocol.IMAGE_BYTES
                 )
             )
         held = {"whole": whole}
@@ -201,10 +168,10 @@ class TritonPythonModel:
                 features = held.pop("whole")  # not held past its crop
             else:
                 crop = np.ascontiguousarray(rgb[y0:y1, x0:x1])
-                features = self._session(
-                    tenant, [_image_tensor("rgb", crop)], list(self.embedding_names)
+                features = self.session_call.call(
+                    tenant, [_image_tensor("rgb", crop)], list(self.settings.embedding_names)
                 )
-            return [features[n] for n in self.embedding_names]
+            return [features[n] for n in self.settings.embedding_names]
 
         def progress(done, total):
             _progress(sender, done, total)
@@ -232,12 +199,11 @@ class TritonPythonModel:
             raise bounds.RequestError(
                 protocol.PARAMS, f"got {value.size} elements, expected 1 (one JSON object)"
             )
-        item = value[0]
-        blob = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        if len(blob) > self.max_params_bytes:
+        blob = model_io.as_bytes(value[0])
+        if len(blob) > self.settings.max_params_bytes:
             raise bounds.RequestError(
                 protocol.PARAMS,
-                f"got {len(blob)} bytes, expected at most {self.max_params_bytes}",
+                f"got {len(blob)} bytes, expected at most {self.settings.max_params_bytes}",
             )
         try:
             return blob.decode("utf-8")
@@ -256,65 +222,37 @@ class TritonPythonModel:
             )
         ((name, array),) = given.items()
         if name == protocol.IMAGE_RGB:
-            return "rgb", intake.check_rgb(array, max_pixels=self.max_pixels, field=name)
+            return "rgb", intake.check_rgb(
+                array, max_pixels=self.settings.max_image_pixels, field=name
+            )
         values = array.reshape(-1)
         if values.size != 1:
             raise bounds.RequestError(name, f"got {values.size} elements, expected 1")
-        item = values[0]
-        blob = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        blob = model_io.as_bytes(values[0])
         if name == protocol.IMAGE_ID:
             image_id = blob.decode("utf-8", "replace")
             bounds.check_key(name, image_id)
             return "id", image_id
-        if len(blob) > self.max_image_bytes:
+        if len(blob) > self.settings.max_image_bytes:
             raise bounds.RequestError(
-                name, f"got {len(blob)} bytes, expected at most {self.max_image_bytes}"
+                name, f"got {len(blob)} bytes, expected at most {self.settings.max_image_bytes}"
             )
         return "bytes", blob
-
-    def _session(self, tenant, inputs, wanted):
-        """One BLS call to the session model as ``tenant``: output name -> pb_utils.Tensor,
-        or _SessionError with the session model's code and message."""
-        kwargs = {}
-        if tenant != tenancy.DEFAULT_TENANT:
-            kwargs["parameters"] = {tenancy.TENANT_HEADER: tenant}
-        response = pb_utils.InferenceRequest(
-            model_name=self.session_model,
-            inputs=inputs,
-            requested_output_names=wanted,
-            **kwargs,  # features where the session keeps them (on a GPU: device memory)
-        ).exec()
-        if response.has_error():
-            message = response.error().message()
-            code = envelope.error_code(message)
-            if code is None:
-                raise RuntimeError(f"{self.session_model}: {message}")
-            header = envelope.error_message(code, "")
-            raise _SessionError(code, message[message.find(header) + len(header) :])
-        return {n: pb_utils.get_output_tensor_by_name(response, n) for n in wanted}
 
     def _decode(self, features, feeds):
         """One run of the everything-decoder graph: output name -> numpy array."""
         inputs = list(features) + [pb_utils.Tensor(n, np.asarray(v)) for n, v in feeds.items()]
         response = pb_utils.InferenceRequest(
-            model_name=self.decoder_model,
+            model_name=self.settings.decoder_model,
             inputs=inputs,
             requested_output_names=list(everything.GRAPH_OUTPUTS),
-            **_cpu_outputs(),
+            **preferred_memory(pb_utils),  # the records are written on the host
         ).exec()
-        if response.has_error():
-            raise RuntimeError(f"{self.decoder_model}: {response.error().message()}")
+        checked(response, self.settings.decoder_model)
         return {
             n: pb_utils.get_output_tensor_by_name(response, n).as_numpy()
             for n in everything.GRAPH_OUTPUTS
         }
-
-
-def _cpu_outputs():
-    # The records are written on the host: ask for host memory (PreferredMemory: Triton 23.xx+).
-    if not hasattr(pb_utils, "PreferredMemory"):
-        return {}
-    return {"preferred_memory": pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)}
 
 
 def _image_tensor(kind, value):

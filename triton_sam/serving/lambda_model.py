@@ -29,19 +29,13 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from triton_sam_serving import bounds, intake, lambda_prompts, prompt_frame
-    from triton_sam_serving import protocol as envelope
-    from triton_sam_serving.protocol import embedding_cache as session
-    from triton_sam_serving.protocol import lambda_json as protocol
-    from triton_sam_serving.protocol import tenancy
-except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving import bounds, intake, lambda_prompts, prompt_frame
-    from triton_sam.serving import protocol as envelope
-    from triton_sam.serving.protocol import embedding_cache as session
-    from triton_sam.serving.protocol import lambda_json as protocol
-    from triton_sam.serving.protocol import tenancy
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
+from triton_sam_serving import bounds, intake, lambda_prompts, model_io, prompt_frame
+from triton_sam_serving import protocol as envelope
+from triton_sam_serving.protocol import embedding_cache as session
+from triton_sam_serving.protocol import lambda_json as protocol
+from triton_sam_serving.protocol import settings, tenancy
+from triton_sam_serving.session_call import SessionCall, SessionError
 
 # What each session call asks for: masks at the original size as bits, their scores, the
 # size, and the id of the features it cached (for the next box).
@@ -51,31 +45,17 @@ WANTED = [session.MASKS_BITS, session.MASK_SCORES, session.IMAGE_SIZE, session.I
 UNPROMPTED = ["masks", "iou_predictions"]
 
 
-class _SessionError(Exception):
-    """An error the session model answered: its protocol code and text."""
-
-    def __init__(self, code, text):
-        super().__init__(text)
-        self.code = code
-
-
 class TritonPythonModel:
     """``sam2``: image_b64 + prompt_json in, result_json out, over the session model."""
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = envelope.config_parameters(config)
+        self.settings = settings.from_parameters(
+            protocol.LambdaSettings, envelope.config_parameters(config)
+        )
         self.name = args["model_name"]
-        self.session_model = params[protocol.PARAM_SESSION_MODEL]
-        self.max_image_bytes = int(
-            params.get(protocol.PARAM_MAX_IMAGE_BYTES) or bounds.MAX_IMAGE_BYTES
-        )
-        self.max_points = int(params.get(protocol.PARAM_MAX_POINTS) or bounds.MAX_POINTS)
-        self.max_boxes = int(params.get(protocol.PARAM_MAX_BOXES) or protocol.DEFAULT_MAX_BOXES)
-        self.max_prompt_bytes = int(
-            params.get(protocol.PARAM_MAX_PROMPT_BYTES) or protocol.DEFAULT_MAX_PROMPT_BYTES
-        )
-        pre_json = params.get(protocol.PARAM_PREPROCESSING) or ""
+        self.session_call = SessionCall(pb_utils, self.settings.session_model)
+        pre_json = self.settings.preprocessing
         self.pre = intake.preprocessing_from_json(pre_json) if pre_json else None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
@@ -98,9 +78,7 @@ class TritonPythonModel:
         try:
             response = await self._answer(request)
         except Exception as e:  # _answer catches its own; this only guards the send
-            response = envelope.error_response(
-                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
-            )
+            response = model_io.error_answer(pb_utils, e)
         sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     async def _answer(self, request):
@@ -110,16 +88,18 @@ class TritonPythonModel:
             prompt_text = _one_string(request, protocol.PROMPT_JSON)
             prompt = lambda_prompts.parse_prompt(
                 prompt_text,
-                max_points=self.max_points,
-                max_boxes=self.max_boxes,
-                max_bytes=self.max_prompt_bytes,
+                max_points=self.settings.max_points,
+                max_boxes=self.settings.max_boxes,
+                max_bytes=self.settings.max_prompt_bytes,
             )
             # Base64 (up to 85 MiB of it) and PNG encoding off the loop: other requests' BLS
             # calls go on meanwhile.
             loop = asyncio.get_running_loop()
             image = await loop.run_in_executor(
                 None,
-                lambda: lambda_prompts.decode_image_b64(image_b64, max_bytes=self.max_image_bytes),
+                lambda: lambda_prompts.decode_image_b64(
+                    image_b64, max_bytes=self.settings.max_image_bytes
+                ),
             )
             masks, scores, size = await self._masks(image, prompt, tenant)
             text = await loop.run_in_executor(
@@ -132,16 +112,8 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(protocol.RESULT_JSON, out)]
             )
-        except bounds.RequestError as e:
-            return envelope.error_response(pb_utils, envelope.ERR_INVALID_INPUT, str(e))
-        except envelope.ProtocolError as e:
-            return envelope.error_response(pb_utils, e.code, str(e))
-        except _SessionError as e:
-            return envelope.error_response(pb_utils, e.code, str(e))
-        except Exception as e:  # never let one request take the stub down
-            return envelope.error_response(
-                pb_utils, envelope.ERR_INTERNAL, f"{type(e).__name__}: {e}"
-            )
+        except Exception as e:  # refusals by their code; never let one request take the stub down
+            return model_io.error_answer(pb_utils, e)
 
     async def _masks(self, image, prompt, tenant):
         """(masks bool [H, W] each, scores, (H, W)): one session call per box (or one)."""
@@ -188,7 +160,7 @@ class TritonPythonModel:
         if image_id is not None:
             try:
                 return await self._predict(tenant, call, image_id=image_id, box_index=box_index)
-            except _SessionError as e:
+            except SessionError as e:
                 if e.code != envelope.ERR_EMBEDDING_NOT_FOUND:  # evicted meanwhile: resend
                     raise
         return await self._predict(tenant, call, image=image, box_index=box_index)
@@ -215,27 +187,13 @@ class TritonPythonModel:
         return mask, score, (h, w), answered_id
 
     async def _session(self, tenant, inputs, wanted, *, box_index):
-        """One BLS call to the session model as ``tenant``: output name -> array, or
-        _SessionError with the session model's code and the client's field names."""
-        kwargs = {}
-        if tenant != tenancy.DEFAULT_TENANT:
-            kwargs["parameters"] = {tenancy.TENANT_HEADER: tenant}
-        bls = pb_utils.InferenceRequest(
-            model_name=self.session_model,
-            inputs=inputs,
-            requested_output_names=wanted,
-            **kwargs,
-        )
-        response = await bls.async_exec()
-        if response.has_error():
-            message = response.error().message()
-            parsed = envelope.error_code(message)
-            if parsed is None:
-                raise RuntimeError(f"{self.session_model}: {message}")
-            header = envelope.error_message(parsed, "")
-            text = message[message.find(header) + len(header) :]
-            raise _SessionError(parsed, lambda_prompts.client_message(text, box_index))
-        return {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in wanted}
+        """One session call as ``tenant``: output name -> array; its refusals name the
+        client's fields (``boxes[i]`` for the box a call answers)."""
+        try:
+            out = await self.session_call.acall(tenant, inputs, wanted)
+        except SessionError as e:
+            raise SessionError(e.code, lambda_prompts.client_message(str(e), box_index)) from None
+        return {n: tensor.as_numpy() for n, tensor in out.items()}
 
 
 def _bytes_tensor(name, value):
@@ -254,5 +212,4 @@ def _one_string(request, name):
             f"got shape {list(array.shape)}, expected one value (shape [1, 1]); send one "
             "request per image",
         )
-    value = array.reshape(-1)[0]
-    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+    return model_io.as_bytes(array.reshape(-1)[0])

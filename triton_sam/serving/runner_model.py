@@ -17,12 +17,8 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-# The dependency-free package shipped beside this file (see triton_sam/serving/__init__.py).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from triton_sam_serving.protocol import runner as protocol
-except ImportError:  # imported from the triton_sam source tree (unit tests)
-    from triton_sam.serving.protocol import runner as protocol
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
+from triton_sam_serving.protocol import runner as protocol
 
 SKIPPED_METRIC = protocol.SKIPPED_METRIC
 

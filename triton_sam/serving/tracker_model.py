@@ -40,7 +40,17 @@ import sys
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-PACKAGE = "triton_sam_serving"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
+from triton_sam_serving import model_io
+from triton_sam_serving import protocol as envelope
+from triton_sam_serving.protocol import settings
+from triton_sam_serving.protocol import tracker as protocol
+from triton_sam_serving.protocol.tenancy import request_tenant
+from triton_sam_serving.session_call import checked, preferred_memory
+from triton_sam_serving.tracking.config import TrackerConfig
+from triton_sam_serving.tracking.service import TrackingService
+from triton_sam_serving.tracking.sessions import SessionStore
+
 METRIC_PREFIX = "triton_sam_tracker_"
 
 
@@ -51,20 +61,13 @@ class BlsRunner:
         self.models = models  # graph key -> Triton model name
 
     def run(self, graph, inputs, outputs):
-        kwargs = {}
-        if hasattr(pb_utils, "PreferredMemory"):
-            kwargs["preferred_memory"] = pb_utils.PreferredMemory(
-                pb_utils.TRITONSERVER_MEMORY_CPU, 0
-            )
         request = pb_utils.InferenceRequest(
             model_name=self.models[graph],
             inputs=[pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in inputs.items()],
             requested_output_names=list(outputs),
-            **kwargs,
+            **preferred_memory(pb_utils),
         )
-        response = request.exec()
-        if response.has_error():
-            raise RuntimeError(f"{self.models[graph]}: {response.error().message()}")
+        response = checked(request.exec(), self.models[graph])
         result = {}
         for name in outputs:
             tensor = pb_utils.get_output_tensor_by_name(response, name)
@@ -78,41 +81,14 @@ class TritonPythonModel:
     """The ``sam2_tracker`` model: commands on bounded, server-side tracking sessions."""
 
     def initialize(self, args):
-        version_dir = os.path.join(args["model_repository"], args["model_version"])
-        if version_dir not in sys.path:
-            sys.path.insert(0, version_dir)  # the shipped package wins over any installed one
-        from triton_sam_serving.protocol import config_parameters
-        from triton_sam_serving.protocol import tracker as protocol
-        from triton_sam_serving.protocol.tenancy import request_tenant
-        from triton_sam_serving.tracking.config import TrackerConfig
-        from triton_sam_serving.tracking.service import TrackingService
-        from triton_sam_serving.tracking.sessions import SessionStore
-
-        self.protocol = protocol
-        self.request_tenant = request_tenant
         config = json.loads(args["model_config"])
-        params = config_parameters(config)
-        p = protocol
-
-        def bound(key, default):
-            value = params.get(key)
-            return int(value) if value not in (None, "") else default
-
-        store = SessionStore(
-            max_sessions=bound(p.PARAM_MAX_SESSIONS, p.DEFAULT_MAX_SESSIONS),
-            max_frames=bound(p.PARAM_MAX_FRAMES, p.DEFAULT_MAX_FRAMES),
-            max_session_bytes=bound(p.PARAM_MAX_SESSION_BYTES, p.DEFAULT_MAX_SESSION_BYTES),
-            max_total_bytes=bound(p.PARAM_MAX_TOTAL_BYTES, p.DEFAULT_MAX_TOTAL_BYTES),
-            feature_cache_frames=bound(
-                p.PARAM_FEATURE_CACHE_FRAMES, p.DEFAULT_FEATURE_CACHE_FRAMES
-            ),
-            max_tenant_sessions=bound(p.PARAM_MAX_TENANT_SESSIONS, p.DEFAULT_MAX_TENANT_SESSIONS),
-            max_tenant_bytes=bound(p.PARAM_MAX_TENANT_BYTES, p.DEFAULT_MAX_TENANT_BYTES),
-            evict_idle_s=bound(p.PARAM_EVICT_IDLE_S, p.DEFAULT_EVICT_IDLE_S),
+        served = settings.from_parameters(
+            protocol.TrackerSettings, envelope.config_parameters(config)
         )
-        runner = BlsRunner(json.loads(params[protocol.PARAM_GRAPH_MODELS]))
         self.service = TrackingService(
-            runner, TrackerConfig.from_json(params[protocol.PARAM_MODEL_CONFIG]), store
+            BlsRunner(json.loads(served.graph_models)),
+            TrackerConfig.from_json(served.model_config),
+            SessionStore(**served.store_bounds()),
         )
         self.input_names = [t["name"] for t in config["input"]]
         self.metrics = _Metrics(args)
@@ -128,9 +104,9 @@ class TritonPythonModel:
         self.metrics.close()
 
     def _answer(self, request):
-        p = self.protocol
+        p = protocol
         try:
-            if hasattr(request, "is_cancelled") and request.is_cancelled():
+            if model_io.cancelled(request):
                 self.metrics.count("cancelled_skipped")
                 return p.error_response(
                     pb_utils, p.ERR_CANCELLED, "request cancelled before execution"
@@ -146,21 +122,16 @@ class TritonPythonModel:
                         p.ERR_INVALID_INPUT, f"{name}: send one item per request", name
                     )
                 inputs[name] = value[0]
-            outputs = self.service.handle(inputs, self.request_tenant(request))
+            outputs = self.service.handle(inputs, request_tenant(request))
             return pb_utils.InferenceResponse(output_tensors=_tensors(request, outputs, p))
         except Exception as e:  # never let one request take the sessions down
-            if isinstance(e, p.ProtocolError):
-                return p.error_response(pb_utils, e.code, str(e))
-            return p.error_response(pb_utils, p.ERR_INTERNAL, f"{type(e).__name__}: {e}")
+            return model_io.error_answer(pb_utils, e)
 
 
 def _tensors(request, outputs, p):
     """Every requested output with Triton's batch dim; an output the command does not produce
     goes back empty (Triton wants every requested output in the response)."""
-    names = []
-    if hasattr(request, "requested_output_names"):
-        names = list(request.requested_output_names())
-    names = names or list(outputs)
+    names = model_io.requested_outputs(request) or list(outputs)
     contracts = {name: (dtype, dims) for name, dtype, dims in p.OUTPUT_TENSORS}
     tensors = []
     for name in names:

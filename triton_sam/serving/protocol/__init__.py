@@ -10,7 +10,8 @@ model, what they share here:
 - :mod:`.tracker`: ``sam2_tracker`` and the five video graphs it calls;
 - :mod:`.runner`: the python-target runner of an ONNX graph;
 - :mod:`.lambda_json`: ``sam2``, the Lambda seed's JSON contract over the session model;
-- :mod:`.everything`: ``<family>_everything``, segment everything over the session model.
+- :mod:`.everything`: ``<family>_everything``, segment everything over the session model;
+- :mod:`.settings`: each python model's settings dataclass to config parameters and back.
 
 Model kinds: every python-backend model the writer renders carries its kind in the config
 parameter :data:`KIND_PARAM`, so tools recognise it by what it says it is, not by sniffing

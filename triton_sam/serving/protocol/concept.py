@@ -39,6 +39,8 @@ answers INVALID_ARG (HTTP 400) with code ``InvalidInput`` and a message naming t
 the image again). The server stays ready after either.
 """
 
+from dataclasses import dataclass
+
 from . import KIND_CONCEPT, KIND_PARAM
 
 KIND = KIND_CONCEPT
@@ -134,3 +136,33 @@ PARAM_KEYS = (
     PARAM_MAX_IMAGE_PIXELS,
 )
 TOKENIZER_FILE = "tokenizer.json"  # beside model.py
+
+
+@dataclass(frozen=True)
+class ConceptSettings:
+    """The serving model's config parameters: rendered by ``repository/concept.py``, read by
+    ``serving/concept_model.py`` (:mod:`.settings`; field names are the ``PARAM_*`` keys).
+
+    Attributes:
+        vision_model, text_model, decoder_model: the three graphs it calls over BLS.
+        feature_names: the vision outputs (= decoder inputs).
+        feature_bytes: one image's features, counted from the spec (on a GPU instance they
+            stay in device memory, which the cache must count all the same).
+        pad_token_id: the tokenizer's padding id; num_queries: the decoder's queries.
+        max_images, max_bytes, max_phrases_cached: the caches' bounds.
+        max_phrases, phrases_per_decode, max_image_pixels: a request's bounds.
+    """
+
+    vision_model: str
+    text_model: str
+    decoder_model: str
+    feature_names: tuple[str, ...]
+    feature_bytes: int
+    pad_token_id: int
+    num_queries: int
+    max_images: int
+    max_bytes: int
+    max_phrases_cached: int
+    max_phrases: int
+    phrases_per_decode: int
+    max_image_pixels: int

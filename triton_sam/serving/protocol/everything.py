@@ -42,6 +42,8 @@ field, ``EmbeddingNotFound`` for an ``image_id`` the tenant's cache does not hol
 ``Overloaded`` beyond the admission bound, ``Cancelled`` for a job cancelled between batches).
 """
 
+from dataclasses import dataclass
+
 from . import KIND_EVERYTHING, KIND_PARAM
 
 KIND = KIND_EVERYTHING
@@ -55,7 +57,7 @@ INSTANCES = "instances"  # BYTES [1] output of the final response
 IMAGE_INPUTS = (IMAGE_BYTES, IMAGE_RGB, IMAGE_ID)
 OUTPUTS = (PROGRESS, INSTANCES)
 
-# Config parameters (written by repository/everything_config.py, read by everything_model.py).
+# Config parameters (written by repository/everything_job.py, read by everything_model.py).
 PARAM_KIND = KIND_PARAM
 PARAM_FAMILY = "family"  # "sam1" / "sam2": the official generator it reproduces
 PARAM_SESSION_MODEL = "session_model"
@@ -84,6 +86,32 @@ PARAM_KEYS = (
 DEFAULT_MAX_CONCURRENT_JOBS = 1
 DEFAULT_MAX_WAITING_JOBS = 1
 DEFAULT_MAX_PARAMS_BYTES = 4096  # a JSON object of the 14 parameters takes a few hundred
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """The job model's config parameters: rendered by ``repository/everything_job.py``, read
+    by ``everything_model.py`` (:mod:`.settings`; field names are the ``PARAM_*`` keys).
+
+    Attributes:
+        family: ``"sam1"`` / ``"sam2"``, the official generator it reproduces.
+        session_model: the model that embeds the image (and the crops).
+        decoder_model: the ``<prefix>_everything_decoder`` graph.
+        embedding_names: the session model's feature outputs, in the decoder's order.
+        max_image_bytes, max_image_pixels: the session model's image bounds, checked first.
+        max_params_bytes: the ``params`` JSON text's bound.
+        max_concurrent_jobs, max_waiting_jobs: admission (``Overloaded`` beyond).
+    """
+
+    family: str
+    session_model: str
+    decoder_model: str
+    embedding_names: tuple[str, ...]
+    max_image_bytes: int
+    max_image_pixels: int
+    max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES
+    max_concurrent_jobs: int = DEFAULT_MAX_CONCURRENT_JOBS
+    max_waiting_jobs: int = DEFAULT_MAX_WAITING_JOBS
 
 
 def model_name(session_model: str) -> str:

@@ -28,6 +28,8 @@ image are passed on as the official predictor takes them (not clipped), within t
 model's coordinate bound.
 """
 
+from dataclasses import dataclass
+
 from . import KIND_LAMBDA_JSON, KIND_PARAM
 
 KIND = KIND_LAMBDA_JSON
@@ -66,5 +68,21 @@ PARAM_KEYS = (
 DEFAULT_MAX_BOXES = 16
 # The prompt text: 62 points and 16 boxes written out take a few KiB.
 DEFAULT_MAX_PROMPT_BYTES = 64 * 2**10
+
+
+@dataclass(frozen=True)
+class LambdaSettings:
+    """The ``sam2`` model's config parameters: rendered by ``repository/lambda_config.py``,
+    read by ``serving/lambda_model.py`` (:mod:`.settings`; field names are the ``PARAM_*``
+    keys). ``preprocessing``: the family's, as ``serving/intake.py`` JSON ("" = none)."""
+
+    session_model: str
+    max_image_bytes: int
+    max_points: int
+    max_boxes: int = DEFAULT_MAX_BOXES
+    max_prompt_bytes: int = DEFAULT_MAX_PROMPT_BYTES
+    preprocessing: str = ""
+
+
 # Points beside a box: the session model counts the two box corners in its max_points.
 BOX_CORNERS = 2

@@ -13,6 +13,8 @@ coordinates are (X, Y) in the input frame.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from . import (  # noqa: F401 - the codes the orchestration raises, re-exported for it
     ERR_CANCELLED,
     ERR_FRAME_MISSING,
@@ -307,6 +309,31 @@ PARAM_KEYS = (
     PARAM_MAX_TENANT_BYTES,
     PARAM_EVICT_IDLE_S,
 )
+STORE_BOUNDS = PARAM_KEYS[3:]  # the session store's (tracking/sessions.py)
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    """The tracker model's config parameters: rendered by ``repository/video_config.py``,
+    read by ``serving/tracker_model.py`` (:mod:`.settings`; field names are the ``PARAM_*``
+    keys). ``graph_models``: JSON, graph key -> Triton model name; ``model_config``: JSON,
+    the SAM2 hyperparameters (``TrackerConfig``); the rest: the session store's bounds
+    (``tracking/sessions.py``)."""
+
+    graph_models: str
+    model_config: str
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_frames: int = DEFAULT_MAX_FRAMES
+    max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES
+    max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES
+    feature_cache_frames: int = DEFAULT_FEATURE_CACHE_FRAMES
+    max_tenant_sessions: int = DEFAULT_MAX_TENANT_SESSIONS
+    max_tenant_bytes: int = DEFAULT_MAX_TENANT_BYTES
+    evict_idle_s: int = DEFAULT_EVICT_IDLE_S
+
+    def store_bounds(self) -> dict[str, int]:
+        """The bounds, as ``SessionStore``'s keyword arguments."""
+        return {key: getattr(self, key) for key in STORE_BOUNDS}
 
 
 class TrackingError(ProtocolError):

@@ -1,4 +1,8 @@
-"""The ``<family>_everything`` model's ``config.pbtxt`` (segment everything) and its artifact.
+"""The everything JOB model ``<family>_everything``: its ``config.pbtxt`` and its artifact.
+
+Not the everything DECODER (``<family>_everything_decoder``, the ONNX graph the job calls for
+each batch of points: ``repository/everything.py``): this is the python-backend model that
+runs a whole segment-everything job over the session model and that decoder.
 
 Written by ``triton-sam setup`` / ``export`` for the point-list families (SAM1, SAM2.1) beside
 their session model and the ``<family>_everything_decoder`` graph it calls
@@ -23,24 +27,13 @@ from triton_sam.repository.config import (
     model_config_pb2,
 )
 from triton_sam.repository.session_config import SessionOptions
-from triton_sam.repository.writer import SERVING_DIR, ModelFiles, shipped_modules
+from triton_sam.repository.shipping import shipped_files
+from triton_sam.repository.writer import SERVING_DIR, ModelFiles
 from triton_sam.serving import everything
 from triton_sam.serving.protocol import everything as protocol
+from triton_sam.serving.protocol.settings import to_parameters
 
 EVERYTHING_SOURCE = SERVING_DIR / "everything_model.py"
-SHIPPED_MODULES = (
-    "__init__",
-    "protocol/__init__",
-    "protocol/embedding_cache",
-    "protocol/everything",
-    "protocol/tenancy",
-    "bounds",
-    "everything",
-    "intake",
-    "masks",
-    "resample",
-    "rules",
-)
 
 
 @dataclass(frozen=True)
@@ -105,19 +98,17 @@ def build_everything_config(
         model_config_pb2.ModelOutput(name=protocol.INSTANCES, data_type=string, dims=[1])
     )
     config.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_FAMILY: family.family,
-        protocol.PARAM_SESSION_MODEL: family.session_model,
-        protocol.PARAM_DECODER_MODEL: everything.graph_name(family.family),
-        protocol.PARAM_EMBEDDING_NAMES: ",".join(family.embedding_names),
-        protocol.PARAM_MAX_IMAGE_BYTES: str(session.max_image_bytes),
-        protocol.PARAM_MAX_IMAGE_PIXELS: str(session.max_image_pixels),
-        protocol.PARAM_MAX_PARAMS_BYTES: str(protocol.DEFAULT_MAX_PARAMS_BYTES),
-        protocol.PARAM_MAX_CONCURRENT_JOBS: str(options.max_concurrent_jobs),
-        protocol.PARAM_MAX_WAITING_JOBS: str(options.max_waiting_jobs),
-    }
-    for key, value in params.items():
+    job = protocol.JobSettings(
+        family=family.family,
+        session_model=family.session_model,
+        decoder_model=everything.graph_name(family.family),
+        embedding_names=tuple(family.embedding_names),
+        max_image_bytes=session.max_image_bytes,
+        max_image_pixels=session.max_image_pixels,
+        max_concurrent_jobs=options.max_concurrent_jobs,
+        max_waiting_jobs=options.max_waiting_jobs,
+    )
+    for key, value in to_parameters(job, kind=protocol.KIND).items():
         config.parameters[key].string_value = value
     return config
 
@@ -130,5 +121,5 @@ def everything_artifact(
     """The everything model as one artifact of a repository build (written with the graphs,
     the session model and the everything-decoder, ``writer.write_models``)."""
     config = build_everything_config(family, session, options)
-    files = {"model.py": EVERYTHING_SOURCE} | shipped_modules(SHIPPED_MODULES)
+    files = {"model.py": EVERYTHING_SOURCE} | shipped_files(EVERYTHING_SOURCE)
     return ModelFiles(config.name, config_to_text(config), files)
