@@ -48,8 +48,8 @@ from triton_sam.serving.protocol import everything as everything_protocol
 LIVENESS_ID = "triton-sam-liveness"
 # Triton's own message for a request to a model whose stub process died (not ours to code).
 DEAD_MARKER = "is not healthy"
-# How long a stream probe waits: a live everything stub refuses it at once, unless its job
-# slots are taken (the probe then waits in the stub's line: "busy", and it is cancelled).
+# How long a stream probe waits: a live everything stub refuses it at once, before admission,
+# even while its job slots are taken; no answer in time ("busy") means its stub is stuck.
 STREAM_PROBE_TIMEOUT_S = 5.0
 STREAM_KINDS = (envelope.KIND_EVERYTHING,)
 
@@ -92,12 +92,11 @@ def probe_stream(client: object, model: str, *, timeout_s: float = STREAM_PROBE_
     """``"alive"``, ``"dead"`` or ``"busy"`` for a decoupled model we ship (the everything job
     model, ``<family>_everything``), by a probe job over a gRPC stream.
 
-    The job carries ``params`` ``{}`` and no image: a live stub refuses it before any work,
-    naming the image field (our ``InvalidInput``); a dead one answers the "not healthy" error.
-    ``"busy"``: no answer within ``timeout_s``, because the stub's job slots are taken and the
-    probe waits in its line (a dead stub answers at once); the stream is cancelled, so the
-    probe ends unrun, but it keeps its place in the line (``max_waiting_jobs``) until the
-    running job ends: meanwhile another job is refused as ``Overloaded`` instead of waiting.
+    The job carries ``params`` ``{}`` and no image: a live stub refuses it before any work and
+    before admission, naming the image field (our ``InvalidInput``), so the probe never takes
+    a job's slot or its place in the line; a dead one answers the "not healthy" error.
+    ``"busy"``: no answer within ``timeout_s`` (the stub's execute loop is held up; a dead stub
+    answers at once); the stream is cancelled and the model is not reloaded.
 
     Args:
         client: a ``tritonclient.grpc.InferenceServerClient`` with no stream open.

@@ -106,9 +106,15 @@ class TritonPythonModel:
         """Admit each request and run it on its own thread; each answers through its sender."""
         for request in requests:
             try:
+                # A request with no image (a health probe, a malformed job) is refused before
+                # admission, so it never takes the place of a job waiting for a slot.
+                _image_inputs(request)
                 self.admission.admit()
             except _Overloaded as e:
                 _final(request.get_response_sender(), _error(envelope.ERR_OVERLOADED, str(e)))
+                continue
+            except bounds.RequestError as e:
+                _final(request.get_response_sender(), model_io.error_answer(pb_utils, e))
                 continue
             threading.Thread(
                 target=self._job, args=(request,), name="triton_sam_everything", daemon=True
@@ -212,15 +218,7 @@ class TritonPythonModel:
 
     def _image(self, request):
         """("bytes" | "rgb" | "id", value) of the one image source the request carries."""
-        given = {n: pb_utils.get_input_tensor_by_name(request, n) for n in protocol.IMAGE_INPUTS}
-        given = {n: t.as_numpy() for n, t in given.items() if t is not None}
-        if len(given) != 1:
-            raise bounds.RequestError(
-                protocol.IMAGE_BYTES,
-                f"got {sorted(given) or 'no image'}, expected exactly one of "
-                f"{list(protocol.IMAGE_INPUTS)}",
-            )
-        ((name, array),) = given.items()
+        ((name, array),) = _image_inputs(request).items()
         if name == protocol.IMAGE_RGB:
             return "rgb", intake.check_rgb(
                 array, max_pixels=self.settings.max_image_pixels, field=name
@@ -253,6 +251,19 @@ class TritonPythonModel:
             n: pb_utils.get_output_tensor_by_name(response, n).as_numpy()
             for n in everything.GRAPH_OUTPUTS
         }
+
+
+def _image_inputs(request):
+    """{name: array} of the request's one image input; refused unless there is exactly one."""
+    given = {n: pb_utils.get_input_tensor_by_name(request, n) for n in protocol.IMAGE_INPUTS}
+    given = {n: t.as_numpy() for n, t in given.items() if t is not None}
+    if len(given) != 1:
+        raise bounds.RequestError(
+            protocol.IMAGE_BYTES,
+            f"got {sorted(given) or 'no image'}, expected exactly one of "
+            f"{list(protocol.IMAGE_INPUTS)}",
+        )
+    return given
 
 
 def _image_tensor(kind, value):
