@@ -265,7 +265,7 @@ def _export(
     download: bool,
     paintera: bool = False,
 ) -> None:
-    from triton_sam.repository.everything_config import serves_everything
+    from triton_sam.repository.everything_job import serves_everything
     from triton_sam.repository.session_config import SessionOptions
     from triton_sam.setup.pipeline import build_repository
 
