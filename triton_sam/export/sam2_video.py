@@ -347,7 +347,7 @@ def export_video(
     config = tracker_config(model)
     seconds["build"] = time.perf_counter() - t0
     from triton_sam.export.sam2_video_checks import VerificationCases
-    from triton_sam.repository.video_config import video_graphs
+    from triton_sam.models.sam2_video import video_graphs
 
     cases = VerificationCases(model, config, np.random.default_rng(options.seed))
     tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
