@@ -29,6 +29,7 @@ MOVED: dict[str, str] = {
     "triton_sam.everything_local": "triton_sam.tools.everything_local",
     "triton_sam.sample": "triton_sam.tools.sample",
     "triton_sam.logs": "triton_sam.cli.logs",
+    "triton_sam.repository.everything": "triton_sam.repository.everything_decoder",
 }
 
 

@@ -46,6 +46,9 @@ class RepositoryBuild:
         session_model: the server-side embedding session model written, or None.
         metadata: what was written into the graphs' ONNX ``metadata_props``: the variant and
             the checkpoint's file name, sha256 and origin (published / recorded / user).
+        not_written: optional models refused by their export gate, by model name, with the
+            gate's message (the everything decoder, and the everything job model over it).
+            Everything else was written; a caller reports these and fails (the CLI exits 1).
     """
 
     export: ExportResult
@@ -54,6 +57,7 @@ class RepositoryBuild:
     checkpoint: Path | None
     session_model: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    not_written: dict[str, str] = field(default_factory=dict)
 
 
 def obtain_checkpoint(
@@ -132,7 +136,7 @@ def build_repository(
             when None). Concept families write three graphs and the serving model instead
             of a pair (``repository/concept.py``).
         everything: also export and write ``<family>_everything_decoder`` (SAM1, SAM2.1:
-            segment everything, ``repository/everything.py``), after the pair's models.
+            segment everything, ``repository/everything_decoder.py``), after the pair's models.
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -173,14 +177,18 @@ def build_repository(
         result = export_model(spec, weights, scratch / "onnx", export_options, metadata=metadata)
         graphs = spec.family.graphs
         artifacts = graph_artifacts(graphs, result.graphs, options)
-        extra = _everything_artifacts(spec, weights, scratch, options) if everything else []
+        extra, refused = _everything_artifacts(spec, weights, scratch, options, everything)
         if session is not None:
             artifacts.append(session_artifact(spec.family, options, session))
             contract = lambda_artifact_for(repository, spec.family, options, session)
             if contract is not None:
                 artifacts.append(contract)
             if everything and serves_everything(spec.family):  # over the session + its graph
-                artifacts.append(everything_artifact(spec.family, session))
+                job = everything_artifact(spec.family, session)
+                if refused:
+                    refused[job.name] = "not written: its everything decoder was refused"
+                else:
+                    artifacts.append(job)
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
         written = [p.name for p in write_models(repository, artifacts + extra)]
@@ -193,16 +201,34 @@ def build_repository(
             checkpoint=used,
             session_model=session_model,
             metadata=metadata,
+            not_written=refused,
         )
 
 
-def _everything_artifacts(spec: ModelSpec, weights: Path, scratch: Path, options) -> list:
-    """The everything-decoder of ``spec`` (exported from the same weights), as an artifact."""
-    from triton_sam.export.everything import export_for_spec
-    from triton_sam.repository.everything import everything_decoder_artifact
+def _everything_artifacts(
+    spec: ModelSpec, weights: Path, scratch: Path, options: RepositoryOptions, everything: bool
+) -> tuple[list, dict[str, str]]:
+    """The everything decoder of ``spec`` (exported from the same weights) as an artifact,
+    and the models refused by its export gate (model name -> why).
 
-    path = export_for_spec(spec, weights, scratch / "onnx")
-    return [everything_decoder_artifact(spec.family, path, options)]
+    The decoder is optional: if its gate refuses it, the pair and the session model are
+    still written (one optional graph must not take the whole repository down), and the
+    refusal is logged as a warning and returned, never swallowed.
+    """
+    from triton_sam.errors import ExportValidationError
+    from triton_sam.export.everything import export_for_spec
+    from triton_sam.repository.everything_decoder import everything_decoder_artifact
+    from triton_sam.serving.everything import graph_name
+
+    if not everything:
+        return [], {}
+    try:
+        path = export_for_spec(spec, weights, scratch / "onnx")
+    except ExportValidationError as e:
+        name = graph_name(spec.family.family)
+        log.warning("%s NOT written (the other models are): %s", name, e)
+        return [], {name: str(e)}
+    return [everything_decoder_artifact(spec.family, path, options)], {}
 
 
 @contextmanager
