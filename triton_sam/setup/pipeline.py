@@ -17,7 +17,8 @@ from typing import Any
 
 from triton_sam.errors import InputValidationError
 from triton_sam.export import ExportOptions, ExportResult, export_model, save_random_checkpoint
-from triton_sam.models.checkpoints import download_checkpoint, provenance, resolve_checkpoint
+from triton_sam.models.checkpoints import provenance, resolve_checkpoint
+from triton_sam.models.download import download_checkpoint
 from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import GraphSpec, ModelSpec
 from triton_sam.repository.concept import ConceptOptions
