@@ -48,8 +48,8 @@ from triton_sam.export import (
     GraphExport,
     batch_axes,
     finish_graph,
-    onnx_utils,
     trace_graphs,
+    verification,
 )
 from triton_sam.export.sam2 import predict_all_tokens
 from triton_sam.export.wrapper import ModelWrapper
@@ -311,7 +311,7 @@ class VideoExportResult:
     config: TrackerConfig
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
-    tolerance: onnx_utils.Tolerance | None = None
+    tolerance: verification.Tolerance | None = None
 
 
 def export_video(
@@ -350,7 +350,7 @@ def export_video(
     from triton_sam.models.sam2_video import video_graphs
 
     cases = VerificationCases(model, config, np.random.default_rng(options.seed))
-    tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
+    tolerance = verification.FP16_TOLERANCE if options.fp16 else verification.FP32_TOLERANCE
     result = VideoExportResult({}, config, seconds, tolerance=tolerance)
     declared = {g.role: g for g in video_graphs()}
     traced, checks = [], {}
@@ -364,7 +364,7 @@ def export_video(
         if options.verify:
             t0 = time.perf_counter()
             try:
-                errors = onnx_utils.verify_graph(path, checks[key], tolerance)
+                errors = verification.verify_graph(path, checks[key], tolerance)
             except ExportValidationError as e:
                 mismatches += [f"{key}: {line}" for line in e.mismatches]
             else:

@@ -283,13 +283,13 @@ def _build_concept(
     metadata: dict[str, str],
 ) -> RepositoryBuild:
     """Export a concept family's three graphs and write them with the serving model."""
-    from triton_sam.export import onnx_utils
+    from triton_sam.export import graph_edits
     from triton_sam.export.concept_graphs import export_graphs
     from triton_sam.repository.concept import write_concept_models
 
     result = export_graphs(spec, checkpoint, scratch / "onnx", export_options)
     for path in result.graphs.values():
-        onnx_utils.set_metadata(path, metadata)
+        graph_edits.set_metadata(path, metadata)
     names = write_concept_models(
         repository,
         spec.family,
