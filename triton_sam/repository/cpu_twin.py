@@ -159,7 +159,7 @@ def _cpu_sized(config: ModelConfig, instances: int, threads: int) -> ModelConfig
     return sized
 
 
-# What a CPU host admits of a session model's embeds (``writer.embedded_repository`` lowers
+# What a CPU host admits of a session model's embeds (``embedded.embedded_repository`` lowers
 # the production values to these): one image encoded at a time, since one encode already
 # takes every core (two at once run as a batch of 2: no faster per image, twice the memory),
 # and the production line of 16: a lab of 16 users opening images at once each gets an

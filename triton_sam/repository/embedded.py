@@ -71,15 +71,15 @@ def embedded_repository(
     :func:`embedded_twin` (the one place that decides a model's twin, by its kind) and writes
     the result. The changes on top are CPU choices, not CPU limits, all measured (on the
     onnxruntime backend): the decoder a session model calls gets instances and threads sized
-    for this host's cores (:func:`~triton_sam.repository.config.size_cpu_decoder`), unless
+    for this host's cores (:func:`~triton_sam.repository.cpu_twin.size_cpu_decoder`), unless
     its config sets ``intra_op_thread_count`` itself; the session model's clicks run on an
-    unbatched copy of it (:func:`~.config.unbatched_cpu_decoder`, same files; the session
+    unbatched copy of it (:func:`~.cpu_twin.unbatched_cpu_decoder`, same files; the session
     model bounds and cancels them itself), while clients calling the decoder keep its
     batcher; and with ``fuse_attention`` the encoder it calls is served as a copy with fused
     attention where its family has a fusion (:mod:`~triton_sam.repository.cpu_graphs`;
     faster on CPU, fp32 parity); with ``background_encoder`` the session model's embeds run
     on a copy of that encoder at a lower CPU priority, so clicks keep the cores during a storm
-    of embeds (:func:`~.config.background_cpu_encoder`). The production repository's graphs
+    of embeds (:func:`~.cpu_twin.background_cpu_encoder`). The production repository's graphs
     are never changed.
     Models of the user's own are served as they are (see :func:`embedded_twin`).
     When nothing changes, ``repo_dir`` itself is returned; otherwise the twins are written to
@@ -159,9 +159,9 @@ def _size_session_decoders(twins: list[ModelFiles], cores: int) -> list[ModelFil
 
 def _bound_session_embeds(twins: list[ModelFiles]) -> list[ModelFiles]:
     """``twins`` with the session models' embed admission lowered to what a CPU host
-    serves (:data:`~.config.CPU_MAX_CONCURRENT_EMBEDS` at once, at most
-    :data:`~.config.CPU_MAX_WAITING_EMBEDS` waiting) and the onnxruntime encoders they call
-    at batch 1 (:func:`~.config.bounded_cpu_encoder`)."""
+    serves (:data:`~.cpu_twin.CPU_MAX_CONCURRENT_EMBEDS` at once, at most
+    :data:`~.cpu_twin.CPU_MAX_WAITING_EMBEDS` waiting) and the onnxruntime encoders they call
+    at batch 1 (:func:`~.cpu_twin.bounded_cpu_encoder`)."""
     configs = [parse_config(t.config_text) for t in twins]
     encoders = _session_callees(configs, embedding_cache.PARAM_ENCODER_MODEL)
     limits = {
@@ -185,7 +185,7 @@ def _bound_session_embeds(twins: list[ModelFiles]) -> list[ModelFiles]:
 
 
 def _background_session_encoders(twins: list[ModelFiles], cores: int) -> list[ModelFiles]:
-    """``twins`` plus a background copy (:func:`~.config.background_cpu_encoder`, same
+    """``twins`` plus a background copy (:func:`~.cpu_twin.background_cpu_encoder`, same
     files and the runner's) of each onnxruntime encoder a session model calls, which those
     session models call instead."""
     configs = [parse_config(t.config_text) for t in twins]
@@ -218,7 +218,7 @@ def _background_session_encoders(twins: list[ModelFiles], cores: int) -> list[Mo
 def _fit_ensembles(twins: list[ModelFiles]) -> list[ModelFiles]:
     """``twins`` with each ensemble's ``max_batch_size`` lowered to the smallest of the models
     it runs: Triton refuses to load an ensemble that allows more than a step does, and a CPU
-    twin serves some encoders at batch 1 (:func:`~.config.bounded_cpu_encoder`)."""
+    twin serves some encoders at batch 1 (:func:`~.cpu_twin.bounded_cpu_encoder`)."""
     configs = {t.name: parse_config(t.config_text) for t in twins}
     out = []
     for t in twins:
@@ -273,9 +273,9 @@ def embedded_twin(model: ModelFiles, target: Target) -> ModelFiles:
       ``KIND_GPU`` instance groups made ``KIND_CPU``;
     - ensembles: as they are (they run the models they name);
     - ``onnxruntime`` graphs: with ``target="onnxruntime"`` the same config on Triton's
-      onnxruntime backend built for CPU (:func:`~.config.to_cpu_twin`), checked against its
+      onnxruntime backend built for CPU (:func:`~.cpu_twin.to_cpu_twin`), checked against its
       graph as that backend checks it; with ``target="python"`` the runner twin
-      (:func:`~.config.to_python_target`) with the runner's files added, the fallback for a
+      (:func:`~.cpu_twin.to_python_target`) with the runner's files added, the fallback for a
       server without that backend.
 
     Raises:

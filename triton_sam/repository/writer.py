@@ -42,7 +42,7 @@ RUNNER_MODULES = ("__init__", "protocol/__init__", "protocol/runner")  # what it
 SHIPPED_PACKAGE = protocol.SHIPPED_PACKAGE  # what a python model imports beside its model.py
 # Every package a triton-sam has shipped beside its python models' model.py: today's, and the
 # tracking package of the first trackers. A python model whose version directory holds one was
-# written by triton-sam; any other python model is the user's own (see embedded_twin).
+# written by triton-sam; any other python model is the user's own (see embedded.embedded_twin).
 OUR_PACKAGES = (SHIPPED_PACKAGE, "triton_sam_tracking")
 _STAGING = ".{repo}.{name}.staging-"
 _RETIRED = ".{repo}.{name}.old-"
@@ -79,7 +79,7 @@ def write_model(
         external_data_files: weight sidecars of ``onnx_path``, copied beside it under their
             own names (the graph refers to them by name).
         link: symlink the ONNX files instead of copying them (for repositories that reuse
-            another repository's files, see :func:`embedded_repository`).
+            another repository's files, see :func:`~.embedded.embedded_repository`).
 
     Returns:
         The model directory.
@@ -190,7 +190,7 @@ def write_models(
     Args:
         link: symlink the files instead of copying them, python sources excepted (for
             repositories that reuse another repository's files, see
-            :func:`embedded_repository`).
+            :func:`~.embedded.embedded_repository`).
 
     Returns:
         The model directories, in the order given.

@@ -21,13 +21,14 @@ from triton_sam.models.checkpoints import provenance, resolve_checkpoint
 from triton_sam.models.download import download_checkpoint
 from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import GraphSpec, ModelSpec
+from triton_sam.repository.artifacts import graph_artifacts
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.everything_config import everything_artifact, serves_everything
 from triton_sam.repository.lambda_config import lambda_artifact_for
 from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
-from triton_sam.repository.writer import graph_artifacts, write_models
+from triton_sam.repository.writer import write_models
 
 log = logging.getLogger(__name__)
 
