@@ -367,7 +367,7 @@ def build_video_repository(
         models = write_video_models(
             repository,
             result.graphs,
-            result.config,
+            result.tracker_config,
             repository_options or RepositoryOptions(),
             tracker_options,
         )
