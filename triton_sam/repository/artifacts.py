@@ -145,3 +145,12 @@ def _sidecars(onnx_path: Path) -> list[Path]:
     from triton_sam.export.onnx_utils import external_data_files
 
     return external_data_files(onnx_path)
+
+
+__all__ = [
+    "graph_artifacts",
+    "onnx_artifact",
+    "onnx_model_files",
+    "pair_artifacts",
+    "write_pair",
+]

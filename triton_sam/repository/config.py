@@ -398,35 +398,9 @@ def check_int(field: str, value: object, *, minimum: int) -> None:
 
 # The CPU-twin policy moved to its own module (cpu_twin.py, which imports this one); its names
 # stay importable from here, resolved on first use (an import at the top would be a cycle).
-_CPU_TWIN_NAMES = frozenset(
-    {
-        "to_python_target",
-        "to_cpu_twin",
-        "with_cpu_instances",
-        "CPU_DECODER_MAX_INSTANCES",
-        "CPU_DECODER_CORES_PER_INSTANCE",
-        "size_cpu_decoder",
-        "CPU_MAX_CONCURRENT_EMBEDS",
-        "CPU_MAX_WAITING_EMBEDS",
-        "CPU_ENCODER_MAX_BATCH_SIZE",
-        "bounded_cpu_encoder",
-        "ARENA_SHRINKAGE_PARAM",
-        "CPU_ARENA_SHRINKAGE",
-        "BACKGROUND_ENCODER_SUFFIX",
-        "BACKGROUND_NICE",
-        "background_cpu_encoder",
-        "UNBATCHED_DECODER_SUFFIX",
-        "WARMUP_NAME",
-        "with_warmup",
-        "unbatched_cpu_decoder",
-        "decoder_slots",
-    }
-)
-
-
 def __getattr__(name: str) -> object:
-    if name in _CPU_TWIN_NAMES:
-        from triton_sam.repository import cpu_twin
+    from triton_sam.repository import cpu_twin
 
+    if name in cpu_twin.__all__:
         return getattr(cpu_twin, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -275,3 +275,27 @@ def decoder_slots(config: ModelConfig) -> int:
     """Clicks a session model keeps at the decoder ``config`` at once: one per instance, plus
     one queued at the instances so that the next run starts as one ends."""
     return sum(g.count for g in config.instance_group) + 1
+
+
+__all__ = [
+    "ARENA_SHRINKAGE_PARAM",
+    "BACKGROUND_ENCODER_SUFFIX",
+    "BACKGROUND_NICE",
+    "CPU_ARENA_SHRINKAGE",
+    "CPU_DECODER_CORES_PER_INSTANCE",
+    "CPU_DECODER_MAX_INSTANCES",
+    "CPU_ENCODER_MAX_BATCH_SIZE",
+    "CPU_MAX_CONCURRENT_EMBEDS",
+    "CPU_MAX_WAITING_EMBEDS",
+    "UNBATCHED_DECODER_SUFFIX",
+    "WARMUP_NAME",
+    "background_cpu_encoder",
+    "bounded_cpu_encoder",
+    "decoder_slots",
+    "size_cpu_decoder",
+    "to_cpu_twin",
+    "to_python_target",
+    "unbatched_cpu_decoder",
+    "with_cpu_instances",
+    "with_warmup",
+]

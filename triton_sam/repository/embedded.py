@@ -390,3 +390,11 @@ def single_cpu_instance(config: ModelConfig) -> ModelConfig:
     del twin.instance_group[:]
     twin.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     return twin
+
+
+__all__ = [
+    "embedded_repository",
+    "embedded_twin",
+    "single_cpu_instance",
+    "written_by_triton_sam",
+]

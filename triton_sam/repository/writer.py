@@ -391,25 +391,13 @@ def _recover(repo_dir: Path, name: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-# What moved to their own modules (which import this one) stays importable from here,
-# resolved on first use: the artifacts of graphs (artifacts.py) and the embedded server's
-# twins (embedded.py).
-_MOVED_NAMES = {
-    "write_pair": "artifacts",
-    "pair_artifacts": "artifacts",
-    "graph_artifacts": "artifacts",
-    "onnx_artifact": "artifacts",
-    "onnx_model_files": "artifacts",
-    "embedded_repository": "embedded",
-    "embedded_twin": "embedded",
-    "written_by_triton_sam": "embedded",
-    "single_cpu_instance": "embedded",
-}
-
-
+# The artifacts of graphs (artifacts.py) and the embedded server's twins (embedded.py) moved
+# to their own modules, which import this one: their names stay importable from here,
+# resolved on first use.
 def __getattr__(name: str) -> object:
-    if name in _MOVED_NAMES:
-        import importlib
+    from triton_sam.repository import artifacts, embedded
 
-        return getattr(importlib.import_module(f"triton_sam.repository.{_MOVED_NAMES[name]}"), name)
+    for module in (artifacts, embedded):
+        if name in module.__all__:
+            return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
