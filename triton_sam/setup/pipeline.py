@@ -139,6 +139,8 @@ def build_repository(
             of a pair (``repository/concept.py``).
         everything: also export and write ``<family>_everything_decoder`` (SAM1, SAM2.1:
             segment everything, ``repository/everything_decoder.py``), after the pair's models.
+            Optional: if its export gate refuses it, everything else is still written and the
+            refusal is in ``RepositoryBuild.not_written`` (and logged as a warning).
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
