@@ -30,6 +30,7 @@ MOVED: dict[str, str] = {
     "triton_sam.sample": "triton_sam.tools.sample",
     "triton_sam.logs": "triton_sam.cli.logs",
     "triton_sam.repository.everything_config": "triton_sam.repository.everything_job",
+    "triton_sam.repository.everything": "triton_sam.repository.everything_decoder",
 }
 
 

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def test_everything_decoder_exports_and_writes(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path):
     from triton_sam.export.everything import export_for_spec
-    from triton_sam.repository.everything import everything_decoder_artifact
+    from triton_sam.repository.everything_decoder import everything_decoder_artifact
     from triton_sam.repository.writer import embedded_repository, write_models
 
     path = export_for_spec(sam2_tiny_spec, sam2_tiny_checkpoint, tmp_path / "onnx")
@@ -42,7 +42,7 @@ def test_everything_decoder_exports_and_writes(sam2_tiny_spec, sam2_tiny_checkpo
 def test_everything_refused_for_other_families() -> None:
     from triton_sam.errors import InputValidationError
     from triton_sam.models import get_model
-    from triton_sam.repository.everything import contract
+    from triton_sam.repository.everything_decoder import contract
 
     with pytest.raises(InputValidationError, match="family"):
         contract(get_model("sam3_tracker").family)

@@ -53,7 +53,7 @@ def test_export_check_covered_every_output_within_tolerance(sam2_video_export):
 def test_the_tracker_config_is_written_beside_the_graphs(sam2_video_export):
     folder = sam2_video_export.graphs["video_encoder"].parent
     config = TrackerConfig.from_json((folder / TRACKER_CONFIG_FILENAME).read_text())
-    assert config == sam2_video_export.config == TrackerConfig()  # SAM2.1's settings
+    assert config == sam2_video_export.tracker_config == TrackerConfig()  # SAM2.1's settings
     assert json.loads(config.to_json())["num_maskmem"] == 7
 
 

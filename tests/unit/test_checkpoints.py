@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from triton_sam.errors import CheckpointError, ConfigError, DownloadError, IntegrityError
-from triton_sam.models import checkpoints as ck
+from triton_sam.models import download
 from triton_sam.models.checkpoints import (
     checkpoint_path,
     checkpoint_sha256,
@@ -109,7 +109,7 @@ def server() -> Iterator[FakeServer]:
 
 @pytest.fixture(autouse=True)
 def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ck, "_RETRY_BACKOFF_S", 0.0)
+    monkeypatch.setattr(download, "_RETRY_BACKOFF_S", 0.0)
 
 
 def _ckpt(server: FakeServer, **kw: str | None) -> Checkpoint:

@@ -239,7 +239,11 @@ def test_an_unknown_accelerator_name_fails() -> None:
 
 
 def test_the_renderer_checks_what_it_writes(monkeypatch) -> None:
-    monkeypatch.setattr(cfg, "TENSORRT_PARAMS", cfg.TENSORRT_PARAMS - {"trt_engine_cache_path"})
+    from triton_sam.repository import backend_checks as checks
+
+    monkeypatch.setattr(
+        checks, "TENSORRT_PARAMS", checks.TENSORRT_PARAMS - {"trt_engine_cache_path"}
+    )
     with pytest.raises(RepositoryError, match="trt_engine_cache_path"):
         build_config(SAM2_FAMILY, "encoder", RepositoryOptions(tensorrt_fp16=True))
 

@@ -28,7 +28,7 @@ from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import GraphSpec, ModelSpec, TensorSpec
 
 if TYPE_CHECKING:
-    from triton_sam.export.onnx_utils import Tolerance
+    from triton_sam.export.verification import Tolerance
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def export_model(
         ExportError: torch.onnx.export failed.
         ExportValidationError: an output disagrees beyond tolerance; lists every mismatch.
     """
-    from triton_sam.export import onnx_utils, optimize
+    from triton_sam.export import optimize, verification
 
     options = options or ExportOptions()
     exporter = exporter_for(spec)
@@ -171,7 +171,7 @@ def export_model(
     traced = [GraphExport(g, wrappers[g.role], cases[g.role][-1][1]) for g in fam.graphs]
     graphs = trace_graphs(traced, out_dir, options, seconds)
 
-    tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
+    tolerance = verification.FP16_TOLERANCE if options.fp16 else verification.FP32_TOLERANCE
     # CPU options on the encoder (off by default): fused attention, int8 weights (a looser
     # check, stated in optimize.INT8_TOLERANCE).
     tolerances = {g.role: tolerance for g in fam.graphs}
@@ -193,7 +193,7 @@ def export_model(
     if options.verify:
         t0 = time.perf_counter()
         for role, path in graphs.items():
-            checks = onnx_utils.verify_graph(path, checked[role], tolerances[role])
+            checks = verification.verify_graph(path, checked[role], tolerances[role])
             result.max_abs_error.update(checks)
         seconds["verify"] = time.perf_counter() - t0
     return result
@@ -262,28 +262,28 @@ def finish_graph(
 ) -> None:
     """What every traced graph gets, in place: fp16 (with ``options.fp16``), the bound on its
     prompt points, the declared output dims, and ``metadata`` in its ``metadata_props``."""
-    from triton_sam.export import onnx_utils
+    from triton_sam.export import graph_edits, onnx_utils
 
     if options.fp16:
         onnx_utils.convert_to_fp16(path)
     bound_prompt_points(path, graph.inputs)
     # Last, so no later rewrite can drop them: Triton's onnxruntime backend needs the
     # fixed output sizes declared in the graph (see set_output_dims).
-    onnx_utils.set_output_dims(path, graph.outputs)
+    graph_edits.set_output_dims(path, graph.outputs)
     if metadata:
-        onnx_utils.set_metadata(path, metadata)
+        graph_edits.set_metadata(path, metadata)
 
 
 def bound_prompt_points(path: Path, inputs: Sequence[TensorSpec]) -> None:
     """The graph refuses more prompt points than ``serving.bounds.GRAPH_MAX_POINTS`` per
     batch item, or ``GRAPH_MAX_BATCH_POINTS`` per batch, in each of its point inputs (see
-    ``onnx_utils.bound_points``); graphs without points unchanged."""
-    from triton_sam.export import onnx_utils
+    ``graph_edits.bound_points``); graphs without points unchanged."""
+    from triton_sam.export import graph_edits
     from triton_sam.serving.bounds import GRAPH_MAX_BATCH_POINTS, GRAPH_MAX_POINTS, POINT_TENSORS
 
     for t in inputs:
         if t.name in POINT_TENSORS:
-            onnx_utils.bound_points(path, t.name, GRAPH_MAX_POINTS, GRAPH_MAX_BATCH_POINTS)
+            graph_edits.bound_points(path, t.name, GRAPH_MAX_POINTS, GRAPH_MAX_BATCH_POINTS)
 
 
 def _random_tensor(t: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:

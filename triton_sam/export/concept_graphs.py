@@ -21,6 +21,7 @@ from triton_sam.export import (
     onnx_utils,
     run_torch,
     trace_graphs,
+    verification,
 )
 from triton_sam.export import sam3_concept as family_exporter
 from triton_sam.models import sam3_concept as contract
@@ -32,7 +33,7 @@ from triton_sam.models.spec import GraphSpec, ModelSpec
 # above what is measured (< 1e-6 on the small config, and the selection of queries is exact):
 # these come after the DETR encoder/decoder's many normalised layers, whose reassociation
 # error was never measured on trained weights, and a bug still moves them by far more.
-DECODER_TOLERANCE = onnx_utils.Tolerance(max_rel=1e-3, rms_rel=1e-3)
+DECODER_TOLERANCE = verification.Tolerance(max_rel=1e-3, rms_rel=1e-3)
 # Decoder mask logits are dot products taken after the DETR encoder/decoder and the pixel
 # decoder's GroupNorms, which ORT fuses and reassociates: the error grows with depth and with
 # the logits' range, and what matters downstream is their sign (sigmoid > 0.5). So the bound
@@ -42,7 +43,7 @@ DECODER_TOLERANCE = onnx_utils.Tolerance(max_rel=1e-3, rms_rel=1e-3)
 # range leaves a 2.4x margin over the worst of them; the rms error is bounded by the same
 # fraction of the logits' rms.
 MASK_RANGE_FRACTION = 1e-4
-MASK_TOLERANCE = onnx_utils.Tolerance(max_rel=MASK_RANGE_FRACTION, rms_rel=MASK_RANGE_FRACTION)
+MASK_TOLERANCE = verification.Tolerance(max_rel=MASK_RANGE_FRACTION, rms_rel=MASK_RANGE_FRACTION)
 
 
 @dataclass
@@ -64,7 +65,7 @@ class ConceptExportResult:
     pad_token_id: int
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
-    tolerance: dict[str, onnx_utils.Tolerance] = field(default_factory=dict)
+    tolerance: dict[str, verification.Tolerance] = field(default_factory=dict)
 
     def files(self) -> list[Path]:
         """Every file the export wrote (graphs, external-data sidecars, tokenizer)."""
@@ -217,10 +218,10 @@ def _gap(scores: np.ndarray) -> float:
     return float((middle[i] + middle[i + 1]) / 2)
 
 
-def tolerance_for(role: str, name: str) -> onnx_utils.Tolerance:
+def tolerance_for(role: str, name: str) -> verification.Tolerance:
     """The ORT-vs-torch tolerance of one output (see the constants above)."""
     if role != "decoder":
-        return onnx_utils.FP32_TOLERANCE
+        return verification.FP32_TOLERANCE
     return MASK_TOLERANCE if name == contract.MASKS else DECODER_TOLERANCE
 
 
@@ -247,7 +248,7 @@ def _verify(
                 key = f"{graph.role}.{name}"
                 tolerance = result.tolerance[key] = tolerance_for(graph.role, name)
                 prefix = f"{graph.role}: [{label}] "
-                found = onnx_utils.compare_outputs(
+                found = verification.compare_outputs(
                     actual, {name: reference}, tolerance, label=prefix
                 )
                 mismatches += found

@@ -34,11 +34,11 @@ from pathlib import Path
 
 from triton_sam.errors import ExportError
 from triton_sam.export.onnx_utils import (
-    Tolerance,
     external_data_files,
     save_model,
     save_with_external_data,
 )
+from triton_sam.export.verification import Tolerance
 
 # How each family's encoder attention is fused: onnxruntime's transformer optimizer with this
 # ``model_type``, or SDPA_FUSION for our own rewrite (attention_fusion.fuse_sdpa). A family not

@@ -48,8 +48,8 @@ from triton_sam.export import (
     GraphExport,
     batch_axes,
     finish_graph,
-    onnx_utils,
     trace_graphs,
+    verification,
 )
 from triton_sam.export.sam2 import predict_all_tokens
 from triton_sam.export.wrapper import ModelWrapper
@@ -301,17 +301,23 @@ class VideoExportResult:
 
     Attributes:
         graphs: graph key (``protocol.GRAPHS``) -> path of its ``.onnx``.
-        config: the tracker hyperparameters read from the model.
+        tracker_config: the tracker's hyper-parameters read from the model (not a
+            ``config.pbtxt``; ``config`` is its old name).
         seconds: wall time per stage.
         max_abs_error: largest |ORT - torch| per ``graph.output`` over the verification cases.
         tolerance: the tolerance of the check (relative to each output's magnitude).
     """
 
     graphs: dict[str, Path]
-    config: TrackerConfig
+    tracker_config: TrackerConfig
     seconds: dict[str, float] = field(default_factory=dict)
     max_abs_error: dict[str, float] = field(default_factory=dict)
-    tolerance: onnx_utils.Tolerance | None = None
+    tolerance: verification.Tolerance | None = None
+
+    @property
+    def config(self) -> TrackerConfig:
+        """The old name of :attr:`tracker_config`."""
+        return self.tracker_config
 
 
 def export_video(
@@ -344,14 +350,14 @@ def export_video(
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise CheckpointError(f"checkpoint: {checkpoint} not found")
     model = build_video_model(spec, checkpoint)
-    config = tracker_config(model)
+    hyper = tracker_config(model)  # the tracker's hyper-parameters
     seconds["build"] = time.perf_counter() - t0
     from triton_sam.export.sam2_video_checks import VerificationCases
-    from triton_sam.repository.video_config import video_graphs
+    from triton_sam.models.sam2_video import video_graphs
 
-    cases = VerificationCases(model, config, np.random.default_rng(options.seed))
-    tolerance = onnx_utils.FP16_TOLERANCE if options.fp16 else onnx_utils.FP32_TOLERANCE
-    result = VideoExportResult({}, config, seconds, tolerance=tolerance)
+    cases = VerificationCases(model, hyper, np.random.default_rng(options.seed))
+    tolerance = verification.FP16_TOLERANCE if options.fp16 else verification.FP32_TOLERANCE
+    result = VideoExportResult({}, hyper, seconds, tolerance=tolerance)
     declared = {g.role: g for g in video_graphs()}
     traced, checks = [], {}
     for key in graphs:  # every reference before any export, as export_model does
@@ -364,7 +370,7 @@ def export_video(
         if options.verify:
             t0 = time.perf_counter()
             try:
-                errors = onnx_utils.verify_graph(path, checks[key], tolerance)
+                errors = verification.verify_graph(path, checks[key], tolerance)
             except ExportValidationError as e:
                 mismatches += [f"{key}: {line}" for line in e.mismatches]
             else:
@@ -373,7 +379,7 @@ def export_video(
     if mismatches:
         raise ExportValidationError("the SAM2 video graphs", mismatches)
     # the settings the orchestration needs, beside the graphs (OnnxVideoPredictor reads it)
-    (out_dir / TRACKER_CONFIG_FILENAME).write_text(config.to_json())
+    (out_dir / TRACKER_CONFIG_FILENAME).write_text(hyper.to_json())
     return result
 
 

@@ -33,8 +33,8 @@ class VerificationCases:
     """Trace inputs and verification cases per graph, each expected output computed by the
     official torch code path of SAM2Base / SAM2VideoPredictor."""
 
-    def __init__(self, model: nn.Module, config: TrackerConfig, rng: np.random.Generator):
-        self.model, self.config, self.rng = model, config, rng
+    def __init__(self, model: nn.Module, tracker_config: TrackerConfig, rng: np.random.Generator):
+        self.model, self.tracker_config, self.rng = model, tracker_config, rng
         size = model.image_size
         image = torch.from_numpy(rng.standard_normal((2, 3, size, size)).astype(np.float32))
         with torch.no_grad():
@@ -116,7 +116,7 @@ class VerificationCases:
                 }
                 bank[kind][t] = (feats, ptr)
         selection = select_memories(
-            self.config,
+            self.tracker_config,
             frame,
             bank["cond_frame_outputs"],
             bank["non_cond_frame_outputs"],

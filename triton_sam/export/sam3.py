@@ -299,7 +299,7 @@ def export_onnx_community_pair(
     Raises:
         CheckpointError / ExportError: as :func:`triton_sam.export.export_model`.
     """
-    from triton_sam.export import onnx_utils
+    from triton_sam.export import graph_edits, onnx_utils
     from triton_sam.models.sam3 import (
         ONNX_COMMUNITY_DECODER,
         ONNX_COMMUNITY_ENCODER,
@@ -348,6 +348,6 @@ def export_onnx_community_pair(
 
     bound_prompt_points(dec_path, fam.decoder_inputs)
     # The fixed output sizes Triton's onnxruntime backend compares exactly.
-    onnx_utils.set_output_dims(enc_path, fam.encoder_outputs)
-    onnx_utils.set_output_dims(dec_path, fam.decoder_outputs)
+    graph_edits.set_output_dims(enc_path, fam.encoder_outputs)
+    graph_edits.set_output_dims(dec_path, fam.decoder_outputs)
     return enc_path, dec_path

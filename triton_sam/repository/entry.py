@@ -221,7 +221,8 @@ def entry_artifacts(
     Raises:
         RepositoryError / InputValidationError: as :func:`ensemble_config` and the writer.
     """
-    from triton_sam.repository.writer import ModelFiles, onnx_artifact
+    from triton_sam.repository.artifacts import onnx_artifact
+    from triton_sam.repository.writer import ModelFiles
 
     ensemble, normalizer = entry_configs(entry, family, encoder, options)
     models = [ModelFiles(ensemble.name, config_to_text(ensemble), {})]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from triton_sam.errors import RepositoryError
 from triton_sam.models.spec import FamilySpec, TensorSpec
+from triton_sam.repository.artifacts import write_pair
 from triton_sam.repository.config import RepositoryOptions
-from triton_sam.repository.writer import write_pair
 
 
 def graph_tensors(path: str | os.PathLike[str]) -> tuple[tuple[TensorSpec, ...], ...]:

@@ -17,16 +17,18 @@ from typing import Any
 
 from triton_sam.errors import InputValidationError
 from triton_sam.export import ExportOptions, ExportResult, export_model, save_random_checkpoint
-from triton_sam.models.checkpoints import download_checkpoint, provenance, resolve_checkpoint
+from triton_sam.models.checkpoints import provenance, resolve_checkpoint
+from triton_sam.models.download import download_checkpoint
 from triton_sam.models.registry import is_concept_family
 from triton_sam.models.spec import GraphSpec, ModelSpec
+from triton_sam.repository.artifacts import graph_artifacts
 from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
-from triton_sam.repository.everything_config import everything_artifact, serves_everything
+from triton_sam.repository.everything_job import everything_artifact, serves_everything
 from triton_sam.repository.lambda_config import lambda_artifact_for
 from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
-from triton_sam.repository.writer import graph_artifacts, write_models
+from triton_sam.repository.writer import write_models
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,9 @@ class RepositoryBuild:
         session_model: the server-side embedding session model written, or None.
         metadata: what was written into the graphs' ONNX ``metadata_props``: the variant and
             the checkpoint's file name, sha256 and origin (published / recorded / user).
+        not_written: optional models refused by their export gate, by model name, with the
+            gate's message (the everything decoder, and the everything job model over it).
+            Everything else was written; a caller reports these and fails (the CLI exits 1).
     """
 
     export: ExportResult
@@ -54,6 +59,7 @@ class RepositoryBuild:
     checkpoint: Path | None
     session_model: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    not_written: dict[str, str] = field(default_factory=dict)
 
 
 def obtain_checkpoint(
@@ -125,14 +131,16 @@ def build_repository(
             SAM2.1 also gets the ``sam2`` model over it (the Lambda seed's JSON contract,
             ``repository/lambda_config.py``), unless a ``sam2`` model of the user's own is
             there. With ``everything``, SAM1 and SAM2.1 also get ``<family>_everything``
-            over it (segment everything, ``repository/everything_config.py``).
+            over it (segment everything, ``repository/everything_job.py``).
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
             when None). Concept families write three graphs and the serving model instead
             of a pair (``repository/concept.py``).
         everything: also export and write ``<family>_everything_decoder`` (SAM1, SAM2.1:
-            segment everything, ``repository/everything.py``), after the pair's models.
+            segment everything, ``repository/everything_decoder.py``), after the pair's models.
+            Optional: if its export gate refuses it, everything else is still written and the
+            refusal is in ``RepositoryBuild.not_written`` (and logged as a warning).
 
     Raises:
         InputValidationError: neither a checkpoint nor ``random_init``.
@@ -173,14 +181,18 @@ def build_repository(
         result = export_model(spec, weights, scratch / "onnx", export_options, metadata=metadata)
         graphs = spec.family.graphs
         artifacts = graph_artifacts(graphs, result.graphs, options)
-        extra = _everything_artifacts(spec, weights, scratch, options) if everything else []
+        extra, refused = _everything_artifacts(spec, weights, scratch, options, everything)
         if session is not None:
             artifacts.append(session_artifact(spec.family, options, session))
             contract = lambda_artifact_for(repository, spec.family, options, session)
             if contract is not None:
                 artifacts.append(contract)
             if everything and serves_everything(spec.family):  # over the session + its graph
-                artifacts.append(everything_artifact(spec.family, session))
+                job = everything_artifact(spec.family, session)
+                if refused:
+                    refused[job.name] = "not written: its everything decoder was refused"
+                else:
+                    artifacts.append(job)
         # One atomic set: a restarted server never sees a new encoder beside an old session
         # model, or the other way round.
         written = [p.name for p in write_models(repository, artifacts + extra)]
@@ -193,16 +205,34 @@ def build_repository(
             checkpoint=used,
             session_model=session_model,
             metadata=metadata,
+            not_written=refused,
         )
 
 
-def _everything_artifacts(spec: ModelSpec, weights: Path, scratch: Path, options) -> list:
-    """The everything-decoder of ``spec`` (exported from the same weights), as an artifact."""
-    from triton_sam.export.everything import export_for_spec
-    from triton_sam.repository.everything import everything_decoder_artifact
+def _everything_artifacts(
+    spec: ModelSpec, weights: Path, scratch: Path, options: RepositoryOptions, everything: bool
+) -> tuple[list, dict[str, str]]:
+    """The everything decoder of ``spec`` (exported from the same weights) as an artifact,
+    and the models refused by its export gate (model name -> why).
 
-    path = export_for_spec(spec, weights, scratch / "onnx")
-    return [everything_decoder_artifact(spec.family, path, options)]
+    The decoder is optional: if its gate refuses it, the pair and the session model are
+    still written (one optional graph must not take the whole repository down), and the
+    refusal is logged as a warning and returned, never swallowed.
+    """
+    from triton_sam.errors import ExportValidationError
+    from triton_sam.export.everything import export_for_spec
+    from triton_sam.repository.everything_decoder import everything_decoder_artifact
+    from triton_sam.serving.everything import graph_name
+
+    if not everything:
+        return [], {}
+    try:
+        path = export_for_spec(spec, weights, scratch / "onnx")
+    except ExportValidationError as e:
+        name = graph_name(spec.family.family)
+        log.warning("%s NOT written (the other models are): %s", name, e)
+        return [], {name: str(e)}
+    return [everything_decoder_artifact(spec.family, path, options)], {}
 
 
 @contextmanager
@@ -256,13 +286,13 @@ def _build_concept(
     metadata: dict[str, str],
 ) -> RepositoryBuild:
     """Export a concept family's three graphs and write them with the serving model."""
-    from triton_sam.export import onnx_utils
+    from triton_sam.export import graph_edits
     from triton_sam.export.concept_graphs import export_graphs
     from triton_sam.repository.concept import write_concept_models
 
     result = export_graphs(spec, checkpoint, scratch / "onnx", export_options)
     for path in result.graphs.values():
-        onnx_utils.set_metadata(path, metadata)
+        graph_edits.set_metadata(path, metadata)
     names = write_concept_models(
         repository,
         spec.family,
@@ -339,7 +369,7 @@ def build_video_repository(
         models = write_video_models(
             repository,
             result.graphs,
-            result.config,
+            result.tracker_config,
             repository_options or RepositoryOptions(),
             tracker_options,
         )

@@ -10,7 +10,7 @@ cancelled job stops between batches in that model; nothing waits in this one's q
 
 Production: onnxruntime (GPU instance, no TensorRT: the graph's data-dependent shapes, from
 the filters, are what TensorRT's engines cannot hold); the embedded server serves its CPU
-twin like every other graph (``writer.embedded_twin``).
+twin like every other graph (``embedded.embedded_twin``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec, TensorSpec
+from triton_sam.repository.artifacts import onnx_artifact
 from triton_sam.repository.config import (
     _KINDS,
-    ARENA_SHRINKAGE_PARAM,
-    CPU_ARENA_SHRINKAGE,
     ModelConfig,
     RepositoryOptions,
     _set_onnxruntime,
@@ -32,7 +31,8 @@ from triton_sam.repository.config import (
     check_model_name,
     tensor_message,
 )
-from triton_sam.repository.writer import ModelFiles, onnx_artifact
+from triton_sam.repository.cpu_twin import ARENA_SHRINKAGE_PARAM, CPU_ARENA_SHRINKAGE
+from triton_sam.repository.writer import ModelFiles
 from triton_sam.serving import everything as ev
 
 FAMILIES = ev.FAMILIES
