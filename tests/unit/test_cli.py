@@ -534,3 +534,33 @@ def test_the_replica_benchmark_runs_the_reference_once_then_each_protocol(monkey
     assert reports == ["http", "grpc"]
     assert calls == [("serve", tmp_path / "twin"), ("reference", "http"),
                      ("http", session), ("grpc", session)]  # fmt: skip
+
+
+def test_an_optional_model_refused_by_its_gate_is_printed_and_the_export_exits_1(
+    monkeypatch, tmp_path
+):
+    """The rest of the repository is written (and listed), but a refused everything decoder
+    makes `export` fail loudly, naming the model and the gate's message."""
+    from triton_sam.export import ExportResult
+    from triton_sam.setup import pipeline
+
+    def build(spec, repo, **_):
+        return pipeline.RepositoryBuild(
+            export=ExportResult(graphs={}),
+            models=("sam2_encoder", "sam2_decoder", "sam2_session"),
+            onnx_bytes={},
+            checkpoint=None,
+            not_written={
+                "sam2_everything_decoder": "stability_scores: max diff 0.3 > 4/area",
+                "sam2_everything": "its decoder was not written",
+            },
+        )
+
+    monkeypatch.setattr(pipeline, "build_repository", build)
+    result = _invoke(
+        "export", "sam2.1_hiera_tiny", "--random-init", "--repository", str(tmp_path / "repo")
+    )
+    assert result.exit_code == 1, result.output
+    assert f"wrote {tmp_path / 'repo' / 'sam2_session'}" in result.output
+    assert "NOT written: sam2_everything_decoder: stability_scores" in result.output
+    assert "NOT written: sam2_everything: its decoder" in result.output

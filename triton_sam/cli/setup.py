@@ -300,4 +300,10 @@ def _export(
         )
     errs = ", ".join(f"{k}={v:.1e}" for k, v in build.export.max_abs_error.items())
     typer.echo(f"onnxruntime vs torch max abs error: {errs or 'not verified'}")
+    # An optional model refused by its export gate: the rest is written and servable, but the
+    # command must not look like a success (a script would ship a repository without it).
+    for name, why in build.not_written.items():
+        typer.echo(f"NOT written: {name}: {why}", err=True)
+    if build.not_written:
+        raise typer.Exit(1)
     typer.echo(NEXT_SERVE)
