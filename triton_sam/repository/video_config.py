@@ -18,7 +18,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError
-from triton_sam.models.spec import GraphSpec, TensorSpec
+from triton_sam.models.sam2_video import video_graphs
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
@@ -96,20 +96,6 @@ class TrackerOptions:
             )
         check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
         check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
-
-
-def video_graphs() -> tuple[GraphSpec, ...]:
-    """The five video graphs, declared from the protocol's contracts (role = graph key,
-    ``protocol.GRAPHS``); their bounds are the tracker's (``TrackerOptions``)."""
-    return tuple(
-        GraphSpec(
-            key,
-            name,
-            tuple(TensorSpec(*t) for t in protocol.GRAPHS[key][0]),
-            tuple(TensorSpec(*t) for t in protocol.GRAPHS[key][1]),
-        )
-        for key, name in protocol.DEFAULT_MODEL_NAMES.items()
-    )
 
 
 def build_tracker_config(
