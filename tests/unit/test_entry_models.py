@@ -142,7 +142,9 @@ def test_setup_paintera_writes_each_family_through_the_bundle(monkeypatch, tmp_p
 
     def fake_family(spec, repository, **build_args):
         written.append((spec.name, build_args["random_init"], build_args["checkpoint"]))
-        build = type("Build", (), {"models": (), "metadata": {}, "onnx_bytes": {}})()
+        build = type(
+            "Build", (), {"models": (), "metadata": {}, "onnx_bytes": {}, "not_written": {}}
+        )()
         build.export = type("Export", (), {"max_abs_error": {}})()
         return paintera.PainteraFamily(build, (f"{spec.family.family}_entry",))
 
