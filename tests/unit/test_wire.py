@@ -118,3 +118,53 @@ def test_every_client_takes_grpc_from_the_url(monkeypatch):
     assert speculative.endpoint.protocol == "grpc"
     with SAM2VideoTritonClient("grpcs://host:8001", protocol="http") as video:
         assert (video.transport.endpoint.protocol, video.transport.endpoint.ssl) == ("grpc", True)
+
+
+class _SessionConn(_ReadyConn):
+    """Keeps nothing: every probe misses; an embed is answered the id the client expects."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, np.ndarray]] = []
+
+    def infer(self, model, inputs, outputs=None, **kwargs):
+        from tritonclient.utils import InferenceServerException
+
+        from triton_sam.serving.protocol import embedding_cache as ec
+
+        tensors = {i.name(): i for i in inputs}
+        self.sent.append(tensors)
+        if ec.IMAGE_BYTES not in tensors:
+            raise InferenceServerException(
+                msg="triton_sam.EmbeddingNotFound: not cached", status="StatusCode.NOT_FOUND"
+            )
+        answer = {ec.ENCODED: np.ones((1, 1), np.int32), ec.IMAGE_ID: np.array([[b"x"]], object)}
+        result = _Result()
+        result.as_numpy = answer.get
+        return result
+
+
+def test_set_image_reads_the_file_once_and_counts_the_bytes_on_the_wire(monkeypatch, tmp_path):
+    import builtins
+
+    from PIL import Image
+
+    from triton_sam.client import SAM2TritonClient
+
+    path = tmp_path / "a.png"
+    Image.fromarray(np.zeros((60, 100, 3), np.uint8)).save(path)
+    conn = _SessionConn()
+    monkeypatch.setattr(Transport, "_connect", lambda self: conn)
+    opened, real_open = [], builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    with SAM2TritonClient("grpc://h:8001") as client:
+        monkeypatch.setattr(builtins, "open", counting_open)
+        client.set_image(path)
+        monkeypatch.setattr(builtins, "open", real_open)
+        assert opened.count(str(path)) == 1
+        assert [sorted(t) for t in conn.sent] == [["image_id"], ["image_bytes", "image_id"]]
+        assert path.stat().st_size < client.last_request_bytes <= path.stat().st_size + 512
+        assert set(client.last_timings_ms) == {"probe", "preprocess", "encode"}
