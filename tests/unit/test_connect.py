@@ -1,10 +1,10 @@
-"""Client start-up (client/connect.py): readiness errors that say what to do, session choice."""
+"""Client start-up (client/startup.py): readiness errors that say what to do, session choice."""
 
 from __future__ import annotations
 
 import pytest
 
-from triton_sam.client.connect import connect
+from triton_sam.client import flow, startup
 from triton_sam.client.transport import Endpoint
 from triton_sam.errors import ModelNotReadyError, ServerUnavailableError
 from triton_sam.models.registry import get_family
@@ -43,7 +43,8 @@ PAIR = ("sam2_encoder", "sam2_decoder")
 
 
 def _connect(transport: FakeTransport, wanted: bool | None = None):
-    return connect(transport, SAM2, *PAIR, "sam2_session", wanted)  # type: ignore[arg-type]
+    steps = startup.connect(transport.endpoint, SAM2, *PAIR, "sam2_session", wanted)
+    return flow.run(steps, flow.sender(transport))
 
 
 @pytest.mark.parametrize(

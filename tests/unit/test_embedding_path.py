@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from triton_sam.client import embedding_path
+from triton_sam.client import embedding_path, wire
 from triton_sam.client.prompts import build_decoder_prompts
 from triton_sam.client.transport import translate_error
 from triton_sam.errors import EmbeddingNotFoundError, InputValidationError
@@ -315,8 +315,8 @@ def test_a_click_carries_only_the_id_and_its_prompts_and_asks_for_an_issued_key(
     outputs = embedding_path.click_outputs(("masks", "iou_predictions"), SAM2)
     assert outputs == ("masks", "iou_predictions", "logits_key")
     assert sum(a.nbytes for a in inputs.values() if a.dtype != object) < 64
-    assert embedding_path.request_bytes("grpc", "sam2_session", inputs, outputs) < 400
-    assert embedding_path.request_bytes("http", "sam2_session", inputs, outputs) < 800
+    assert wire.request_bytes("grpc", "sam2_session", inputs, outputs) < 400
+    assert wire.request_bytes("http", "sam2_session", inputs, outputs) < 800
 
 
 def test_the_issued_key_is_read_from_the_answer():

@@ -8,7 +8,7 @@ a request still waiting in a dynamic batcher's queue is dropped (counted by Trit
 (aiohttp): cancelling the task closes the connection and stops the wait, but Triton's HTTP
 endpoint has no cancellation, so the server still executes the request.
 
-Errors are translated by the one translator, :func:`transport.translate_error`;
+Errors are translated by the one translator, :func:`wire_errors.translate_error`;
 ``asyncio.CancelledError`` is never caught.
 
 Over gRPC, tensors reused by many requests (the image embeddings, ~16 MiB for SAM2) are
@@ -27,15 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.client.endpoint import Endpoint, TlsOptions
 from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, acall_with_retry
 from triton_sam.client.routing import routing_headers
-from triton_sam.client.transport import (
-    _NUMPY_TO_TRITON,
-    Endpoint,
-    TlsOptions,
-    build_infer_inputs,
-    translate_error,
-)
+from triton_sam.client.wire import build_infer_inputs, encode_infer_request
+from triton_sam.client.wire_errors import translate_error
+
+__all__ = ["AsyncTransport", "PreparedInputs", "encode_infer_request"]
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -53,31 +51,6 @@ class PreparedInputs:
     names: tuple[str, ...]
     infer_inputs: tuple[Any, ...] = ()
     wire: bytes | None = None
-
-
-def encode_infer_request(
-    inputs: Mapping[str, np.ndarray],
-    *,
-    model: str = "",
-    outputs: Sequence[str] = (),
-    request_id: str = "",
-) -> bytes:
-    """Serialise a gRPC ``ModelInferRequest`` (or a fragment of one: only what is given).
-
-    Tensors go as ``raw_input_contents`` (what tritonclient sends), C-contiguous, in order.
-    """
-    from tritonclient.grpc import service_pb2
-
-    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
-    for name, array in inputs.items():
-        array = np.ascontiguousarray(array)
-        request.inputs.add(
-            name=name, datatype=_NUMPY_TO_TRITON[array.dtype.name], shape=list(array.shape)
-        )
-        request.raw_input_contents.append(array.tobytes())
-    for name in outputs:
-        request.outputs.add(name=name)
-    return request.SerializeToString()
 
 
 class AsyncTransport:

@@ -2,10 +2,10 @@
 
 :class:`Connection` holds the blocking transport (made by the first blocking call) and one
 asyncio transport per event loop, checks the server on first use (without blocking a loop),
-and keeps the current :class:`~triton_sam.client.decode_request.EncodedImage`: it encodes
-images (:meth:`Connection.set_image`) and sends prompts (:meth:`Connection.decode`), both
-through the flows of :mod:`triton_sam.client.flow`. Which requests run and when (request
-streams, cancellation, latest-wins) is :class:`~triton_sam.client.speculative.
+and its :class:`~triton_sam.client.image_session.ImageSession` (the models and the current
+image, shared with the sync client and the gateway), whose flows it runs: images
+(:meth:`Connection.set_image`) and prompts (:meth:`Connection.decode`). Which requests run
+and when (request streams, cancellation, latest-wins) is :class:`~triton_sam.client.speculative.
 SpeculativeSAM2Client`'s concern, which holds one ``Connection``.
 """
 
@@ -19,21 +19,13 @@ import numpy as np
 
 from triton_sam.client import flow
 from triton_sam.client.async_transport import AsyncTransport
-from triton_sam.client.decode_request import (
-    DecodeRequest,
-    EncodedImage,
-    check_embedding,
-    decode_request,
-    image_source,
-)
-from triton_sam.client.embedding_path import CachedImage
-from triton_sam.client.image_io import load_image
+from triton_sam.client.decode_request import DecodeRequest, EncodedImage, check_embedding
+from triton_sam.client.endpoint import Endpoint, TlsOptions, resolve_endpoint
+from triton_sam.client.image_session import ImageSession, model_properties
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
-from triton_sam.client.transport import Endpoint, TlsOptions, Transport, resolve_endpoint
+from triton_sam.client.transport import Transport
 from triton_sam.errors import ImageNotSetError, ServerUnavailableError
-from triton_sam.models.registry import get_family
-from triton_sam.models.spec import FamilySpec
 
 
 class Connection:
@@ -63,12 +55,12 @@ class Connection:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         self.headers = dict(headers or {})  # on every asyncio request (a gateway's tenant)
-        self.family: FamilySpec = get_family(model_type)
-        self.session_model = session_model or self.family.session_model
-        self.uses_server_embeddings = False
-        self.model_type = model_type
-        self.encoder_model = encoder_model or self.family.encoder_model
-        self.decoder_model = decoder_model or self.family.decoder_model
+        self.core = ImageSession(
+            model_type,
+            encoder_model=encoder_model,
+            decoder_model=decoder_model,
+            session_model=session_model,
+        )
         self.timeout_s = timeout_s
         self.endpoint: Endpoint = resolve_endpoint(url, protocol)
         self.retry, self.tls = retry, tls
@@ -77,24 +69,16 @@ class Connection:
         self._sync: Transport | None = None  # made by the first blocking call
         self._aio: AsyncTransport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the asyncio transport's
-        self._image: EncodedImage | None = None
         self._closed = False
 
-    # -- connections -----------------------------------------------------------------------
-    def _connect_flow(self) -> flow.Flow[flow.ServedModels]:
-        return flow.connect(
-            self.endpoint,
-            self.family,
-            self.encoder_model,
-            self.decoder_model,
-            self.session_model,
-            self._use_server_embeddings,
-        )
+    # The models, as the core resolved them against the server (once connected).
+    family, model_type, encoder_model, decoder_model, session_model, uses_server_embeddings = (
+        model_properties("core")
+    )
 
-    def _served(self, served: flow.ServedModels) -> None:
-        self.family, self.session_model = served.family, served.session_model
-        self.uses_server_embeddings = served.uses_server_embeddings
-        self.encoder_model = served.encoder_model or self.encoder_model
+    # -- connections -----------------------------------------------------------------------
+    def _connect_flow(self) -> flow.Flow[None]:
+        yield from self.core.connect(self.endpoint, self._use_server_embeddings)
         self._connected = True
 
     def _blocking(self) -> Transport:
@@ -112,7 +96,7 @@ class Connection:
             )
         if not self._connected:
             try:
-                self._served(flow.run(self._connect_flow(), flow.sender(self._sync)))
+                flow.run(self._connect_flow(), flow.sender(self._sync))
             except BaseException:
                 self._sync.close()
                 self._sync = None
@@ -124,7 +108,7 @@ class Connection:
         transport = self.transport()
         if not self._connected:
             try:
-                self._served(await flow.arun(self._connect_flow(), flow.async_sender(transport)))
+                await flow.arun(self._connect_flow(), flow.async_sender(transport))
             except BaseException:
                 self._aio = None
                 await transport.close()
@@ -198,31 +182,16 @@ class Connection:
             InputValidationError: the image cannot be read or has the wrong shape/dtype.
             ServerError: the encoder failed.
         """
-        rgb = load_image(image)
         transport = self._blocking()
-        source = self._source(image, rgb)
-        steps = flow.set_image(source, self.family, self.encoder_model, self.session_model)
-        self._image = flow.run(steps, flow.sender(transport))
-        return dict(self._image.features)
+        self.core.image = encoded = flow.run(self.core.load(image), flow.sender(transport))
+        return dict(encoded.features)
 
     async def set_image_async(self, image: Any) -> dict[str, np.ndarray]:
         """:meth:`set_image` without blocking the event loop (same arguments and result)."""
-        rgb = await asyncio.to_thread(load_image, image)
         transport = await self.aconnected()
-        source = await asyncio.to_thread(self._source, image, rgb)
-        steps = flow.set_image(source, self.family, self.encoder_model, self.session_model)
-        self._image = await flow.arun(steps, flow.async_sender(transport))
-        return dict(self._image.features)
-
-    def _source(self, image: Any, rgb: np.ndarray) -> np.ndarray | CachedImage:
-        return image_source(
-            image,
-            rgb,
-            self.family,
-            self.encoder_model,
-            self.session_model,
-            self.uses_server_embeddings,
-        )
+        encoded = await flow.arun(self.core.load(image), flow.async_sender(transport))
+        self.core.image = encoded
+        return dict(encoded.features)
 
     def set_image_embedding(
         self, embedding: Mapping[str, np.ndarray], original_size: tuple[int, int]
@@ -243,12 +212,12 @@ class Connection:
         """
         if not self._connected:
             self._blocking()
-        self._image = check_embedding(embedding, original_size, self.family)
+        self.core.image = check_embedding(embedding, original_size, self.family)
 
     @property
     def is_image_set(self) -> bool:
         """True once an image has been encoded."""
-        return self._image is not None
+        return self.core.image is not None
 
     @property
     def original_size(self) -> tuple[int, int]:
@@ -256,9 +225,9 @@ class Connection:
         return self._require_image().orig_hw
 
     def _require_image(self) -> EncodedImage:
-        if self._image is None:
+        if self.core.image is None:
             raise ImageNotSetError("an image must be set with set_image(...) before predicting")
-        return self._image
+        return self.core.image
 
     # -- prompts ---------------------------------------------------------------------------
     def request(
@@ -267,17 +236,13 @@ class Connection:
         """Validate prompts on the current image and build their request (raises before
         anything is sent)."""
         image = self._require_image()
-        prompt = (point_coords, point_labels, box, mask_input, multimask)
-        return decode_request(image, self.family, *prompt)
-
-    def _predict_flow(self, request: DecodeRequest) -> flow.Flow[Prediction]:
-        return flow.predict(request, self.family, self.decoder_model, self.session_model)
+        return self.core.request(image, point_coords, point_labels, box, mask_input, multimask)
 
     def decode_sync(self, request: DecodeRequest) -> Prediction:
         """``request`` over the blocking transport (a lost image is re-embedded once)."""
-        return flow.run(self._predict_flow(request), flow.sender(self._blocking()))
+        return flow.run(self.core.predict(request), flow.sender(self._blocking()))
 
     async def decode(self, request: DecodeRequest, request_id: str) -> Prediction:
         """``request`` over the loop's asyncio transport, sent to Triton as ``request_id``."""
         send = flow.async_sender(self.transport(), request_id)
-        return await flow.arun(self._predict_flow(request), send)
+        return await flow.arun(self.core.predict(request), send)

@@ -150,21 +150,3 @@ def check_embedding(
             "original_size", f"got {original_size!r}, expected (H, W) positive integers"
         )
     return EncodedImage(features, (int(size[0]), int(size[1])))
-
-
-def image_source(
-    image: Any,
-    rgb: np.ndarray,
-    family: FamilySpec,
-    encoder_model: str,
-    session_model: str,
-    on_server: bool,
-) -> np.ndarray | embedding_path.CachedImage:
-    """What :func:`triton_sam.client.flow.set_image` sends for a new image: a ``CachedImage``
-    (the file's bytes when ``image`` is a file, with its content id: hashing the pixels
-    costs milliseconds, so the async client calls this in a thread) when the server keeps
-    features (``on_server``), else ``rgb`` (the loaded HxWx3 uint8 array) for the encoder."""
-    if not on_server:
-        return rgb
-    encoded = embedding_path.encoded_bytes(image)
-    return embedding_path.CachedImage.of(rgb, family, encoder_model, session_model, encoded)

@@ -27,7 +27,6 @@ key it never issued), the retry sends the mask itself.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +54,6 @@ from triton_sam.serving.protocol.embedding_cache import (  # the protocol's name
 # Recent predictions remembered per image for refinement by reference; the server keeps
 # ``logits_per_image`` (SessionOptions) of them.
 RECENT_PREDICTIONS = DEFAULT_LOGITS_PER_IMAGE
-# request_bytes serialises requests up to this payload size to count them exactly.
-_EXACT_LIMIT = 1 << 20
 
 
 EMBED_OUTPUTS = (ENCODED, IMAGE_ID)
@@ -131,16 +128,6 @@ def issued_key(outputs: dict[str, np.ndarray]) -> str | None:
     value = answered.reshape(-1)[0]
     key = value.decode() if isinstance(value, bytes) else str(value)
     return key or None
-
-
-def encoded_bytes(image: Any) -> bytes | None:
-    """The bytes of an image file given as a path or as bytes, else None (arrays, PIL)."""
-    if isinstance(image, str | os.PathLike):
-        with open(image, "rb") as f:
-            return f.read()
-    if isinstance(image, bytes | bytearray | memoryview):
-        return bytes(image)
-    return None
 
 
 def matching_mask(mask_input: Any, low_res_logits: np.ndarray) -> int | None:
@@ -273,55 +260,3 @@ class CachedImage:
             if index is not None:
                 return key, index
         return None
-
-
-def request_bytes(
-    protocol: str, model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
-) -> int:
-    """Size of the serialised inference request as tritonclient sends it (no I/O).
-
-    gRPC: ``ModelInferRequest.ByteSize()`` of the message tritonclient builds; HTTP: the body
-    (JSON header + binary tensors). Transport framing (HTTP/2 frames, HTTP headers) comes on
-    top (tests/integration/test_session_model.py measures it on the wire). Requests whose
-    tensors exceed 1 MiB (an embed) are not serialised again: their tensor bytes are returned.
-    """
-    from triton_sam.client.transport import build_infer_inputs
-
-    payload = sum(_payload_bytes(np.asarray(a)) for a in inputs.values())
-    if payload > _EXACT_LIMIT:  # an image: its tensor bytes dominate; do not serialise it twice
-        return payload
-    if protocol == "http":
-        import tritonclient.http as module
-
-        requested = [module.InferRequestedOutput(n, binary_data=True) for n in outputs]
-        infer_inputs = build_infer_inputs(module, inputs, http=True)
-        body, _ = module.InferenceServerClient.generate_request_body(
-            infer_inputs, outputs=requested
-        )
-        return len(body)
-    import tritonclient.grpc as grpc_module
-    from tritonclient.grpc import _utils
-
-    infer_inputs = build_infer_inputs(grpc_module, inputs, http=False)
-    requested = [grpc_module.InferRequestedOutput(n) for n in outputs]
-    request = _utils._get_inference_request(
-        model_name=model,
-        inputs=infer_inputs,
-        model_version="",
-        request_id="",
-        outputs=requested,
-        sequence_id=0,
-        sequence_start=False,
-        sequence_end=False,
-        priority=0,
-        timeout=None,
-        parameters=None,
-    )
-    return request.ByteSize()
-
-
-def _payload_bytes(array: np.ndarray) -> int:
-    """Bytes a tensor carries: its buffer, or for BYTES (object) tensors its elements."""
-    if array.dtype == np.object_:
-        return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.reshape(-1))
-    return array.nbytes

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.client.endpoint import Endpoint, TlsOptions
 from triton_sam.client.image_io import load_image
-from triton_sam.client.transport import _NUMPY_TO_TRITON, Endpoint, TlsOptions
+from triton_sam.client.wire import NUMPY_TO_TRITON
 from triton_sam.errors import (
     EmbeddingNotFoundError,
     InputValidationError,
@@ -169,7 +170,7 @@ def grpc_endpoint(endpoint: Endpoint, grpc_url: str | None) -> Endpoint:
     Raises:
         InputValidationError: (``grpc_url``) an HTTP endpoint on another port, no gRPC URL.
     """
-    from triton_sam.client.transport import DEFAULT_PORTS, resolve_endpoint
+    from triton_sam.client.endpoint import DEFAULT_PORTS, resolve_endpoint
 
     if grpc_url is not None:
         return resolve_endpoint(grpc_url, "grpc")
@@ -188,7 +189,7 @@ def grpc_endpoint(endpoint: Endpoint, grpc_url: str | None) -> Endpoint:
 def _infer_inputs(module: Any, inputs: Mapping[str, np.ndarray]) -> list[Any]:
     out = []
     for name, array in inputs.items():
-        tensor = module.InferInput(name, list(array.shape), _NUMPY_TO_TRITON[array.dtype.name])
+        tensor = module.InferInput(name, list(array.shape), NUMPY_TO_TRITON[array.dtype.name])
         tensor.set_data_from_numpy(array)
         out.append(tensor)
     return out

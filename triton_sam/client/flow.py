@@ -7,13 +7,14 @@ resend). :func:`run` drives a flow with a blocking transport, :func:`arun` with 
 one: the clients differ only in which runner they use, as tritonclient's ``grpc`` and
 ``grpc.aio`` share ``grpc/_utils`` for their requests.
 
-Flows here:
+Flows here (those of start-up, server and models ready, are in
+:mod:`triton_sam.client.startup`):
 
-- :func:`connect`: server ready, models ready, decoder layout, session model offered;
 - :func:`embed`: probe → embed on a miss (server-side embeddings);
 - :func:`click`: one click on the session model → re-embed on a miss → resend the fallback
   (the mask itself instead of a reference to kept logits);
 - :func:`encode`: the stateless encoder; :func:`set_image`: either path for a new image;
+  :func:`load_image`: the user's image read once (a ``local`` step), then :func:`set_image`;
 - :func:`predict`: one prompt, on the session model (:func:`click`) or the stateless decoder.
 
 Every call is idempotent (an embed and a probe are, a click only adds logits under a fresh key
@@ -24,6 +25,7 @@ so both runners retry all of them on transport errors.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -31,11 +33,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam.client import embedding_path, model_frame, prompts
+from triton_sam.client import embedding_path, image_io, model_frame, prompts
 from triton_sam.client.decode_request import Click, DecodeRequest, EncodedImage
 from triton_sam.client.prediction import Prediction, make_prediction
-from triton_sam.client.transport import Endpoint
-from triton_sam.errors import EmbeddingNotFoundError, ServerUnavailableError
+from triton_sam.errors import EmbeddingNotFoundError
 from triton_sam.models.spec import FamilySpec
 from triton_sam.serving.protocol import embedding_cache
 
@@ -50,10 +51,13 @@ class Step:
 
     Attributes:
         method: ``"infer"``, ``"is_server_ready"``, ``"is_model_ready"`` or
-            ``"model_metadata"`` (methods both transports have).
+            ``"model_metadata"`` (methods both transports have); ``"local"``: no call, the
+            step's result is ``build()`` (work on this side, such as reading a file, that the
+            async runner runs off the event loop).
         args: the call's arguments.
         build: for ``infer``: makes the inputs when they are costly (an image to
             preprocess); the async runner calls it off the event loop. ``args[1]`` is None.
+            For ``local``: the work itself.
         label: what the call is, for timings (``"probe"``, ``"encode"``, ``"decode"``).
         image: for ``infer`` on the stateless decoder: the image whose features go with the
             inputs (the async runner sends them as prepared once per transport).
@@ -81,6 +85,14 @@ def infer(
     if callable(inputs):
         return Step("infer", (model, None, outputs), build=inputs, label=label, image=image)
     return Step("infer", (model, inputs, outputs), label=label, image=image)
+
+
+def local(work: Callable[[], T]) -> Step:
+    """A ``local`` step: ``work()`` on this side (the async runner runs it in a thread)."""
+    return Step(LOCAL, (), build=work)
+
+
+LOCAL = "local"
 
 
 # -- runners ---------------------------------------------------------------------------------
@@ -124,22 +136,19 @@ def _resume(flow: Flow[Any], outcome: _Outcome) -> Step | _Done:
         return _Done(stop.value)
 
 
-def sender(
-    transport: Any,
-    timings: dict[str, float] | None = None,
-    *,
-    observe: Callable[[str, Any, tuple[str, ...]], None] | None = None,
-) -> Callable[[Step], Any]:
-    """``send`` for :func:`run` over a blocking ``Transport``.
+def sender(transport: Any, timings: dict[str, float] | None = None) -> Callable[[Step], Any]:
+    """``send`` for :func:`run` over a blocking ``Transport`` (bytes sent are the transport's
+    to observe: its ``on_request`` hook).
 
     Args:
         transport: the blocking transport.
         timings: each step's milliseconds are added to ``timings[label]`` (failed calls
             too; building inputs to ``timings["preprocess"]``).
-        observe: called with ``(model, inputs, outputs)`` of every ``infer`` it sends.
     """
 
     def send(step: Step) -> Any:
+        if step.method == LOCAL:
+            return step.build()  # type: ignore[misc]
         t0 = time.perf_counter()
         args = step.args
         if step.build is not None:
@@ -151,8 +160,6 @@ def sender(
                 return getattr(transport, step.method)(*args)
             if step.image is not None:
                 args = (args[0], {**step.image.features, **args[1]}, args[2])
-            if observe is not None:
-                observe(*args)
             return transport.infer(*args, idempotent=True)
         finally:
             _add(timings, step.label, t0)
@@ -164,6 +171,8 @@ def async_sender(transport: Any, request_id: str = "") -> Callable[[Step], Await
     """``send`` for :func:`arun` over an ``AsyncTransport`` (inputs built in a thread)."""
 
     async def send(step: Step) -> Any:
+        if step.method == LOCAL:
+            return await asyncio.to_thread(step.build)  # type: ignore[arg-type]
         args = step.args
         if step.build is not None:
             args = (args[0], await asyncio.to_thread(step.build), args[2])
@@ -183,135 +192,6 @@ def _add(timings: dict[str, float] | None, label: str, t0: float) -> None:
 
 
 # -- flows -----------------------------------------------------------------------------------
-def check_ready(endpoint: Endpoint, models: tuple[str, ...]) -> Flow[None]:
-    """The server and ``models`` are ready.
-
-    Raises:
-        ServerUnavailableError: no ready server at the address (with a hint when the port is
-            the other protocol's), or a model not ready.
-    """
-    address, protocol = endpoint.address, endpoint.protocol
-    if not (yield Step("is_server_ready", ())):
-        hint = ""
-        if protocol == "grpc" and address.endswith(":8000"):
-            hint = " (8000 is Triton's HTTP port: use port 8001 or protocol='http')"
-        elif protocol == "http" and address.endswith(":8001"):
-            hint = " (8001 is Triton's gRPC port: use port 8000 or protocol='grpc')"
-        raise ServerUnavailableError(
-            f"url: no ready Triton server at {address} ({protocol}){hint}; start one "
-            "with `triton-sam serve` or `docker compose up -d`, or set TRITON_URL"
-        )
-    yield from check_ready_models(endpoint, models)
-
-
-def check_ready_models(endpoint: Endpoint, models: tuple[str, ...]) -> Flow[None]:
-    """``models`` are ready.
-
-    Raises:
-        ServerUnavailableError: one is not.
-    """
-    for model in models:
-        if not (yield Step("is_model_ready", (model,))):
-            raise _not_ready(model, endpoint.address)
-
-
-def _not_ready(model: str, address: str) -> ServerUnavailableError:
-    return ServerUnavailableError(
-        f"model: {model!r} is not ready on {address}; export it with "
-        "`triton-sam setup` and check the server log"
-    )
-
-
-def own_encoder(endpoint: Endpoint, encoder_model: str) -> Flow[str]:
-    """The encoder this client encodes with: ``encoder_model``, or, when that name is an entry
-    model for another client's pixel contract (a Triton ensemble, as ``triton-sam setup
-    paintera`` writes ``sam1_encoder``), our normalised encoder beside it
-    (:func:`~triton_sam.repository.entry.normalized_name`). One metadata call in place of
-    the encoder's readiness check (Triton answers metadata for ready models only).
-
-    Raises:
-        ServerUnavailableError: the encoder is not ready, or it is an entry model and its
-            normalised encoder is not on the server.
-    """
-    from triton_sam.models.naming import ENSEMBLE_PLATFORM, normalized_name
-
-    try:
-        meta = yield Step("model_metadata", (encoder_model,))
-    except ServerUnavailableError as e:  # unknown or unloaded model
-        raise _not_ready(encoder_model, endpoint.address) from e
-    if meta.get("platform") != ENSEMBLE_PLATFORM:
-        return encoder_model
-    own = normalized_name(encoder_model)
-    try:
-        ready = yield Step("is_model_ready", (own,))
-    except ServerUnavailableError:
-        ready = False
-    if not ready:
-        raise ServerUnavailableError(
-            f"model: {encoder_model!r} on {endpoint.address} is an entry model for another "
-            f"client's pixel contract (a Triton ensemble) and {own!r}, the encoder it runs, "
-            "is not ready; rebuild with `triton-sam setup paintera` (it writes both), or "
-            "pass encoder_model= naming an encoder of this family"
-        )
-    return own
-
-
-@dataclass(frozen=True)
-class ServedModels:
-    """The models a client talks to, as the server offers them.
-
-    Attributes:
-        family: the family spec, resolved to the decoder layout the server has (SAM3: our
-            export or the imported onnx-community pair).
-        session_model: the ``<family>_session`` model name for that layout.
-        uses_server_embeddings: whether clicks go through the session model.
-        encoder_model: the encoder for the client's own stateless encodes (see
-            :func:`own_encoder`).
-    """
-
-    family: FamilySpec
-    session_model: str
-    uses_server_embeddings: bool
-    encoder_model: str = ""
-
-
-def connect(
-    endpoint: Endpoint,
-    family: FamilySpec,
-    encoder_model: str,
-    decoder_model: str,
-    session_model: str,
-    use_server_embeddings: bool | None,
-) -> Flow[ServedModels]:
-    """Check the server and both models, then resolve the decoder layout and session path.
-
-    Raises:
-        ServerUnavailableError: no ready server, a model not ready, or
-            ``use_server_embeddings=True`` with no session model on the server.
-        UnsupportedModelError: the server's decoder matches none of the family's layouts.
-    """
-    yield from check_ready(endpoint, ())
-    encoder_model = yield from own_encoder(endpoint, encoder_model)
-    yield from check_ready_models(endpoint, (decoder_model,))
-    if family.alternates:  # served under several contracts: ask the server which
-        meta = yield Step("model_metadata", (decoder_model,))
-        names = {t["name"] for t in meta.get("inputs", [])}
-        family, session_model = prompts.layout_on_server(family, session_model, lambda: names)
-    if use_server_embeddings is False:
-        return ServedModels(family, session_model, False, encoder_model)
-    try:
-        ready = yield Step("is_model_ready", (session_model,))
-    except ServerUnavailableError:  # unknown model (ModelNotReadyError)
-        ready = False
-    if use_server_embeddings and not ready:
-        raise ServerUnavailableError(
-            f"model: {session_model!r} is not ready on {endpoint.address}; "
-            "rebuild the repository with `triton-sam setup` (it writes the session model) "
-            "or pass use_server_embeddings=False"
-        )
-    return ServedModels(family, session_model, bool(ready), encoder_model)
-
-
 def embed(image: embedding_path.CachedImage, family: FamilySpec, model: str) -> Flow[None]:
     """Make sure the server holds ``image``: a probe of a few bytes, the image on a miss.
 
@@ -370,6 +250,32 @@ def set_image(
         yield from embed(source, family, session_model)
         return EncodedImage({}, source.orig_hw, cached=source)
     return (yield from encode(source, family, encoder_model))
+
+
+def load_image(
+    image: Any, family: FamilySpec, encoder_model: str, session_model: str, on_server: bool
+) -> Flow[EncodedImage]:
+    """A new image as the user gave it (a path, bytes, PIL image or HxWx3 uint8 array): read
+    once on this side (a ``local`` step, off the event loop for :func:`arun`), then
+    :func:`set_image` (kept by the server when ``on_server``, else encoded).
+
+    Raises:
+        InputValidationError: the image cannot be read or has the wrong shape/dtype.
+    """
+    read = functools.partial(_read_source, image, family, encoder_model, session_model, on_server)
+    source = yield local(read)
+    return (yield from set_image(source, family, encoder_model, session_model))
+
+
+def _read_source(
+    image: Any, family: FamilySpec, encoder_model: str, session_model: str, on_server: bool
+) -> np.ndarray | embedding_path.CachedImage:
+    """The image read once, as :func:`set_image` sends it: the file's bytes go with its
+    content id (hashing the pixels costs milliseconds) when the server keeps features."""
+    rgb, encoded = image_io.read_image(image, keep_bytes=on_server)
+    if not on_server:
+        return rgb
+    return embedding_path.CachedImage.of(rgb, family, encoder_model, session_model, encoded)
 
 
 def predict(

@@ -79,6 +79,30 @@ def load_image(image: ImageLike, *, max_pixels: int | None = None) -> np.ndarray
     )
 
 
+def read_image(
+    image: ImageLike, *, keep_bytes: bool = False, max_pixels: int | None = None
+) -> tuple[np.ndarray, bytes | None]:
+    """:func:`load_image`, and the file's bytes as they are when ``keep_bytes`` and ``image``
+    is a path or encoded bytes (else None): a file is opened and read once.
+
+    Raises:
+        InputValidationError: as :func:`load_image`.
+    """
+    if not keep_bytes or not isinstance(image, str | os.PathLike | bytes | bytearray | memoryview):
+        return load_image(image, max_pixels=max_pixels), None
+    limit = _max_pixels(max_pixels)
+    if isinstance(image, bytes | bytearray | memoryview):
+        data = bytes(image)
+        return _pil_to_rgb(_open_file(io.BytesIO(data), limit)), data
+    name = repr(os.fspath(image))
+    try:
+        with open(image, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InputValidationError("image", _unreadable(name, e)) from e
+    return _pil_to_rgb(_open_file(io.BytesIO(data), limit, name=name)), data
+
+
 def _max_pixels(max_pixels: int | None) -> int:
     """The pixel limit in force: the argument, else the environment, else the default."""
     if max_pixels is None:
@@ -110,12 +134,17 @@ def _too_large(w: int, h: int, limit: int) -> str:
     )
 
 
-def _open_file(source: str | os.PathLike[str] | io.BytesIO, limit: int) -> Image.Image:
+def _open_file(
+    source: str | os.PathLike[str] | io.BytesIO, limit: int, name: str | None = None
+) -> Image.Image:
     """Decode a file fully (so truncation surfaces here) and apply its EXIF orientation.
 
-    The size is checked from the header, before any pixel is decoded.
+    The size is checked from the header, before any pixel is decoded. ``name`` names a file
+    read into ``source`` in messages.
     """
-    name = "the given bytes" if isinstance(source, io.BytesIO) else repr(os.fspath(source))
+    read_from = source if name is not None else None  # a buffer read from a named file
+    if name is None:
+        name = "the given bytes" if isinstance(source, io.BytesIO) else repr(os.fspath(source))
     try:
         with Image.open(source) as opened:
             _check_pixels(opened.size, limit)
@@ -132,10 +161,13 @@ def _open_file(source: str | os.PathLike[str] | io.BytesIO, limit: int) -> Image
             f"{MAX_PIXELS_ENV} if you trust the file",
         ) from e
     except _READ_ERRORS as e:
-        raise InputValidationError(
-            "image",
-            f"cannot read an image from {name} ({e}); expected {_EXPECTED_IMAGE}",
-        ) from e
+        # PIL names a buffer by its repr: name the file it was read from instead
+        raise InputValidationError("image", _unreadable(name, e, read_from)) from e
+
+
+def _unreadable(name: str, e: BaseException, source: object = None) -> str:
+    detail = str(e).replace(repr(source), name) if source is not None else str(e)
+    return f"cannot read an image from {name} ({detail}); expected {_EXPECTED_IMAGE}"
 
 
 def _pil_to_rgb(img: Image.Image) -> np.ndarray:

@@ -9,9 +9,7 @@ Two ways to use it, by session (a session is one user's stream of prompts, e.g. 
   it unrun once batched); :func:`queue_multiple_requests` and :func:`wait_for_latest_result`
   keep the reference's helpers.
 - Latest-wins, for mouse moves: :meth:`~SpeculativeSAM2Client.track` one event per move,
-  ``await`` :meth:`~SpeculativeSAM2Client.latest`. At most one request per session is in
-  flight plus the newest event waiting; events replaced while waiting are never sent, and
-  only the newest event's mask is ever returned as the latest.
+  ``await`` :meth:`~SpeculativeSAM2Client.latest` (:mod:`triton_sam.client.latest_wins`).
 
 Built on ``tritonclient.grpc.aio``; ``protocol="http"`` uses ``tritonclient.http.aio``, where
 cancelling stops the client waiting but Triton (2.51) still runs the request: use gRPC for
@@ -23,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -32,20 +30,18 @@ from triton_sam.client import everything as everything_client
 from triton_sam.client.connection import Connection
 from triton_sam.client.decode_request import DecodeRequest
 from triton_sam.client.everything import EverythingResult
+from triton_sam.client.image_session import model_properties
+from triton_sam.client.latest_wins import LatestWinsSessions, _cancel_task, _cancelled
 from triton_sam.client.prediction import Prediction
+from triton_sam.client.reference_helpers import queue_multiple_requests, wait_for_latest_result
 from triton_sam.client.request_book import LatestWins, RequestBook, RequestRecord, TrackedEvent
-from triton_sam.errors import (
-    EmbeddingNotFoundError,
-    InferenceTimeoutError,
-    InputValidationError,
-    RequestCancelledError,
-)
+from triton_sam.errors import EmbeddingNotFoundError, InputValidationError
 
 DEFAULT_SESSION = "default"
 _T = TypeVar("_T")
 
 
-class SpeculativeSAM2Client:
+class SpeculativeSAM2Client(LatestWinsSessions):
     """Asynchronous SAM client whose stale requests are really cancelled on the server.
 
     The image is encoded once (:meth:`set_image`, or :meth:`set_image_async` inside async
@@ -53,8 +49,9 @@ class SpeculativeSAM2Client:
     post-processing are the sync client's (same prompt builder, same upsampling).
 
     Args:
-        url: ``host:port`` or ``https://host:port``; defaults to ``$TRITON_URL``, else
-            ``localhost:8001`` (gRPC) / ``localhost:8000`` (HTTP).
+        url: ``host:port``, ``https://host:port`` or ``grpc(s)://host:port`` (gRPC whatever
+            ``protocol`` says); defaults to ``$TRITON_URL``, else ``localhost:8001`` (gRPC) /
+            ``localhost:8000`` (HTTP).
         model_type: model family (``"sam2"``; every registered family works).
         protocol: ``"grpc"`` (default; server-side cancellation) or ``"http"`` (fallback:
             cancelling stops the wait, the server still runs the request).
@@ -90,14 +87,8 @@ class SpeculativeSAM2Client:
         self._changed: dict[str, asyncio.Event] = {}
 
     # -- the connection's state, read-only ---------------------------------------------------
-    family = property(lambda self: self._conn.family, doc="The family spec (server's layout).")
-    model_type = property(lambda self: self._conn.model_type, doc="The model_type given.")
-    encoder_model = property(lambda self: self._conn.encoder_model, doc="Encoder model name.")
-    decoder_model = property(lambda self: self._conn.decoder_model, doc="Decoder model name.")
-    session_model = property(lambda self: self._conn.session_model, doc="Session model name.")
-    uses_server_embeddings = property(
-        lambda self: self._conn.uses_server_embeddings,
-        doc="Whether clicks go through the session model (known once connected).",
+    family, model_type, encoder_model, decoder_model, session_model, uses_server_embeddings = (
+        model_properties("_conn.core")
     )
     endpoint = property(lambda self: self._conn.endpoint, doc="The server's address.")
     timeout_s = property(lambda self: self._conn.timeout_s, doc="Per-request timeout (s).")
@@ -395,218 +386,9 @@ class SpeculativeSAM2Client:
         if changed is not None:
             changed.set()
 
-    # -- latest-wins -----------------------------------------------------------------------
-    def track(
-        self,
-        session_id: str,
-        point_coords: Any = None,
-        point_labels: Any = None,
-        *,
-        box: Any = None,
-        mask_input: Any = None,
-        multimask_output: bool = False,
-    ) -> int:
-        """Submit the session's newest prompt (e.g. the mouse position); returns its seq.
-
-        Sent at once when the session has nothing in flight; otherwise it waits, replacing
-        (superseding, never sending) any event that was waiting, and is sent when the
-        in-flight request ends. Call it from the event loop's thread (inside async code);
-        it never blocks. Prompts are validated here (errors raise at once).
-
-        Args:
-            session_id: one stream of events (a session used with :meth:`predict_async`
-                cannot be tracked, and the other way round).
-            point_coords, point_labels, box, mask_input, multimask_output: as
-                :meth:`predict_async`.
-
-        Returns:
-            The event's number in its session (0, 1, ...).
-        """
-        session_id = str(session_id)
-        self._conn.transport()
-        if session_id not in self._tracks and self._book.newest(session_id) is not None:
-            raise InputValidationError(
-                "session_id",
-                f"{session_id!r} already has predict_async requests; track another session",
-            )
-        request = self._conn.request(point_coords, point_labels, box, mask_input, multimask_output)
-        slot = self._tracks.setdefault(session_id, LatestWins())
-        event = slot.new_event(request)
-        to_send = slot.offer(event)
-        if to_send is not None:
-            self._send_tracked(session_id, to_send)
-        self._notify(session_id)
-        return event.seq
-
-    async def latest(self, session_id: str, *, timeout_s: float | None = None) -> Prediction:
-        """Wait for the mask of the session's newest tracked event.
-
-        If newer events are tracked while waiting, waits for the newest of them: a mask of a
-        superseded or cancelled event is never returned.
-
-        Args:
-            session_id: a tracked session.
-            timeout_s: give up after this many seconds (None: wait as long as it takes).
-
-        Returns:
-            The :class:`Prediction` of the newest event.
-
-        Raises:
-            InputValidationError: nothing was ever tracked in ``session_id``.
-            RequestCancelledError: the newest event was cancelled (``keep_latest=False``,
-                :meth:`cleanup_session`, :meth:`aclose`).
-            InferenceTimeoutError: ``timeout_s`` passed.
-            ServerError: the newest event's request failed.
-        """
-        session_id = str(session_id)
-        slot = self._tracks.get(session_id)
-        if slot is None or slot.events == 0:
-            raise InputValidationError("session_id", f"nothing tracked in {session_id!r}")
-
-        async def settled() -> None:
-            while not slot.settled:
-                await self._changed_event(session_id).wait()
-
-        try:
-            await asyncio.wait_for(settled(), timeout_s)
-        except asyncio.TimeoutError:
-            raise InferenceTimeoutError(
-                f"latest({session_id!r}): no mask within {timeout_s} s"
-            ) from None
-        assert slot.outcome is not None
-        if slot.outcome.error is not None:
-            raise slot.outcome.error
-        return slot.outcome.value
-
-    def preview(self, session_id: str) -> tuple[int, Prediction] | None:
-        """The most recent mask the session received, possibly of a superseded event (to
-        show something while the user is still moving); ``(seq, prediction)`` or None."""
-        slot = self._tracks.get(str(session_id))
-        if slot is None or slot.last_value is None:
-            return None
-        return slot.last_value.seq, slot.last_value.value
-
-    def _send_tracked(self, session_id: str, event: TrackedEvent) -> None:
-        record = self._book.add(session_id)
-        event.record = record
-        task = asyncio.create_task(
-            self._run_tracked(session_id, event, record),
-            name=f"triton-sam {session_id}/event {event.seq}",
-        )
-        record.handle = task
-        task.add_done_callback(lambda t: self._on_done(t, record, event=event))
-
-    async def _run_tracked(
-        self, session_id: str, event: TrackedEvent, record: RequestRecord
-    ) -> None:
-        try:
-            prediction = await self._conn.decode(event.payload, record.request_id)
-        except asyncio.CancelledError:
-            self._book.finish(record, "cancelled")
-            raise  # _on_done settles the session's queue (if the canceller has not)
-        except Exception as e:  # delivered through latest(), not through the task
-            self._book.finish(record, "failed", e)
-            self._settle(session_id, event, error=e)
-            return
-        if self._book.finish(record, "completed"):
-            self._settle(session_id, event, value=prediction)
-        else:  # cancelled from another thread after the answer arrived
-            self._settle(session_id, event, error=_cancelled(session_id, event.seq))
-
-    def _settle(
-        self, session_id: str, event: TrackedEvent, *, value: Any = None, error: Any = None
-    ) -> None:
-        slot = self._tracks.get(session_id)
-        if slot is None:
-            return
-        to_send = slot.settle(event, value, error)
-        if to_send is not None:
-            self._send_tracked(session_id, to_send)
-        self._notify(session_id)
-
-    def _cancel_tracked(self, session_id: str, *, keep_latest: bool) -> int:
-        slot = self._tracks[session_id]
-        newest = slot.newest_seq
-        cancelled, to_send = slot.cancel(
-            keep_latest=keep_latest, error=_cancelled(session_id, newest)
-        )
-        count = 0
-        if cancelled is not None and cancelled.record is not None:
-            if self._book.finish(cancelled.record, "cancelled"):
-                count += 1
-            _cancel_task(cancelled.record.handle)
-        if to_send is not None:
-            self._send_tracked(session_id, to_send)
-        self._notify(session_id)
-        return count
-
-    def _changed_event(self, session_id: str) -> asyncio.Event:
-        event = self._changed.get(session_id)
-        if event is None:
-            event = self._changed[session_id] = asyncio.Event()
-        return event
-
-    def _notify(self, session_id: str) -> None:
-        # Wake every waiter; they re-check and wait on a fresh event.
-        event = self._changed.pop(session_id, None)
-        if event is not None:
-            event.set()
-
 
 # The constructor takes the Connection's arguments: say so to help(), IDEs and inspect.
 SpeculativeSAM2Client.__init__.__signature__ = inspect.signature(Connection.__init__)  # type: ignore[attr-defined]
-
-
-def _cancel_task(handle: Any) -> None:
-    if isinstance(handle, asyncio.Task) and not handle.done():
-        handle.cancel()
-
-
-def _cancelled(session_id: str, seq: int) -> RequestCancelledError:
-    return RequestCancelledError(f"session {session_id!r}: event {seq} was cancelled")
-
-
-# -- the reference's module functions ---------------------------------------------------------
-async def queue_multiple_requests(
-    client: SpeculativeSAM2Client,
-    point_coords_list: Sequence[Any],
-    point_labels_list: Sequence[Any],
-    session_id: str,
-) -> list[tuple[str, asyncio.Task[tuple[np.ndarray, np.ndarray]]]]:
-    """Send one request per prompt (as the reference): a list of ``(request_id, task)``.
-
-    Raises:
-        InputValidationError: the two lists differ in length, or a prompt is invalid (the
-            requests sent before it stay in flight, in the session).
-    """
-    if len(point_coords_list) != len(point_labels_list):
-        raise InputValidationError(
-            "point_labels_list",
-            f"{len(point_labels_list)} entries for {len(point_coords_list)} point_coords",
-        )
-    tasks = []
-    for coords, labels in zip(point_coords_list, point_labels_list, strict=True):
-        tasks.append(await client.predict_async(coords, labels, session_id=session_id))
-    return tasks
-
-
-async def wait_for_latest_result(
-    tasks: Sequence[tuple[str, asyncio.Task[tuple[np.ndarray, np.ndarray]]]],
-    client: SpeculativeSAM2Client,
-    session_id: str,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Wait for the last request of ``tasks``; its ``(masks, iou)``, or None if cancelled.
-
-    Unlike the reference, which printed failures and returned None, a failed request raises
-    its error (``ServerError``, ``InferenceTimeoutError``...).
-    """
-    if not tasks:
-        return None
-    request_id, task = tasks[-1]
-    await asyncio.wait([task])  # does not raise when the task was cancelled; we may be
-    if task.cancelled() or client.get_request_status(session_id, request_id) == "cancelled":
-        return None
-    return task.result()
 
 
 __all__ = [

@@ -8,17 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client import concepts, embedding_path, flow, image_io
+from triton_sam.client import concepts, flow, image_io, startup
 from triton_sam.client import everything as everything_client
-from triton_sam.client.connect import connect, connect_concepts
-from triton_sam.client.decode_request import EncodedImage, decode_request, image_source
+from triton_sam.client.concept_session import ConceptSession
+from triton_sam.client.decode_request import EncodedImage
+from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
 from triton_sam.client.everything import EverythingResult
+from triton_sam.client.image_session import ImageSession, model_properties
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
-from triton_sam.client.transport import TlsOptions, Transport, resolve_endpoint
+from triton_sam.client.transport import Transport
+from triton_sam.client.wire import SentRequest
 from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError, UnsupportedModelError
 from triton_sam.models.registry import get_family, is_concept_family
-from triton_sam.models.spec import FamilySpec
 
 
 class SAM2TritonClient:
@@ -28,8 +30,9 @@ class SAM2TritonClient:
     decoder. Pre- and post-processing reproduce the official predictor of the family.
 
     Args:
-        url: ``host:port`` or ``https://host:port``; defaults to ``$TRITON_URL``, else
-            ``localhost:8000`` (HTTP) / ``localhost:8001`` (gRPC).
+        url: ``host:port``, ``https://host:port`` or ``grpc://host:port`` (a ``grpc://`` or
+            ``grpcs://`` URL speaks gRPC whatever ``protocol`` says); defaults to
+            ``$TRITON_URL``, else ``localhost:8000`` (HTTP) / ``localhost:8001`` (gRPC).
         model_type: model family: ``"sam2"``, ``"sam1"`` or ``"sam3"`` (the SAM3 tracker,
             exported by triton-sam or imported from onnx-community; the client reads which
             from the server's decoder); ``"sam3_concept"`` for text prompts
@@ -77,41 +80,45 @@ class SAM2TritonClient:
         session_model: str | None = None,
         use_server_embeddings: bool | None = None,
     ) -> None:
-        self.family: FamilySpec = get_family(model_type)
+        family = get_family(model_type)
         # Concept families (text prompts) are served by one model that keeps the features.
-        self._concepts = is_concept_family(self.family)
-        default_session = self.family.serving_model if self._concepts else self.family.session_model
-        self.session_model = session_model or default_session
-        self.uses_server_embeddings = self._concepts
-        self._image: EncodedImage | None = None
-        self._concept_image: concepts.ConceptImage | None = None
-        self.model_type = model_type
-        self.encoder_model = encoder_model or getattr(self.family, "encoder_model", "")
-        self.decoder_model = decoder_model or getattr(self.family, "decoder_model", "")
-        self._transport = Transport(
-            resolve_endpoint(url, protocol), timeout_s=timeout_s, retry=retry, tls=tls
+        self._concepts = is_concept_family(family)
+        default_session = family.serving_model if self._concepts else family.session_model
+        self._core = ImageSession(
+            model_type,
+            encoder_model=encoder_model,
+            decoder_model=decoder_model,
+            session_model=session_model or default_session,
         )
-        self._orig_hw: tuple[int, int] | None = None
+        self.uses_server_embeddings = self._concepts
         self.last_request_bytes = 0
         self.last_timings_ms: dict[str, float] = {}
+        self._transport = Transport(
+            resolve_endpoint(url, protocol),
+            timeout_s=timeout_s,
+            retry=retry,
+            tls=tls,
+            on_request=self._count,
+        )
+        self._concept = ConceptSession(self._transport, self.session_model)
         try:
             if self._concepts:
-                connect_concepts(self._transport, self.session_model)
-                return
-            served = connect(
-                self._transport,
-                self.family,
-                self.encoder_model,
-                self.decoder_model,
-                self.session_model,
-                use_server_embeddings,
-            )
+                steps = startup.check_ready(self._transport.endpoint, (self.session_model,))
+            else:
+                steps = self._core.connect(self._transport.endpoint, use_server_embeddings)
+            flow.run(steps, flow.sender(self._transport))
         except BaseException:
             self.close()
             raise
-        self.family, self.session_model = served.family, served.session_model
-        self.uses_server_embeddings = served.uses_server_embeddings
-        self.encoder_model = served.encoder_model or self.encoder_model
+        self.uses_server_embeddings = self._concepts or self._core.uses_server_embeddings
+
+    # The models, as the core resolved them against the server.
+    family, model_type, encoder_model, decoder_model, session_model = model_properties("_core")[:5]
+
+    def _count(self, request: SentRequest) -> None:
+        """The transport's hook: each request's bytes in ``last_request_bytes`` (the
+        serialised request, or its tensor bytes above 1 MiB: ``wire.request_bytes``)."""
+        self.last_request_bytes = request.wire_bytes
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -136,41 +143,36 @@ class SAM2TritonClient:
             ServerError: the encoder failed.
         """
         self.reset_image()
-        rgb = image_io.load_image(image)
         if self._concepts:
-            self._set_concept_image(rgb)
+            self._concept.set_image(image_io.load_image(image))
+            self.last_timings_ms = self._concept.last_timings_ms
             return
-        source = image_source(
-            image,
-            rgb,
-            self.family,
-            self.encoder_model,
-            self.session_model,
-            self.uses_server_embeddings,
-        )
         timings: dict[str, float] = {}
-        steps = flow.set_image(source, self.family, self.encoder_model, self.session_model)
-        self._image = flow.run(steps, self._send(timings))
-        self._orig_hw = self._image.orig_hw
+        steps = self._core.load(image)
+        self._core.image = flow.run(steps, flow.sender(self._transport, timings))
         self.last_timings_ms = timings
 
     def reset_image(self) -> None:
         """Forget the current image and its embeddings."""
-        self._image = None
-        self._orig_hw = None
-        self._concept_image = None
+        self._core.image = None
+        self._concept.image = None
+
+    @property
+    def _image(self) -> EncodedImage | None:
+        return self._core.image
 
     @property
     def is_image_set(self) -> bool:
         """True once :meth:`set_image` has succeeded."""
-        return self._image is not None or self._concept_image is not None
+        return self._image is not None or self._concept.image is not None
 
     @property
     def original_size(self) -> tuple[int, int]:
         """(H, W) of the current image."""
         self._require_image()
-        assert self._orig_hw is not None
-        return self._orig_hw
+        image = self._image or self._concept.image
+        assert image is not None
+        return image.orig_hw
 
     def get_image_embedding(self) -> dict[str, np.ndarray]:
         """The current image's encoder outputs by name (e.g. ``image_embed`` [1,256,64,64]).
@@ -183,7 +185,7 @@ class SAM2TritonClient:
         assert image is not None
         if not image.features and image.cached is not None:
             assert image.cached.rgb is not None
-            steps = flow.encode(image.cached.rgb, self.family, self.encoder_model)
+            steps = self._core.encode(image.cached.rgb)
             image.features.update(flow.run(steps, flow.sender(self._transport)).features)
         return dict(image.features)
 
@@ -246,11 +248,10 @@ class SAM2TritonClient:
         self._require_image()
         assert self._image is not None
         prompt = (point_coords, point_labels, box, mask_input, multimask_output)
-        request = decode_request(self._image, self.family, *prompt)
+        request = self._core.request(self._image, *prompt)
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        steps = flow.predict(request, self.family, self.decoder_model, self.session_model)
-        prediction = flow.run(steps, self._send(timings))
+        prediction = flow.run(self._core.predict(request), flow.sender(self._transport, timings))
         total = (time.perf_counter() - t0) * 1e3
         timings["postprocess"] = max(0.0, total - sum(timings.values()))
         self.last_timings_ms = timings
@@ -356,61 +357,8 @@ class SAM2TritonClient:
         phrases = concepts.check_phrases(text)
         concepts.check_options(threshold, mask_threshold, max_instances, mask_format)
         self._require_image()
-        image = self._concept_image
-        assert image is not None
         options = {"threshold": threshold, "mask_threshold": mask_threshold}
         options["max_instances"] = max_instances
-        outputs = concepts.output_names(mask_format)
-        t0 = time.perf_counter()
-        try:
-            out = self._session_infer(image.predict_inputs(phrases, **options), outputs)
-        except EmbeddingNotFoundError:  # evicted, or the server restarted: send the pixels
-            inputs = image.predict_inputs(phrases, **options, with_pixels=True)
-            out = self._session_infer(inputs, outputs)
-        t1 = time.perf_counter()
-        prediction = concepts.parse_prediction(out, phrases, mask_format)
-        self.last_timings_ms = {
-            "predict": (t1 - t0) * 1e3,
-            "decode_masks": (time.perf_counter() - t1) * 1e3,
-        }
+        prediction = self._concept.predict(phrases, options, mask_format)
+        self.last_timings_ms = self._concept.last_timings_ms
         return prediction
-
-    def _set_concept_image(self, rgb: np.ndarray) -> None:
-        """Send ``rgb`` to the serving model unless it already holds its content id."""
-        t0 = time.perf_counter()
-        image = concepts.ConceptImage.of(rgb, self.session_model)
-        try:  # a probe of a few bytes saves sending the pixels when the server has them
-            self._session_infer(image.probe_inputs(), (concepts.protocol.ENCODED,))
-        except EmbeddingNotFoundError:
-            out = self._session_infer(
-                image.embed_inputs(), (concepts.protocol.ENCODED, concepts.protocol.IMAGE_ID)
-            )
-            server_id = bytes(out["image_id"].reshape(-1)[0]).decode()
-            if server_id != image.image_id:  # the same function on both sides: a version skew
-                image.image_id = server_id
-        self._concept_image, self._orig_hw = image, image.orig_hw
-        self.last_timings_ms = {"set_image": (time.perf_counter() - t0) * 1e3}
-
-    def _send(self, timings: dict[str, float]) -> Callable[[flow.Step], Any]:
-        """The flows' ``send``, keeping each request's bytes in ``last_request_bytes``: the
-        tensors for the stateless models, the estimated wire size for the session model."""
-
-        def observe(model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]) -> None:
-            if model != self.session_model:
-                self.last_request_bytes = sum(a.nbytes for a in inputs.values())
-                return
-            self.last_request_bytes = embedding_path.request_bytes(
-                self._transport.endpoint.protocol, model, inputs, outputs
-            )
-
-        return flow.sender(self._transport, timings, observe=observe)
-
-    def _session_infer(
-        self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
-    ) -> dict[str, np.ndarray]:
-        # Idempotent: embed and probe are, and a click only keeps logits under a fresh key.
-        out = self._transport.infer(self.session_model, inputs, outputs, idempotent=True)
-        self.last_request_bytes = embedding_path.request_bytes(
-            self._transport.endpoint.protocol, self.session_model, inputs, outputs
-        )
-        return out

@@ -1,217 +1,49 @@
-"""A thin, protocol-neutral layer over tritonclient's HTTP and gRPC clients.
+"""A thin, protocol-neutral layer over tritonclient's HTTP and gRPC clients (the blocking wire).
 
-Everything that touches ``tritonclient`` lives here, including the one function that turns
-its exceptions into ours, so the SAM clients above deal in numpy arrays and TritonSamErrors.
+Everything that touches ``tritonclient`` lives in the wire modules: this one (I/O, retries,
+routing headers), :mod:`~triton_sam.client.wire` (requests as tritonclient builds them, and
+their size) and :mod:`~triton_sam.client.wire_errors` (the one function that turns the
+library's exceptions into ours), so the SAM clients above deal in numpy arrays and
+TritonSamErrors. Observation is a hook: :attr:`Transport.on_request` sees every inference
+request sent (a :class:`~triton_sam.client.wire.SentRequest`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import re
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from triton_sam.client.endpoint import (  # re-exported: their home before the split
+    DEFAULT_PORTS,
+    Endpoint,
+    Protocol,
+    TlsOptions,
+    resolve_endpoint,
+)
 from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
 from triton_sam.client.routing import routing_headers
-from triton_sam.errors import (
-    EmbeddingNotFoundError,
-    InferenceTimeoutError,
-    InputValidationError,
-    InvalidRequestError,
-    ModelNotReadyError,
-    RequestCancelledError,
-    ServerError,
-    ServerOverloadedError,
-    ServerUnavailableError,
-)
-from triton_sam.serving import protocol
+from triton_sam.client.wire import NUMPY_TO_TRITON as _NUMPY_TO_TRITON
+from triton_sam.client.wire import SentRequest, build_infer_inputs
+from triton_sam.client.wire_errors import translate_error
+from triton_sam.errors import InferenceTimeoutError, RequestCancelledError
 
-Protocol = Literal["http", "grpc"]
-# Triton's messages (2.51) for a request rejected by the queue policy (max_queue_size,
-# default_timeout_microseconds with timeout_action REJECT), lowercased.
-_OVERLOAD_MESSAGES = ("exceeds maximum queue size", "request timeout expired")
-# "Request for unknown model: 'm' is not found" / "... has no available versions" /
-# "... version 1 is not at ready state".
-_UNKNOWN_MODEL = re.compile(r"[Rr]equest for unknown model: '(?P<model>[^']+)'")
-# Connection lost mid-request, as geventhttpclient (sync HTTP) and aiohttp name it; neither is
-# an OSError.
-_DISCONNECTED = frozenset({"HTTPConnectionClosed", "ServerDisconnectedError"})
-# Triton's own input checks (HTTP answers them with status 400 and no gRPC status name).
-_INVALID_MESSAGES = (
-    "unexpected shape",
-    "unexpected datatype",
-    "data-type is",
-    "unexpected inference input",
-    "unexpected inference output",
-    "missing required input",
-    "onnxruntime failed",
-)
-DEFAULT_PORTS: dict[str, int] = {"http": 8000, "grpc": 8001}
-
-_NUMPY_TO_TRITON = {
-    "float32": "FP32",
-    "float16": "FP16",
-    "int32": "INT32",
-    "int64": "INT64",
-    "uint8": "UINT8",
-    "bool": "BOOL",
-    "object": "BYTES",  # numpy object arrays of bytes (the session model's image_id)
-}
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where a Triton server listens.
-
-    Attributes:
-        address: ``host:port`` as tritonclient expects it (no scheme).
-        protocol: ``"http"`` or ``"grpc"``.
-        ssl: True for ``https://`` (or ``grpcs://``) URLs.
-    """
-
-    address: str
-    protocol: Protocol
-    ssl: bool
-
-
-def resolve_endpoint(url: str | None, protocol: str) -> Endpoint:
-    """Turn a user URL (or ``$TRITON_URL``, or the default port) into an Endpoint.
-
-    ``https://host:port`` enables TLS; a bare ``host`` gets the protocol's default port.
-
-    Raises:
-        InputValidationError: unknown protocol or malformed URL.
-    """
-    if protocol not in DEFAULT_PORTS:
-        raise InputValidationError("protocol", f"got {protocol!r}, expected 'http' or 'grpc'")
-    url = url or os.environ.get("TRITON_URL") or f"localhost:{DEFAULT_PORTS[protocol]}"
-    ssl = url.startswith(("https://", "grpcs://"))
-    address = url.split("://", 1)[-1].rstrip("/")
-    if not address or "/" in address or " " in address:
-        raise InputValidationError("url", f"got {url!r}, expected host[:port] or https://host:port")
-    if ":" not in address.rsplit("]", 1)[-1]:
-        address = f"{address}:{DEFAULT_PORTS[protocol]}"
-    return Endpoint(address=address, protocol=protocol, ssl=ssl)  # type: ignore[arg-type]
-
-
-def translate_error(e: Exception, *, what: str) -> Exception:
-    """Map a tritonclient/grpc/socket error to a TritonSamError (the only place that does).
-
-    Args:
-        e: the library exception.
-        what: a short description of the call ("infer on sam2_decoder") for the message.
-    """
-    from tritonclient.utils import InferenceServerException
-
-    e = _from_grpc(e)
-    if isinstance(e, InferenceServerException):
-        status = str(e.status() or "")
-        message = e.message() or str(e)
-        lowered = message.lower()
-        parsed = protocol.parse_error(status, message)
-        if parsed is not None and parsed[0] == protocol.ERR_EMBEDDING_NOT_FOUND:
-            return EmbeddingNotFoundError(f"{what}: {message}")
-        if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
-            return InferenceTimeoutError(f"{what}: timed out ({message})")
-        if "CANCELLED" in status or "Cancelled" in message:
-            return RequestCancelledError(f"{what}: cancelled ({message})")
-        if any(needle in lowered for needle in _OVERLOAD_MESSAGES):
-            return ServerOverloadedError(
-                f"{what}: the server is overloaded and rejected the request ({message}); "
-                "retry later, lower the request rate, or raise the model's max_queue_size"
-            )
-        match = _UNKNOWN_MODEL.search(message)
-        if match is not None:
-            name = match["model"]
-            return ModelNotReadyError(
-                name,
-                f"model: {name!r} is not loaded or not ready on the server ({what}: {message}); "
-                "check `curl <server>/v2/models/<model>/ready` and the server log",
-            )
-        if "UNAVAILABLE" in status or "failed to connect" in lowered:
-            return ServerUnavailableError(f"{what}: server unavailable ({message})")
-        invalid = status in ("400", "StatusCode.INVALID_ARGUMENT")  # HTTP 400 / gRPC
-        if invalid or any(n in lowered for n in _INVALID_MESSAGES):
-            return InvalidRequestError(f"{what}: the server rejected the request: {message}")
-        return ServerError(f"{what}: server error: {message}")
-    # asyncio.TimeoutError is not the builtin TimeoutError before Python 3.11
-    if isinstance(e, TimeoutError | asyncio.TimeoutError) or type(e).__name__ in {
-        "timeout",
-        "Timeout",
-    }:
-        return InferenceTimeoutError(f"{what}: timed out ({e})")
-    if isinstance(e, ConnectionError | OSError) or type(e).__name__ in _DISCONNECTED:
-        return ServerUnavailableError(f"{what}: cannot reach the server ({type(e).__name__}: {e})")
-    return ServerError(f"{what}: {type(e).__name__}: {e}")
-
-
-def _from_grpc(e: Exception) -> Exception:
-    """A raw ``grpc.RpcError`` (grpc.aio raises them where tritonclient does not wrap) as
-    tritonclient's InferenceServerException, the way tritonclient converts them."""
-    try:
-        import grpc
-        from tritonclient.utils import InferenceServerException
-    except ImportError:  # pragma: no cover - grpc is a dependency of tritonclient[grpc]
-        return e
-    if isinstance(e, grpc.RpcError) and hasattr(e, "code") and hasattr(e, "details"):
-        return InferenceServerException(msg=e.details(), status=str(e.code()))
-    return e
-
-
-@dataclass(frozen=True)
-class TlsOptions:
-    """Client-side TLS for a server behind TLS (``https://`` / ``grpcs://`` URLs).
-
-    Attributes:
-        root_certificates: PEM file of the CA that signed the server's certificate (None:
-            the system's trust store).
-        private_key / certificate_chain: PEM files of a client certificate, for servers
-            that require mutual TLS (``--grpc-use-ssl-mutual``).
-        insecure: HTTP only: skip verifying the server's certificate (testing only).
-    """
-
-    root_certificates: str | None = None
-    private_key: str | None = None
-    certificate_chain: str | None = None
-    insecure: bool = False
-
-    def http_options(self) -> dict[str, Any]:
-        """``ssl_options`` / ``insecure`` for ``tritonclient.http`` (geventhttpclient)."""
-        files = {
-            "ca_certs": self.root_certificates,
-            "certfile": self.certificate_chain,
-            "keyfile": self.private_key,
-        }
-        return {
-            "ssl_options": {k: v for k, v in files.items() if v} or None,
-            "insecure": self.insecure,
-        }
-
-    def grpc_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``tritonclient.grpc`` (sync and aio): file paths."""
-        return {
-            "root_certificates": self.root_certificates,
-            "private_key": self.private_key,
-            "certificate_chain": self.certificate_chain,
-        }
-
-    def ssl_context(self) -> Any:
-        """An ``ssl.SSLContext`` for ``tritonclient.http.aio`` (aiohttp)."""
-        import ssl
-
-        context = ssl.create_default_context(cafile=self.root_certificates)
-        if self.certificate_chain:
-            context.load_cert_chain(self.certificate_chain, self.private_key)
-        if self.insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        return context
+__all__ = [
+    "DEFAULT_PORTS",
+    "Endpoint",
+    "PendingInfer",
+    "Protocol",
+    "TlsOptions",
+    "Transport",
+    "build_infer_inputs",
+    "resolve_endpoint",
+    "translate_error",
+]
+_ = _NUMPY_TO_TRITON  # kept importable from here
+RequestHook = Callable[[SentRequest], None]
 
 
 class Transport:
@@ -228,6 +60,7 @@ class Transport:
         retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
             uses ``DEFAULT_RETRY``, ``NO_RETRY`` turns retries off.
         tls: certificates for an ``https://`` endpoint (None: the system's trust store).
+        on_request: called with each inference request before it is sent (byte counters).
     """
 
     def __init__(
@@ -237,8 +70,10 @@ class Transport:
         timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         tls: TlsOptions | None = None,
+        on_request: RequestHook | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.on_request = on_request
         self.timeout_s = timeout_s
         self.retry = DEFAULT_RETRY if retry is None else retry
         self.tls = tls or TlsOptions()
@@ -360,6 +195,8 @@ class Transport:
         Raises:
             TritonSamError: the translated error (see :func:`translate_error`).
         """
+        if self.on_request is not None:
+            self.on_request(SentRequest.of(self.endpoint.protocol, model, inputs, outputs))
         infer_inputs = build_infer_inputs(self._module, inputs, http=self._is_http)
         requested = [
             self._module.InferRequestedOutput(n, **({"binary_data": True} if self._is_http else {}))
@@ -478,18 +315,3 @@ class PendingInfer:
             raise self._error
         assert self._result is not None
         return self._result
-
-
-def build_infer_inputs(module: Any, inputs: Mapping[str, np.ndarray], *, http: bool) -> list[Any]:
-    """tritonclient InferInput objects for numpy arrays (shared by sync and async clients)."""
-    result = []
-    for name, array in inputs.items():
-        array = np.ascontiguousarray(array)
-        datatype = _NUMPY_TO_TRITON[array.dtype.name]
-        item = module.InferInput(name, list(array.shape), datatype)
-        if http:
-            item.set_data_from_numpy(array, binary_data=True)
-        else:
-            item.set_data_from_numpy(array)
-        result.append(item)
-    return result

@@ -16,18 +16,24 @@ that failed.
 from __future__ import annotations
 
 import contextlib
-import secrets
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
 from triton_sam.client.retry import RetryPolicy
-from triton_sam.client.transport import PendingInfer, TlsOptions, Transport, resolve_endpoint
-from triton_sam.client.video_errors import tracking_error
-from triton_sam.client.video_source import VideoSource, open_video
+from triton_sam.client.transport import Transport
+from triton_sam.client.video_errors import typed_error
+from triton_sam.client.video_source import open_video
+from triton_sam.client.video_state import (
+    IDEMPOTENT,
+    LOGGED,
+    NEEDS_FRAME,
+    VideoState,
+    int32,
+    payload_bytes,
+)
 from triton_sam.errors import (
     RequestCancelledError,
     ServerUnavailableError,
@@ -40,50 +46,12 @@ from triton_sam.serving.resample import bilinear
 _MASK_OUTPUTS = (p.OUT_FRAME_INDEX, p.OUT_OBJECT_IDS, p.OUT_MASKS, p.OUT_OBJECT_SCORES)
 
 
-@dataclass
-class VideoState:
-    """One video on the server (what :meth:`SAM2VideoTritonClient.init_state` returns).
-
-    Attributes:
-        session_id: the id the server issued for this video's session (a secret; replaced
-            when the session is re-created).
-        source: the frames (kept to re-send them when the server lost the session).
-        obj_ids: object ids as the server last reported them.
-        uploaded: frames the server holds.
-        log: state-changing calls since init, replayed after a lost session.
-        resets: how many times the session was re-created.
-        object_scores: per frame, the objects' score logits of the latest answer about it
-            (float32 [K] in ``obj_ids`` order; > 0: the object is present, NaN: no output).
-        routing_key: this video's replica-affinity key behind a proxy (random, not secret:
-            the session id must not travel in a header).
-    """
-
-    source: VideoSource
-    session_id: str = field(default="", repr=False)  # a secret: not in reprs or logs
-    obj_ids: list[int] = field(default_factory=list)
-    uploaded: set[int] = field(default_factory=set)
-    log: list[tuple[str, dict[str, np.ndarray]]] = field(default_factory=list)
-    resets: int = 0
-    object_scores: dict[int, np.ndarray] = field(default_factory=dict)
-    routing_key: str = field(default_factory=lambda: secrets.token_hex(8))
-    _pending: PendingInfer | None = None
-    _cancel: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def num_frames(self) -> int:
-        return self.source.num_frames
-
-    @property
-    def video_hw(self) -> tuple[int, int]:
-        return self.source.height, self.source.width
-
-
 class SAM2VideoTritonClient:
     """Track objects through a video or a 3-D volume with SAM2.1 on a Triton server.
 
     Args:
-        url: ``host:port``; defaults to ``$TRITON_URL``, else localhost:8001 (gRPC) /
-            localhost:8000 (HTTP).
+        url: ``host:port`` (or ``grpc://host:port``, gRPC whatever ``protocol`` says); defaults
+            to ``$TRITON_URL``, else localhost:8001 (gRPC) / localhost:8000 (HTTP).
         protocol: ``"grpc"`` (cancellation reaches the server) or ``"http"``.
         model: the tracker model's name.
         timeout_s: per-request timeout (a tracked frame takes about a second on a GPU, a few
@@ -162,8 +130,8 @@ class SAM2VideoTritonClient:
             FrameIndexError, InputValidationError (naming the field), TrackingLimitError.
         """
         tensors: dict[str, np.ndarray] = {
-            p.FRAME_INDEX: _int32(frame_idx),
-            p.OBJECT_ID: _int32(obj_id),
+            p.FRAME_INDEX: int32(frame_idx),
+            p.OBJECT_ID: int32(obj_id),
             p.CLEAR_OLD_POINTS: np.array([bool(clear_old_points)]),
             p.NORMALIZE_COORDS: np.array([bool(normalize_coords)]),
         }
@@ -181,8 +149,8 @@ class SAM2VideoTritonClient:
         """A binary mask [H, W] (the video's size) for one object on one frame; returns as
         :meth:`add_new_points_or_box`."""
         tensors = {
-            p.FRAME_INDEX: _int32(frame_idx),
-            p.OBJECT_ID: _int32(obj_id),
+            p.FRAME_INDEX: int32(frame_idx),
+            p.OBJECT_ID: int32(obj_id),
             p.MASK: np.asarray(mask).astype(bool),
         }
         return self._masks(state, self._command(state, p.CMD_ADD_MASK, tensors, _MASK_OUTPUTS))
@@ -208,8 +176,8 @@ class SAM2VideoTritonClient:
             state,
             p.CMD_PREFLIGHT,
             {
-                p.START_FRAME: _int32(-1 if start_frame_idx is None else start_frame_idx),
-                p.MAX_FRAMES: _int32(
+                p.START_FRAME: int32(-1 if start_frame_idx is None else start_frame_idx),
+                p.MAX_FRAMES: int32(
                     -1 if max_frame_num_to_track is None else max_frame_num_to_track
                 ),
                 p.REVERSE: np.array([bool(reverse)]),
@@ -220,7 +188,7 @@ class SAM2VideoTritonClient:
         for frame_idx in order.tolist():
             if state._cancel.is_set():
                 return
-            tensors = {p.FRAME_INDEX: _int32(frame_idx), p.REVERSE: np.array([bool(reverse)])}
+            tensors = {p.FRAME_INDEX: int32(frame_idx), p.REVERSE: np.array([bool(reverse)])}
             try:
                 out = self._command(state, p.CMD_TRACK, tensors, _MASK_OUTPUTS, cancellable=True)
             except RequestCancelledError:
@@ -240,14 +208,14 @@ class SAM2VideoTritonClient:
     ) -> tuple[int, list[int], np.ndarray]:
         """The masks the server holds for a frame (nothing is recomputed, nothing but the
         frame's masks crosses the wire); as :meth:`add_new_points_or_box` returns them."""
-        out = self._command(state, p.CMD_GET, {p.FRAME_INDEX: _int32(frame_idx)}, _MASK_OUTPUTS)
+        out = self._command(state, p.CMD_GET, {p.FRAME_INDEX: int32(frame_idx)}, _MASK_OUTPUTS)
         return self._masks(state, out)
 
     def clear_all_prompts_in_frame(
         self, state: VideoState, frame_idx: int, obj_id: int
     ) -> tuple[int, list[int], np.ndarray]:
         """Remove one object's prompts on a frame (``clear_all_prompts_in_frame``)."""
-        tensors = {p.FRAME_INDEX: _int32(frame_idx), p.OBJECT_ID: _int32(obj_id)}
+        tensors = {p.FRAME_INDEX: int32(frame_idx), p.OBJECT_ID: int32(obj_id)}
         return self._masks(state, self._command(state, p.CMD_CLEAR_PROMPTS, tensors, _MASK_OUTPUTS))
 
     def remove_object(
@@ -259,7 +227,7 @@ class SAM2VideoTritonClient:
         Raises:
             ObjectNotFoundError: ``strict`` and the object was never added.
         """
-        tensors = {p.OBJECT_ID: _int32(obj_id), p.STRICT: np.array([bool(strict)])}
+        tensors = {p.OBJECT_ID: int32(obj_id), p.STRICT: np.array([bool(strict)])}
         out = self._command(state, p.CMD_REMOVE_OBJECT, tensors, (p.OUT_OBJECT_IDS, p.OUT_FRAMES))
         state.obj_ids = out[p.OUT_OBJECT_IDS].tolist()
         updated = [(t, self.get_frame_masks(state, t)[2]) for t in out[p.OUT_FRAMES].tolist()]
@@ -315,7 +283,7 @@ class SAM2VideoTritonClient:
                     raise
                 self._recreate(state)
                 continue
-            if command in _LOGGED:
+            if command in LOGGED:
                 state.log.append((command, tensors))
             if p.OUT_OBJECT_IDS in out:
                 state.obj_ids = out[p.OUT_OBJECT_IDS].tolist()
@@ -323,7 +291,7 @@ class SAM2VideoTritonClient:
         raise AssertionError("unreachable")
 
     def _prepare(self, state: VideoState, command: str, tensors: dict[str, np.ndarray]) -> None:
-        if command in _NEEDS_FRAME:
+        if command in NEEDS_FRAME:
             self._ensure_frame(state, int(tensors[p.FRAME_INDEX][0]))
 
     def _send(
@@ -339,7 +307,7 @@ class SAM2VideoTritonClient:
         if command != p.CMD_INIT:  # init is answered the id
             inputs[p.SESSION_ID] = np.array([[state.session_id.encode()]], dtype=object)
         inputs |= {name: value[None] for name, value in tensors.items()}  # Triton's batch dim
-        self.bytes_sent += sum(_payload(v) for v in inputs.values())
+        self.bytes_sent += sum(payload_bytes(v) for v in inputs.values())
         try:
             if cancellable:
                 state._pending = self.transport.start_infer(
@@ -350,7 +318,7 @@ class SAM2VideoTritonClient:
                 finally:
                     state._pending = None
             else:
-                idempotent = command in _IDEMPOTENT
+                idempotent = command in IDEMPOTENT
                 result = self.transport.infer(
                     self.model,
                     inputs,
@@ -361,12 +329,12 @@ class SAM2VideoTritonClient:
         except RequestCancelledError:
             raise
         except TritonSamError as e:
-            raise _typed(e) from e
+            raise typed_error(e) from e
         return {name: value[0] for name, value in result.items()}
 
     def _init_session(self, state: VideoState) -> None:
         tensors = {
-            p.NUM_FRAMES: _int32(state.num_frames),
+            p.NUM_FRAMES: int32(state.num_frames),
             p.VIDEO_HW: np.array(state.video_hw, np.int32),
         }
         out = self._send(state, p.CMD_INIT, tensors, (p.OUT_SESSION_ID,))
@@ -378,7 +346,7 @@ class SAM2VideoTritonClient:
         if frame_idx in state.uploaded or not 0 <= frame_idx < state.num_frames:
             return  # an out-of-range index is the server's to refuse, with its typed error
         encoded = state.source.encoded(frame_idx)
-        tensors: dict[str, np.ndarray] = {p.FRAME_INDEX: _int32(frame_idx)}
+        tensors: dict[str, np.ndarray] = {p.FRAME_INDEX: int32(frame_idx)}
         if encoded is not None:
             tensors[p.FRAME_BYTES] = np.array([encoded], dtype=object)
         else:
@@ -421,38 +389,3 @@ class SAM2VideoTritonClient:
                 f"model: {self.model!r} is not ready on {address}; write the video models with "
                 "`triton-sam setup-video` and check the server log"
             )
-
-
-# commands whose effect the server keeps (replayed after a lost session), those that need
-# their frame on the server, and those safe to retry (init too: a session whose answer was
-# lost is never used again; it sits idle and is evicted when its tenant or the server needs
-# the room)
-_LOGGED = {
-    p.CMD_ADD_POINTS,
-    p.CMD_ADD_MASK,
-    p.CMD_TRACK,
-    p.CMD_CLEAR_PROMPTS,
-    p.CMD_REMOVE_OBJECT,
-}
-_NEEDS_FRAME = {p.CMD_ADD_POINTS, p.CMD_ADD_MASK, p.CMD_TRACK}
-_IDEMPOTENT = {p.CMD_INIT, p.CMD_ADD_FRAME, p.CMD_GET, p.CMD_INFO, p.CMD_PREFLIGHT}
-
-
-def _typed(e: TritonSamError) -> TritonSamError:
-    """The tracking error a server message carries (by its code), else ``e`` as it is."""
-    message = str(e)
-    code = p.error_code(message)
-    if code is None:
-        return e
-    start = message.find(p.ERROR_PREFIX) + len(p.ERROR_PREFIX) + len(code) + 2
-    return tracking_error(code, message[start:])
-
-
-def _int32(value: int) -> np.ndarray:
-    return np.array([int(value)], np.int32)
-
-
-def _payload(array: np.ndarray) -> int:
-    if array.dtype == object:
-        return sum(len(v) for v in array.reshape(-1))
-    return int(array.nbytes)

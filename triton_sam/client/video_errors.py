@@ -41,3 +41,13 @@ def tracking_error(code: str | None, message: str, field: str | None = None) -> 
     if code == protocol.ERR_INVALID_INPUT:
         return InputValidationError(field, text)
     return ServerError(message)
+
+
+def typed_error(e: TritonSamError) -> TritonSamError:
+    """The tracking error a server message carries (by its code), else ``e`` as it is."""
+    message = str(e)
+    code = protocol.error_code(message)
+    if code is None:
+        return e
+    start = message.find(protocol.ERROR_PREFIX) + len(protocol.ERROR_PREFIX) + len(code) + 2
+    return tracking_error(code, message[start:])

@@ -1,8 +1,10 @@
-"""The gateway's link to Triton: our async client's connection and flows, nothing new.
+"""The gateway's link to Triton: our async client's connection and its image-session core,
+nothing new.
 
-Encodes go through :func:`triton_sam.client.flow.encode` on the encoder the connection resolved
-(the preprocessing is the client's, equal to ``SamPredictor.set_image``'s), prompts through
-:func:`triton_sam.client.flow.predict`; the connection is
+Every request is a flow of the core the clients share
+(:class:`triton_sam.client.image_session.ImageSession`): encodes on the encoder the connection
+resolved (the preprocessing is the client's, equal to ``SamPredictor.set_image``'s), images
+kept by the session model, prompts. The connection is
 :class:`triton_sam.client.connection.Connection`, checked on first use. Each tenant gets its own
 connection: the tenant travels as a header on every request (the session model keeps its
 cached features per tenant), and a transport carries one set of headers.
@@ -19,8 +21,7 @@ import numpy as np
 
 from triton_sam.client import flow
 from triton_sam.client.connection import Connection
-from triton_sam.client.decode_request import check_embedding, decode_request
-from triton_sam.client.embedding_path import CachedImage
+from triton_sam.client.decode_request import EncodedImage, check_embedding
 from triton_sam.serving.protocol.tenancy import DEFAULT_TENANT, TENANT_HEADER
 
 # Tenants with an open connection at most (the least recently used one is closed past it).
@@ -83,9 +84,8 @@ class TritonBackend:
         """The image embedding of ``rgb`` (HxWx3 uint8): float32 [1, 256, 64, 64] for SAM1,
         as ``SamPredictor.get_image_embedding()``."""
         conn = self.connection(tenant)
-        transport = await conn.aconnected()
-        steps = flow.encode(rgb, conn.family, conn.encoder_model)
-        image = await flow.arun(steps, flow.async_sender(transport, request_id))
+        send = flow.async_sender(await conn.aconnected(), request_id)
+        image = await flow.arun(conn.core.encode(rgb), send)
         return np.asarray(image.features[conn.family.embedding_names[0]], dtype=np.float32)
 
     async def mask_from_embedding(
@@ -111,13 +111,10 @@ class TritonBackend:
             InputValidationError: naming ``model`` (the embedding) or the click.
         """
         conn = self.connection(tenant)
-        transport = await conn.aconnected()
+        send = flow.async_sender(await conn.aconnected(), request_id)
         family = conn.family
         image = check_embedding({family.embedding_names[0]: embedding}, hw, family)
-        request = decode_request(image, family, [list(point)], [1], None, None, True)
-        steps = flow.predict(request, family, conn.decoder_model, conn.session_model)
-        prediction = await flow.arun(steps, flow.async_sender(transport, request_id))
-        return _best_mask(prediction)
+        return await _click(conn, image, point, send)
 
     async def mask_from_image(
         self,
@@ -132,19 +129,9 @@ class TritonBackend:
         session model, so the same image again costs no encode; one click as in
         :meth:`mask_from_embedding`. Without a session model, encodes with the encoder."""
         conn = self.connection(tenant)
-        transport = await conn.aconnected()
-        family, send = conn.family, flow.async_sender(transport, request_id)
-        if conn.uses_server_embeddings:
-            source: Any = CachedImage.of(
-                rgb, family, conn.encoder_model, conn.session_model, encoded
-            )
-        else:
-            source = rgb
-        steps = flow.set_image(source, family, conn.encoder_model, conn.session_model)
-        image = await flow.arun(steps, send)
-        request = decode_request(image, family, [list(point)], [1], None, None, True)
-        steps = flow.predict(request, family, conn.decoder_model, conn.session_model)
-        return _best_mask(await flow.arun(steps, send))
+        send = flow.async_sender(await conn.aconnected(), request_id)
+        image = await flow.arun(conn.core.new_image(conn.core.source(rgb, encoded)), send)
+        return await _click(conn, image, point, send)
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of the server and of the encoder and decoder (the session model is
@@ -173,6 +160,14 @@ class TritonBackend:
         for conn in self._connections.values():
             await conn.aclose()
         self._connections.clear()
+
+
+async def _click(
+    conn: Connection, image: EncodedImage, point: tuple[float, float], send: Any
+) -> np.ndarray:
+    """One foreground click at ``point`` on ``image``: the best of the multimask output."""
+    request = conn.core.request(image, [list(point)], [1], None, None, True)
+    return _best_mask(await flow.arun(conn.core.predict(request), send))
 
 
 def _best_mask(prediction: Any) -> np.ndarray:
