@@ -29,7 +29,7 @@ import numpy as np
 
 from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
 from triton_sam.bench.stress_report import DragSettings, ModeResult, StressReport, write_report
-from triton_sam.client.speculative import SpeculativeSAM2Client, wait_for_latest_result
+from triton_sam.client import SpeculativeSAM2Client, wait_for_latest_result
 from triton_sam.errors import InputValidationError, ServerOverloadedError
 
 __all__ = [  # the report's names too: callers import them from here
