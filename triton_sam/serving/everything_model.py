@@ -202,7 +202,10 @@ class TritonPythonModel:
             else:
                 crop = np.ascontiguousarray(rgb[y0:y1, x0:x1])
                 features = self._session(
-                    tenant, [_image_tensor("rgb", crop)], list(self.embedding_names)
+                    tenant,
+                    [_image_tensor("rgb", crop)],
+                    list(self.embedding_names),
+                    session.CROP_EMBED,
                 )
             return [features[n] for n in self.embedding_names]
 
@@ -272,12 +275,12 @@ class TritonPythonModel:
             )
         return "bytes", blob
 
-    def _session(self, tenant, inputs, wanted):
+    def _session(self, tenant, inputs, wanted, parameters=None):
         """One BLS call to the session model as ``tenant``: output name -> pb_utils.Tensor,
         or _SessionError with the session model's code and message."""
-        kwargs = {}
+        kwargs = {"parameters": dict(parameters)} if parameters else {}
         if tenant != tenancy.DEFAULT_TENANT:
-            kwargs["parameters"] = {tenancy.TENANT_HEADER: tenant}
+            kwargs.setdefault("parameters", {})[tenancy.TENANT_HEADER] = tenant
         response = pb_utils.InferenceRequest(
             model_name=self.session_model,
             inputs=inputs,
