@@ -286,7 +286,8 @@ def session_raw(http, given: httpclient.InferInput, headers: dict) -> tuple[str,
     """(image id, encoded) the session model answers ``given`` with."""
     names = (session.IMAGE_ID, session.ENCODED)
     wanted = [httpclient.InferRequestedOutput(n) for n in names]
-    answer = http.infer("sam2_session", [given], outputs=wanted, headers=headers)
+    # a copy: tritonclient.http adds its own (int) headers to the dict it is given
+    answer = http.infer("sam2_session", [given], outputs=wanted, headers=dict(headers))
     image_id, encoded = (answer.as_numpy(n).reshape(-1)[0] for n in names)
     return bytes(image_id).decode(), int(encoded)
 
