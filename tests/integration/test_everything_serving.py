@@ -14,7 +14,8 @@ the session model it embeds through and the everything-decoder graph. Checked he
 - a cancel reaches the server: fewer everything-decoder executions (Triton's own statistics)
   than the job has batches, from the sync client (progress raising) and the async one (task
   cancelled); a third job while two hold the slot and the waiting line is ``Overloaded``;
-- another tenant cannot use an image id: a miss, as for any image it never embedded.
+- another tenant cannot use an image id: a miss, as for any image it never embedded;
+- a job's crops never evict the tenant's own images (a session model that keeps 2 images).
 
 Random-init weights give noise masks, so the thresholds are off (0 keeps every mask, as
 upstream's ``> 0`` checks) and ``box_nms_thresh`` is 1.0 (never suppresses): every one of the
@@ -25,7 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +43,7 @@ from triton_sam.errors import (
     InvalidRequestError,
     ServerOverloadedError,
 )
+from triton_sam.repository.config import config_to_text, parse_config
 from triton_sam.serving import masks
 from triton_sam.serving.protocol import embedding_cache as session
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
@@ -262,6 +267,59 @@ def test_another_tenant_cannot_use_an_image_id(sam2_tiny_server):
         everything_client.generate(endpoint, MODEL, inputs)
     own = everything_client.generate(endpoint, MODEL, inputs, headers={TENANT_HEADER: "team-a"})
     assert own.image_size == image.shape[:2]
+
+
+@pytest.fixture(scope="module")
+def two_image_repository(sam2_tiny_repository, tmp_path_factory) -> Path:
+    """The shared server's repository (files symlinked), its session model keeping 2 images."""
+    repo = tmp_path_factory.mktemp("crop_area") / "model_repository"
+    shutil.copytree(sam2_tiny_repository, repo, copy_function=os.symlink)
+    path = repo / "sam2_session" / "config.pbtxt"
+    config = parse_config(path.read_text())
+    config.parameters[session.PARAM_MAX_IMAGES].string_value = "2"
+    path.unlink()  # a link to the shared repository's file
+    path.write_text(config_to_text(config))
+    return repo
+
+
+def session_raw(http, given: httpclient.InferInput, headers: dict) -> tuple[str, int]:
+    """(image id, encoded) the session model answers ``given`` with."""
+    names = (session.IMAGE_ID, session.ENCODED)
+    wanted = [httpclient.InferRequestedOutput(n) for n in names]
+    # a copy: tritonclient.http adds its own (int) headers to the dict it is given
+    answer = http.infer("sam2_session", [given], outputs=wanted, headers=dict(headers))
+    image_id, encoded = (answer.as_numpy(n).reshape(-1)[0] for n in names)
+    return bytes(image_id).decode(), int(encoded)
+
+
+def embed_raw(http, image: np.ndarray, headers: dict) -> tuple[str, int]:
+    pixels = httpclient.InferInput(session.IMAGE_RGB, [1, *image.shape], "UINT8")
+    pixels.set_data_from_numpy(image[None])
+    return session_raw(http, pixels, headers)
+
+
+def probe_raw(http, image_id: str, headers: dict) -> int:
+    given = httpclient.InferInput(session.IMAGE_ID, [1, 1], "BYTES")
+    given.set_data_from_numpy(np.array([[image_id.encode()]], dtype=np.object_))
+    return session_raw(http, given, headers)[1]
+
+
+def test_a_jobs_crops_never_evict_the_tenants_images(embedded_triton, two_image_repository):
+    server = embedded_triton(two_image_repository)
+    headers = {TENANT_HEADER: "team-c"}
+    http = httpclient.InferenceServerClient(server.http_address)
+    try:
+        clicked, encoded = embed_raw(http, sample_image(96, 64, seed=31), headers)  # 1 of 2
+        assert encoded == 1
+        endpoint = resolve_endpoint(server.grpc_url, "grpc")
+        params = {**CASES["one_crop_layer"], "points_per_side": 1}
+        inputs = everything_client.job_inputs(IMAGE, params_json=json.dumps(params))
+        job = everything_client.generate(endpoint, MODEL, inputs, headers=headers)
+        assert job.image_size == IMAGE.shape[:2]  # the whole image (2 of 2) and 4 crops
+        assert probe_raw(http, clicked, headers) == 0  # still cached: a hit, not a miss
+        assert embed_raw(http, IMAGE, headers)[1] == 0  # the job's whole image too
+    finally:
+        http.close()
 
 
 def test_the_served_bench_row(sam2_tiny_server):

@@ -3,10 +3,10 @@ and the clients' pure request builders."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -27,20 +27,13 @@ from triton_sam.repository.session_config import (
     write_session,
 )
 from triton_sam.repository.writer import embedded_repository, list_models
+from triton_sam.serving.embedding_cache import embedder, metrics, store
+from triton_sam.serving.embedding_cache.requests import Inputs
+from triton_sam.serving.embedding_cache.settings import SessionSettings
 from triton_sam.serving.protocol import embedding_cache as protocol
 
 SAM2 = get_family("sam2")
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
-
-
-@pytest.fixture(scope="module")
-def model_module():
-    """embedding_cache_model.py imported with a stand-in for triton_python_backend_utils."""
-    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("pb_utils"))
-    spec = importlib.util.spec_from_file_location("session_model", session_config.SESSION_SOURCE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- the LRU -----------------------------------------------------------------------------------
@@ -48,20 +41,20 @@ def _ids(*names, tenant=""):
     return [(tenant, n) for n in names]
 
 
-def test_lru_keeps_at_most_max_images_and_evicts_the_oldest(model_module):
-    cache = model_module.EmbeddingCache(max_images=2)
-    a, b, c = (model_module.Scoped("", n) for n in "abc")
+def test_lru_keeps_at_most_max_images_and_evicts_the_oldest():
+    cache = store.EmbeddingCache(max_images=2)
+    a, b, c = (store.Scoped("", n) for n in "abc")
     assert cache.put(a, {}, 10) == [] and cache.put(b, {}, 10) == []
     cache.get(a)  # a is now the most recent
     assert cache.put(c, {}, 10) == [b]
     assert cache.ids() == _ids("a", "c") and cache.nbytes == 20 and cache.evictions == 1
-    with pytest.raises(model_module.EmbeddingMiss, match="'b'"):
+    with pytest.raises(store.EmbeddingMiss, match="'b'"):
         cache.get(b)
 
 
-def test_lru_byte_bound_counts_kept_logits(model_module):
-    cache = model_module.EmbeddingCache(max_images=10, max_bytes=100, logits_per_image=2)
-    a, b = model_module.Scoped("", "a"), model_module.Scoped("", "b")
+def test_lru_byte_bound_counts_kept_logits():
+    cache = store.EmbeddingCache(max_images=10, max_bytes=100, logits_per_image=2)
+    a, b = store.Scoped("", "a"), store.Scoped("", "b")
     cache.put(a, {}, 40)
     cache.put(b, {}, 40)
     logits = np.zeros(5, np.float32)  # 20 bytes
@@ -71,15 +64,15 @@ def test_lru_byte_bound_counts_kept_logits(model_module):
     assert evicted == [a]  # 40 + 40 + 40 > 100
     k3, _ = cache.keep_logits(b, logits)  # only 2 kept per image: k1 dropped
     assert cache.nbytes == 80 and len(cache) == 1
-    with pytest.raises(model_module.EmbeddingMiss):
+    with pytest.raises(store.EmbeddingMiss):
         cache.get_logits(b, k1)
     assert cache.get_logits(b, k3) is logits and cache.get_logits(b, k2) is logits
 
 
-def test_kept_logits_keys_are_issued_random_and_bound_to_image_and_tenant(model_module):
-    cache = model_module.EmbeddingCache(max_images=10)
-    mine, other_image = model_module.Scoped("x", "a"), model_module.Scoped("x", "b")
-    other_tenant = model_module.Scoped("y", "a")
+def test_kept_logits_keys_are_issued_random_and_bound_to_image_and_tenant():
+    cache = store.EmbeddingCache(max_images=10)
+    mine, other_image = store.Scoped("x", "a"), store.Scoped("x", "b")
+    other_tenant = store.Scoped("y", "a")
     for scoped in (mine, other_image, other_tenant):
         cache.put(scoped, {}, 10)
     logits = np.ones(4, np.float32)
@@ -88,38 +81,39 @@ def test_kept_logits_keys_are_issued_random_and_bound_to_image_and_tenant(model_
     key = keys.pop()
     assert cache.get_logits(mine, key) is logits
     for scoped in (other_image, other_tenant):  # the same key elsewhere: a miss
-        with pytest.raises(model_module.EmbeddingMiss) as info:
+        with pytest.raises(store.EmbeddingMiss) as info:
             cache.get_logits(scoped, key)
         assert key not in str(info.value)  # a capability stays out of messages
     for made_up in ("", "0" * 32, "k1"):
-        with pytest.raises(model_module.EmbeddingMiss):
+        with pytest.raises(store.EmbeddingMiss):
             cache.get_logits(mine, made_up)
-    assert model_module.EmbeddingCache(max_images=1, logits_per_image=0).keep_logits(
-        mine, logits
-    ) == ("", [])
+    assert store.EmbeddingCache(max_images=1, logits_per_image=0).keep_logits(mine, logits) == (
+        "",
+        [],
+    )
 
 
-def test_lru_keeps_one_image_larger_than_the_byte_bound(model_module):
-    cache = model_module.EmbeddingCache(max_images=4, max_bytes=10)
-    a, b = model_module.Scoped("", "a"), model_module.Scoped("", "b")
+def test_lru_keeps_one_image_larger_than_the_byte_bound():
+    cache = store.EmbeddingCache(max_images=4, max_bytes=10)
+    a, b = store.Scoped("", "a"), store.Scoped("", "b")
     cache.put(a, {}, 50)
     assert cache.put(b, {}, 50) == [a] and cache.ids() == _ids("b")
 
 
-def test_reembedding_an_id_replaces_its_bytes(model_module):
-    cache = model_module.EmbeddingCache(max_images=4)
-    a = model_module.Scoped("", "a")
+def test_reembedding_an_id_replaces_its_bytes():
+    cache = store.EmbeddingCache(max_images=4)
+    a = store.Scoped("", "a")
     cache.put(a, {}, 50)
     cache.put(a, {}, 30)
     assert cache.nbytes == 30 and len(cache) == 1
 
 
-def test_the_same_image_in_two_tenants_is_two_entries(model_module):
-    cache = model_module.EmbeddingCache(max_images=4)
-    cache.put(model_module.Scoped("x", "a"), {"f": 1}, 10)
-    assert model_module.Scoped("y", "a") not in cache
-    with pytest.raises(model_module.EmbeddingMiss, match="'a'") as info:
-        cache.get(model_module.Scoped("y", "a"))
+def test_the_same_image_in_two_tenants_is_two_entries():
+    cache = store.EmbeddingCache(max_images=4)
+    cache.put(store.Scoped("x", "a"), {"f": 1}, 10)
+    assert store.Scoped("y", "a") not in cache
+    with pytest.raises(store.EmbeddingMiss, match="'a'") as info:
+        cache.get(store.Scoped("y", "a"))
     assert "x" not in str(info.value).replace("'a'", "")  # the other tenant is not named
 
 
@@ -249,9 +243,9 @@ def test_write_session_and_its_embedded_twin(tmp_path):
 def test_cpu_features_is_validated_and_written():
     with pytest.raises(InputValidationError, match="cpu_features: got 'disk'"):
         SessionOptions(cpu_features="disk")
-    for store in protocol.CPU_FEATURES:
-        config = build_session_config(SAM2, RepositoryOptions(), SessionOptions(cpu_features=store))
-        assert config.parameters[protocol.PARAM_CPU_FEATURES].string_value == store
+    for where in protocol.CPU_FEATURES:
+        config = build_session_config(SAM2, RepositoryOptions(), SessionOptions(cpu_features=where))
+        assert config.parameters[protocol.PARAM_CPU_FEATURES].string_value == where
     default = build_session_config(SAM2, RepositoryOptions())
     assert default.parameters[protocol.PARAM_CPU_FEATURES].string_value == "process"
 
@@ -271,8 +265,8 @@ def test_session_variant_sets_the_store_and_keeps_the_rest(tmp_path):
         session_config.session_variant(model, cpu_features="disk")
 
 
-def test_the_clock_partitions_a_click_into_its_stages(model_module):
-    clock = model_module._Clock(model_module.time.perf_counter())
+def test_the_clock_partitions_a_click_into_its_stages():
+    clock = metrics.Clock(time.perf_counter())
     for stage in ("schedule", "intake", "feeds", "bls", "intake"):
         clock.mark(stage)
     totals = clock.totals()
@@ -377,93 +371,99 @@ class _Request:
         return self.cancelled
 
 
-def _admission(model_module, slots: int, waiting: int):
-    """A session model instance with only what embed admission uses (no Triton)."""
+def _admission(slots: int, waiting: int):
+    """An embedder with fakes for the image it receives and the encoder run (no Triton)."""
     import asyncio
-    import concurrent.futures
 
-    from triton_sam.serving.click_queue import ClickQueue
+    settings = SessionSettings(max_concurrent_embeds=slots, max_waiting_embeds=max(waiting, 0))
+    quiet = types.SimpleNamespace(embeds=lambda queue: None)
+    runner = embedder.Embedder(
+        None,
+        settings,
+        store.EmbeddingCache(4),
+        quiet,
+        pre=None,
+        namespaces={},
+        on_gpu=False,
+        device_id=0,
+    )
+    runner.decoded, runner.runs = [], []
+    runner.release = asyncio.Event()
 
-    model = model_module.TritonPythonModel.__new__(model_module.TritonPythonModel)
-    model.embed_queue = ClickQueue(slots, waiting, what="embeds wait for an encoder slot")
-    model.intake_pool = concurrent.futures.ThreadPoolExecutor(slots)
-    model.metrics = types.SimpleNamespace(embeds=lambda queue: None)
-    model.decoded, model.runs = [], []
-    model.release = asyncio.Event()
+    def received(inputs):
+        runner.decoded.append(inputs.request.image_id)
+        return inputs.request.image_id, "rgb", np.zeros((2, 2, 3), np.uint8)
 
-    def received(request):
-        model.decoded.append(request.image_id)
-        return request.image_id, "rgb", np.zeros((2, 2, 3), np.uint8)
+    async def encode(scoped, kind, value, *, crop=False):
+        runner.runs.append(scoped.image_id)
+        await runner.release.wait()
+        return 1, None
 
-    async def embed(scoped, kind, value):
-        model.runs.append(scoped.image_id)
-        await model.release.wait()
-        return 1
-
-    model._received_image, model._embed = received, embed
-    return model
+    runner.received_image, runner.encode = received, encode
+    return runner
 
 
-def test_embeds_beyond_the_line_are_refused_and_a_cancelled_one_is_answered_unrun(model_module):
+def _embed(runner, image_id, tenant="", cancelled=False):
+    return runner.admitted(Inputs(None, _Request(image_id, cancelled)), tenant)
+
+
+def test_embeds_beyond_the_line_are_refused_and_a_cancelled_one_is_answered_unrun():
     import asyncio
 
     from triton_sam.serving.click_queue import QueueFull
 
     async def main():
-        model = _admission(model_module, slots=1, waiting=1)
-        embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
+        runner = _admission(slots=1, waiting=1)
+        first = asyncio.create_task(_embed(runner, "a"))
         await asyncio.sleep(0.05)
         stale = _Request("b")
-        waiting = asyncio.create_task(model._admitted_embed(stale, embeds, ""))
+        waiting = asyncio.create_task(runner.admitted(Inputs(None, stale), ""))
         await asyncio.sleep(0)
         with pytest.raises(QueueFull, match="1 embeds wait for an encoder slot"):
-            await model._admitted_embed(_Request("c"), embeds, "")  # refused at once
+            await _embed(runner, "c")  # refused at once
         stale.cancelled = True  # the client gave up while it waited
-        model.release.set()
-        assert await first == ("a", model_module.Scoped("", "a"), 1)
-        with pytest.raises(model_module._EmbedCancelledWhileWaiting):
+        runner.release.set()
+        assert await first == ("a", store.Scoped("", "a"), 1, None)
+        with pytest.raises(embedder.EmbedCancelledWhileWaiting):
             await waiting
-        assert model.decoded == ["a"] and model.runs == ["a"]  # b never decoded nor encoded
-        assert (model.embed_queue.at_decoder, model.embed_queue.waiting) == (0, 0)
+        assert runner.decoded == ["a"] and runner.runs == ["a"]  # b never decoded nor encoded
+        assert (runner.queue.at_decoder, runner.queue.waiting) == (0, 0)
 
     asyncio.run(main())
 
 
-def test_a_second_embed_of_an_image_in_work_shares_its_run_and_frees_its_slot(model_module):
+def test_a_second_embed_of_an_image_in_work_shares_its_run_and_frees_its_slot():
     import asyncio
 
     async def main():
-        model = _admission(model_module, slots=2, waiting=0)
-        embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
+        runner = _admission(slots=2, waiting=0)
+        first = asyncio.create_task(_embed(runner, "a"))
         await asyncio.sleep(0.05)
-        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, ""))
+        second = asyncio.create_task(_embed(runner, "a"))
         await asyncio.sleep(0.05)
-        assert model.embed_queue.at_decoder == 1  # the shared run holds one slot
-        model.release.set()
-        expected = ("a", model_module.Scoped("", "a"), 1)
+        assert runner.queue.at_decoder == 1  # the shared run holds one slot
+        runner.release.set()
+        expected = ("a", store.Scoped("", "a"), 1, None)
         assert await first == expected and await second == expected
-        assert model.runs == ["a"] and model.embed_queue.at_decoder == 0
+        assert runner.runs == ["a"] and runner.queue.at_decoder == 0
 
     asyncio.run(main())
 
 
-def test_the_same_image_from_two_tenants_is_encoded_for_each(model_module):
+def test_the_same_image_from_two_tenants_is_encoded_for_each():
     """A shared run would tell tenant y that tenant x is embedding this picture."""
     import asyncio
 
     async def main():
-        model = _admission(model_module, slots=2, waiting=0)
-        embeds = {}
-        first = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, "x"))
+        runner = _admission(slots=2, waiting=0)
+        first = asyncio.create_task(_embed(runner, "a", "x"))
         await asyncio.sleep(0.05)
-        second = asyncio.create_task(model._admitted_embed(_Request("a"), embeds, "y"))
+        second = asyncio.create_task(_embed(runner, "a", "y"))
         await asyncio.sleep(0.05)
-        assert model.embed_queue.at_decoder == 2  # two runs, one slot each
-        model.release.set()
-        assert await first == ("a", model_module.Scoped("x", "a"), 1)
-        assert await second == ("a", model_module.Scoped("y", "a"), 1)
-        assert model.runs == ["a", "a"]
+        assert runner.queue.at_decoder == 2  # two runs, one slot each
+        runner.release.set()
+        assert await first == ("a", store.Scoped("x", "a"), 1, None)
+        assert await second == ("a", store.Scoped("y", "a"), 1, None)
+        assert runner.runs == ["a", "a"]
 
     asyncio.run(main())

@@ -149,12 +149,19 @@ def test_every_decoder_sums_the_models_named_decoder(monkeypatch):
 
 
 def test_the_session_model_counts_the_metric_the_reader_reads():
+    from types import SimpleNamespace
+
+    from triton_sam.serving.embedding_cache import answers, metrics
+    from triton_sam.serving.embedding_cache.predictor import CancelledWhileWaiting
     from triton_sam.serving.protocol import embedding_cache
 
-    # the model imports Triton's python-backend module: read its source, not the module
-    source = (writer.SERVING_DIR / "embedding_cache_model.py").read_text()
     name = counters.SESSION_CANCELLED_METRIC.removeprefix(embedding_cache.METRIC_PREFIX)
-    assert f'self.metrics.count("{name}")' in source and f'("{name}", "COUNTER"' in source
+    assert (name, "COUNTER") in {(n, kind) for n, kind, _ in metrics.SPECS}
+    counted = []
+    pb_utils = SimpleNamespace(TritonError=lambda *a: a, InferenceResponse=lambda **k: k)
+    model_metrics = SimpleNamespace(count=counted.append)
+    answers.error_answer(pb_utils, CancelledWhileWaiting(), model_metrics, embed=False)
+    assert counted == [name]
 
 
 def test_counter_deltas_keep_the_pending_gauge():

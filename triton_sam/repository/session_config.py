@@ -19,7 +19,9 @@ tensors come from the spec:
   families also answer the finished masks and, last, the cached features (named as the
   encoder outputs) for an embed or probe that asks for them.
 
-Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters.
+Its bounds (``triton_sam.serving.bounds``) and the family's preprocessing are parameters: one
+dataclass, ``serving/embedding_cache/settings.py``'s ``SessionSettings``, filled here and
+written field by field, read back by the model the same way (``serving/protocol/parameters.py``).
 
 One instance, always (the cache lives in it; see serving/embedding_cache_model.py):
 ``KIND_GPU`` pinned to GPU 0 when the encoder runs on GPUs (features stay in device memory),
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,7 +40,6 @@ from triton_sam.models.spec import FamilySpec, TensorSpec
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    check_int,
     check_model_name,
     config_to_text,
     model_config_pb2,
@@ -53,7 +53,9 @@ from triton_sam.repository.writer import (
     shipped_modules,
     write_models,
 )
-from triton_sam.serving import bounds, intake
+from triton_sam.serving import intake
+from triton_sam.serving.embedding_cache import settings
+from triton_sam.serving.embedding_cache.settings import SessionSettings
 from triton_sam.serving.protocol import embedding_cache as protocol
 from triton_sam.serving.protocol.embedding_cache import (
     ENCODED,
@@ -64,6 +66,7 @@ from triton_sam.serving.protocol.embedding_cache import (
     PREVIOUS_KEY,
     PREVIOUS_MASK_INDEX,
 )
+from triton_sam.serving.protocol.parameters import ParameterError, to_parameters
 
 SESSION_SOURCE = SERVING_DIR / "embedding_cache_model.py"
 # What the session model imports beside its model.py (triton_sam_serving/...).
@@ -82,65 +85,19 @@ FINISHED_OUTPUTS = (
 )
 
 
-@dataclass(frozen=True)
-class SessionOptions:
-    """Bounds of the server-side feature cache.
+class SessionOptions(settings.SessionOptions):
+    """Bounds of the server-side feature cache: the fields of
+    :class:`triton_sam.serving.embedding_cache.settings.SessionOptions`, shared with the model.
 
-    Attributes:
-        max_images: images whose features are kept (LRU beyond). SAM2 keeps 16 MiB per image
-            (fp32, with the high-resolution features), SAM1 4 MiB, the SAM3 tracker ~21 MiB.
-        max_bytes: bound on features + kept logits in bytes (0 = only ``max_images``).
-        logits_per_image: low-res logits kept per image for refinement without resending
-            them (the most recent predictions that asked to keep them).
-        max_points / max_boxes / max_image_pixels / max_image_bytes: the request bounds the
-            server enforces (defaults and reasons in :mod:`triton_sam.serving.bounds`).
-        cpu_features: on a CPU instance, where the cached features live: ``"process"``
-            (the default: copied into the stub's memory, copied back into the shared-memory
-            pool on every click) or ``"shared_memory"`` (the encoder's output tensors, kept
-            in the python backend's shared-memory pool and passed to the decoder without a
-            copy: -2.3 ms per SAM2 click, but the stub's resident memory under LRU churn is
-            not yet shown to stay bounded). Measured in docs/cpu-performance.md.
-        max_concurrent_embeds: images decoded, preprocessed and encoded at once (each holds
-            its pixels, its encoder input and its features while it is in work; the encoder's
-            memory grows with the batches it runs). The default fills one encoder batch on a
-            GPU; the embedded (CPU) server lowers it (``writer.embedded_repository``).
-        max_waiting_embeds: embeds that wait for a slot; one more is refused at once with
-            the ``Overloaded`` answer (``ServerOverloadedError`` in the clients). Clicks never
-            wait in this line.
+    Raises:
+        InputValidationError: a value out of its type or range, naming the field.
     """
 
-    max_images: int = protocol.DEFAULT_MAX_IMAGES
-    max_bytes: int = protocol.DEFAULT_MAX_BYTES
-    logits_per_image: int = protocol.DEFAULT_LOGITS_PER_IMAGE
-    max_points: int = bounds.MAX_POINTS
-    max_boxes: int = bounds.MAX_BOXES
-    max_image_pixels: int = bounds.MAX_IMAGE_PIXELS
-    max_image_bytes: int = bounds.MAX_IMAGE_BYTES
-    cpu_features: str = protocol.CPU_FEATURES[0]
-    max_concurrent_embeds: int = protocol.DEFAULT_MAX_CONCURRENT_EMBEDS
-    max_waiting_embeds: int = protocol.DEFAULT_MAX_WAITING_EMBEDS
-
     def __post_init__(self) -> None:
-        check_int("max_images", self.max_images, minimum=1)
-        check_int("max_bytes", self.max_bytes, minimum=0)
-        check_int("logits_per_image", self.logits_per_image, minimum=0)
-        check_int("max_points", self.max_points, minimum=1)
-        if self.max_points > bounds.GRAPH_MAX_POINTS:  # the decoder graph refuses more
-            raise InputValidationError(
-                "max_points",
-                f"got {self.max_points}, expected at most {bounds.GRAPH_MAX_POINTS} (the "
-                "exported decoders' own bound, serving.bounds.GRAPH_MAX_POINTS)",
-            )
-        check_int("max_boxes", self.max_boxes, minimum=0)
-        check_int("max_image_pixels", self.max_image_pixels, minimum=1)
-        check_int("max_image_bytes", self.max_image_bytes, minimum=1)
-        check_int("max_concurrent_embeds", self.max_concurrent_embeds, minimum=1)
-        check_int("max_waiting_embeds", self.max_waiting_embeds, minimum=0)
-        if self.cpu_features not in protocol.CPU_FEATURES:
-            raise InputValidationError(
-                "cpu_features",
-                f"got {self.cpu_features!r}, expected one of {list(protocol.CPU_FEATURES)}",
-            )
+        try:
+            super().__post_init__()
+        except ParameterError as e:  # the package's own error, as every option's
+            raise InputValidationError(e.name, e.reason) from None
 
 
 def embedding_bytes(family: FamilySpec) -> int:
@@ -233,30 +190,7 @@ def build_session_config(
     # Several queued requests reach one execute (their BLS calls then overlap), and a request
     # cancelled while queued is dropped, as for the decoder.
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
-    limit = family.preprocessing.low_res_logit_limit
-    params = {
-        protocol.PARAM_KIND: protocol.KIND,
-        protocol.PARAM_ENCODER_MODEL: encoder_model or family.encoder_model,
-        protocol.PARAM_DECODER_MODEL: decoder_model or family.decoder_model,
-        protocol.PARAM_ENCODER_INPUTS: ",".join(t.name for t in family.encoder_inputs),
-        protocol.PARAM_EMBEDDING_NAMES: ",".join(family.embedding_names),
-        protocol.PARAM_EMBEDDING_BYTES: str(embedding_bytes(family)),
-        protocol.PARAM_MAX_IMAGES: str(session.max_images),
-        protocol.PARAM_MAX_BYTES: str(session.max_bytes),
-        protocol.PARAM_LOGITS_PER_IMAGE: str(session.logits_per_image),
-        protocol.PARAM_LOW_RES_LOGIT_LIMIT: "" if limit is None else repr(float(limit)),
-        protocol.PARAM_PREPROCESSING: intake.preprocessing_json(family.preprocessing),
-        protocol.PARAM_MAX_POINTS: str(session.max_points),
-        protocol.PARAM_MAX_BOXES: str(session.max_boxes),
-        protocol.PARAM_MAX_IMAGE_PIXELS: str(session.max_image_pixels),
-        protocol.PARAM_MAX_IMAGE_BYTES: str(session.max_image_bytes),
-        protocol.PARAM_BOX_BEFORE_POINTS: str(family.box_before_points).lower(),
-        protocol.PARAM_PAD_WITH_BOX: str(family.pad_with_box).lower(),
-        protocol.PARAM_CPU_FEATURES: session.cpu_features,
-        protocol.PARAM_MAX_CONCURRENT_EMBEDS: str(session.max_concurrent_embeds),
-        protocol.PARAM_MAX_WAITING_EMBEDS: str(session.max_waiting_embeds),
-    }
-    for key, value in params.items():
+    for key, value in _parameters(family, session, encoder_model, decoder_model).items():
         config.parameters[key].string_value = value
     return config
 
@@ -313,6 +247,29 @@ def write_session(
     artifact = session_artifact(family, options, session)
     write_models(repo_dir, [artifact])
     return artifact.name
+
+
+def _parameters(
+    family: FamilySpec,
+    session: SessionOptions,
+    encoder_model: str | None,
+    decoder_model: str | None,
+) -> dict[str, str]:
+    """The config parameters: the model kind, then every rendered field of the settings."""
+    limit = family.preprocessing.low_res_logit_limit
+    derived = SessionSettings.of(
+        session,
+        encoder_model=encoder_model or family.encoder_model,
+        decoder_model=decoder_model or family.decoder_model,
+        encoder_inputs=tuple(t.name for t in family.encoder_inputs),
+        embedding_names=tuple(family.embedding_names),
+        embedding_bytes=embedding_bytes(family),
+        low_res_logit_limit=None if limit is None else float(limit),
+        preprocessing=intake.preprocessing_json(family.preprocessing),
+        box_before_points=bool(family.box_before_points),
+        pad_with_box=bool(family.pad_with_box),
+    )
+    return {protocol.PARAM_KIND: protocol.KIND, **to_parameters(derived)}
 
 
 def _prompt_inputs(family: FamilySpec) -> tuple[TensorSpec, ...]:

@@ -65,6 +65,12 @@ class LruCache:
         entry = self._entries.get(key)
         return None if entry is None else entry[0]
 
+    def pop(self, key: Any) -> Any:
+        """Remove ``key`` (not counted as an eviction); its value, or None."""
+        value = self.peek(key)
+        self._drop(key)
+        return value
+
     def put(self, key: Any, value: Any, nbytes: int, owner: str = DEFAULT_OWNER) -> list[Any]:
         """Keep ``value`` under ``key`` for tenant ``owner`` (putting an existing key again
         replaces it and its size); returns the keys evicted to stay within bounds."""

@@ -175,7 +175,10 @@ class TritonPythonModel:
             else:
                 crop = np.ascontiguousarray(rgb[y0:y1, x0:x1])
                 features = self.session_call.call(
-                    tenant, [_image_tensor("rgb", crop)], list(self.settings.embedding_names)
+                    tenant,
+                    [_image_tensor("rgb", crop)],
+                    list(self.settings.embedding_names),
+                    parameters=session.CROP_EMBED,  # a crop never evicts the tenant's images
                 )
             return [features[n] for n in self.settings.embedding_names]
 

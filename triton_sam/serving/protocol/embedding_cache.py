@@ -49,7 +49,9 @@ Point-list families (SAM1, SAM2.1) also take prompts in original pixels (``point
 ``image_size``). Bounds on every request: :mod:`triton_sam.serving.bounds`.
 """
 
-from . import KIND_EMBEDDING_CACHE, KIND_PARAM
+import json
+
+from . import ERR_INVALID_INPUT, KIND_EMBEDDING_CACHE, KIND_PARAM, ProtocolError
 
 KIND = KIND_EMBEDDING_CACHE
 
@@ -82,6 +84,16 @@ FINISHED_OUTPUTS = (*ENCODED_MASK_OUTPUTS, MASK_BOXES, MASK_SCORES, IMAGE_SIZE)
 # kept-logits key names the first of them the answer has.
 MASK_OUTPUTS = ("masks", "multimask_masks")
 ISSUED_KEY_BYTES = 16  # random bytes of a kept-logits key (hex: 32 characters)
+# Request parameter (not a tensor, so the config is unchanged) naming the cache area an embed
+# is kept in (serving/embedding_cache/store.py). The everything model's crops name CROPS_AREA:
+# they live in an area of their own, at most CROP_AREA_IMAGES images shared fairly by the
+# tenants, so a job's crops never evict the images a user is clicking on. Absent: the images.
+CACHE_AREA = "cache_area"
+IMAGES_AREA = "images"
+CROPS_AREA = "crops"
+CACHE_AREAS = (IMAGES_AREA, CROPS_AREA)
+CROP_AREA_IMAGES = 4  # one layer-1 everything job's crops (2 x 2)
+CROP_EMBED = {CACHE_AREA: CROPS_AREA}  # the parameters of a crop's embed request (BLS)
 # Asked for when a predict request names no output.
 DEFAULT_OUTPUTS = ("masks", "iou_predictions")
 METRIC_PREFIX = "triton_sam_session_"
@@ -178,6 +190,25 @@ def keeps_logits(decoder_inputs, decoder_outputs) -> bool:
     logits for refinement (and so offers the ``logits_key`` output): the decoder takes
     ``mask_input`` and answers one of :data:`MASK_OUTPUTS`."""
     return MASK_INPUT in set(decoder_inputs) and bool(set(MASK_OUTPUTS) & set(decoder_outputs))
+
+
+def cache_area(parameters_json: str | None) -> str:
+    """The cache area a request names (:data:`CACHE_AREA`) in its parameters (the python
+    backend's ``request.parameters()``, JSON text): one of :data:`CACHE_AREAS`.
+
+    Raises:
+        ProtocolError: ``InvalidInput`` naming ``cache_area`` for any other value.
+    """
+    value = json.loads(parameters_json).get(CACHE_AREA) if parameters_json else None
+    if value is None:
+        return IMAGES_AREA
+    if value not in CACHE_AREAS:
+        raise ProtocolError(
+            ERR_INVALID_INPUT,
+            f"{CACHE_AREA}: got {value!r}, expected one of {list(CACHE_AREAS)}",
+            CACHE_AREA,
+        )
+    return value
 
 
 # Bounds (SessionOptions' defaults).
