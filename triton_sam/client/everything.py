@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import queue
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.protocol import everything as protocol
 
 Progress = Callable[[int, int], Any]  # (done_batches, total_batches)
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,55 @@ def grpc_endpoint(endpoint: Endpoint, grpc_url: str | None) -> Endpoint:
             f"{endpoint.address}: pass grpc_url='host:port' of the server's gRPC port",
         )
     return Endpoint(f"{host}:{DEFAULT_PORTS['grpc']}", "grpc", endpoint.ssl)
+
+
+def job_target(
+    family: Any,
+    model_type: str,
+    session_model: str,
+    params: Mapping[str, Any],
+    endpoint: Endpoint,
+    grpc_url: str | None,
+) -> tuple[str, str, Endpoint]:
+    """What a client's ``generate_masks`` sends to: the job model, the checked parameters
+    (JSON) and the gRPC endpoint, checked in that order before anything is sent.
+
+    Raises:
+        UnsupportedModelError: a family without a segment-everything model.
+        InputValidationError: a bad parameter (``params.<key>``) or ``grpc_url``.
+    """
+    model = job_model(family, model_type, session_model)
+    params_json = check_params(family.family, params)
+    return model, params_json, grpc_endpoint(endpoint, grpc_url)
+
+
+def with_fallback(
+    run: Callable[[dict[str, np.ndarray]], _R],
+    first: dict[str, np.ndarray],
+    fallback: dict[str, np.ndarray] | None,
+) -> _R:
+    """``run(first)``; when the server no longer holds the image it names (evicted, or the
+    server restarted), ``run(fallback)`` with the pixels; with no fallback the error stands."""
+    try:
+        return run(first)
+    except EmbeddingNotFoundError:
+        if fallback is None:
+            raise
+        return run(fallback)
+
+
+async def awith_fallback(
+    run: Callable[[dict[str, np.ndarray]], Awaitable[_R]],
+    first: dict[str, np.ndarray],
+    fallback: dict[str, np.ndarray] | None,
+) -> _R:
+    """:func:`with_fallback` for a coroutine function ``run``."""
+    try:
+        return await run(first)
+    except EmbeddingNotFoundError:
+        if fallback is None:
+            raise
+        return await run(fallback)
 
 
 def _infer_inputs(module: Any, inputs: Mapping[str, np.ndarray]) -> list[Any]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -35,7 +35,7 @@ from triton_sam.client.latest_wins import LatestWinsSessions, _cancel_task, _can
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.reference_helpers import queue_multiple_requests, wait_for_latest_result
 from triton_sam.client.request_book import LatestWins, RequestBook, RequestRecord, TrackedEvent
-from triton_sam.errors import EmbeddingNotFoundError, InputValidationError
+from triton_sam.errors import InputValidationError
 
 DEFAULT_SESSION = "default"
 _T = TypeVar("_T")
@@ -288,9 +288,9 @@ class SpeculativeSAM2Client(LatestWinsSessions):
         """
         conn = self._conn
         await conn.aconnected()
-        model = everything_client.job_model(conn.family, conn.model_type, conn.session_model)
-        params_json = everything_client.check_params(conn.family.family, params)
-        endpoint = everything_client.grpc_endpoint(conn.endpoint, grpc_url)
+        model, params_json, endpoint = everything_client.job_target(
+            conn.family, conn.model_type, conn.session_model, params, conn.endpoint, grpc_url
+        )
         cached = None if image is not None else conn._require_image().cached
         first, fallback = await asyncio.to_thread(
             everything_client.job_requests, image, cached, params_json
@@ -301,12 +301,11 @@ class SpeculativeSAM2Client(LatestWinsSessions):
             "tls": conn.tls,
             "headers": conn.headers,
         }
-        try:
-            return await everything_client.agenerate(endpoint, model, first, **options)
-        except EmbeddingNotFoundError:  # evicted, or the server restarted: send the pixels
-            if fallback is None:
-                raise
-            return await everything_client.agenerate(endpoint, model, fallback, **options)
+
+        def run(inputs: dict[str, np.ndarray]) -> Awaitable[EverythingResult]:
+            return everything_client.agenerate(endpoint, model, inputs, **options)
+
+        return await everything_client.awith_fallback(run, first, fallback)
 
     def cancel_session_requests(self, session_id: str, *, keep_latest: bool = True) -> int:
         """Cancel the session's stale requests for real.

@@ -19,7 +19,7 @@ from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
 from triton_sam.client.wire import SentRequest
-from triton_sam.errors import EmbeddingNotFoundError, ImageNotSetError, UnsupportedModelError
+from triton_sam.errors import ImageNotSetError, UnsupportedModelError
 from triton_sam.models.registry import get_family, is_concept_family
 
 
@@ -291,9 +291,14 @@ class SAM2TritonClient:
             ImageNotSetError: no image given and none set.
             InvalidRequestError / ServerOverloadedError / ServerError: the server's answer.
         """
-        model = everything_client.job_model(self.family, self.model_type, self.session_model)
-        params_json = everything_client.check_params(self.family.family, params)
-        endpoint = everything_client.grpc_endpoint(self._transport.endpoint, grpc_url)
+        model, params_json, endpoint = everything_client.job_target(
+            self.family,
+            self.model_type,
+            self.session_model,
+            params,
+            self._transport.endpoint,
+            grpc_url,
+        )
 
         def run(inputs: dict[str, np.ndarray]) -> EverythingResult:
             return everything_client.generate(
@@ -309,12 +314,7 @@ class SAM2TritonClient:
             self._require_image()
         cached = None if self._image is None else self._image.cached
         first, fallback = everything_client.job_requests(image, cached, params_json)
-        try:
-            return run(first)
-        except EmbeddingNotFoundError:  # evicted, or the server restarted: send the pixels
-            if fallback is None:
-                raise
-            return run(fallback)
+        return everything_client.with_fallback(run, first, fallback)
 
     # -- concept segmentation (text prompts; model_type="sam3_concept") --------------------
     def predict_concepts(
