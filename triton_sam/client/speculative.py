@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from triton_sam.client import everything as everything_client
+from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.connection import Connection
 from triton_sam.client.decode_request import DecodeRequest
 from triton_sam.client.everything import EverythingResult
@@ -41,7 +42,7 @@ DEFAULT_SESSION = "default"
 _T = TypeVar("_T")
 
 
-class SpeculativeSAM2Client(LatestWinsSessions):
+class SpeculativeSAM2Client(LatestWinsSessions, ClosesOnExit):
     """Asynchronous SAM client whose stale requests are really cancelled on the server.
 
     The image is encoded once (:meth:`set_image`, or :meth:`set_image_async` inside async
@@ -123,12 +124,6 @@ class SpeculativeSAM2Client(LatestWinsSessions):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    def __enter__(self) -> SpeculativeSAM2Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     async def aclose(self) -> None:
         """Cancel every outstanding request, then close both connections (idempotent)."""

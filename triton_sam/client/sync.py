@@ -10,6 +10,7 @@ import numpy as np
 
 from triton_sam.client import concepts, flow, image_io, startup
 from triton_sam.client import everything as everything_client
+from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.concept_session import ConceptSession
 from triton_sam.client.decode_request import EncodedImage
 from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
@@ -23,7 +24,7 @@ from triton_sam.errors import ImageNotSetError, UnsupportedModelError
 from triton_sam.models.registry import get_family, is_concept_family
 
 
-class SAM2TritonClient:
+class SAM2TritonClient(ClosesOnExit):
     """Synchronous client for a SAM encoder/decoder pair served by Triton.
 
     The image is encoded once by :meth:`set_image`; each :meth:`predict` runs only the
@@ -124,12 +125,6 @@ class SAM2TritonClient:
     def close(self) -> None:
         """Close the connection (idempotent)."""
         self._transport.close()
-
-    def __enter__(self) -> SAM2TritonClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- encoding --------------------------------------------------------------------
     def set_image(self, image: Any) -> None:

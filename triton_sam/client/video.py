@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
@@ -46,7 +47,7 @@ from triton_sam.serving.resample import bilinear
 _MASK_OUTPUTS = (p.OUT_FRAME_INDEX, p.OUT_OBJECT_IDS, p.OUT_MASKS, p.OUT_OBJECT_SCORES)
 
 
-class SAM2VideoTritonClient:
+class SAM2VideoTritonClient(ClosesOnExit):
     """Track objects through a video or a 3-D volume with SAM2.1 on a Triton server.
 
     Args:
@@ -255,12 +256,6 @@ class SAM2VideoTritonClient:
     def close(self) -> None:
         """Close the connections (idempotent)."""
         self.transport.close()
-
-    def __enter__(self) -> SAM2VideoTritonClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- requests ------------------------------------------------------------------------------
     def _command(
