@@ -32,7 +32,6 @@ from triton_sam.repository.writer import (
     write_models,
 )
 from triton_sam.serving.protocol import concept as protocol
-from triton_sam.serving.protocol.settings import to_parameters
 
 SERVING_SOURCE = SERVING_DIR / "concept_model.py"
 
@@ -143,8 +142,7 @@ def build_serving_config(
         phrases_per_decode=concept.phrases_per_decode,
         max_image_pixels=concept.max_image_pixels,
     )
-    for key, value in to_parameters(served, kind=protocol.KIND).items():
-        config.parameters[key].string_value = value
+    cfg.set_parameters(config, served, kind=protocol.KIND)
     return config
 
 

@@ -42,6 +42,7 @@ from triton_sam.repository.backend_checks import (  # noqa: F401 - re-exported: 
 )
 from triton_sam.serving import bounds, protocol
 from triton_sam.serving.protocol import runner as runner_protocol
+from triton_sam.serving.protocol.settings import to_parameters
 
 Target = Literal["onnxruntime", "python"]
 InstanceKind = Literal["cpu", "gpu"]
@@ -280,6 +281,13 @@ def render_config(
 def config_to_text(config: ModelConfig) -> str:
     """Serialise a model config to protobuf text format (what Triton reads)."""
     return text_format.MessageToString(config)
+
+
+def set_parameters(config: ModelConfig, settings: object, *, kind: str) -> None:
+    """Write a settings dataclass into ``config.parameters``, headed by the model ``kind``:
+    what the model's ``initialize`` reads back (``serving.protocol.settings``)."""
+    for key, value in to_parameters(settings, kind=kind).items():
+        config.parameters[key].string_value = value
 
 
 def parse_config(text_or_path: str | os.PathLike[str]) -> ModelConfig:

@@ -25,13 +25,13 @@ from triton_sam.repository.config import (
     check_model_name,
     config_to_text,
     model_config_pb2,
+    set_parameters,
 )
 from triton_sam.repository.session_config import SessionOptions
 from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import SERVING_DIR, ModelFiles
 from triton_sam.serving import everything
 from triton_sam.serving.protocol import everything as protocol
-from triton_sam.serving.protocol.settings import to_parameters
 
 EVERYTHING_SOURCE = SERVING_DIR / "everything_model.py"
 
@@ -108,8 +108,7 @@ def build_everything_config(
         max_concurrent_jobs=options.max_concurrent_jobs,
         max_waiting_jobs=options.max_waiting_jobs,
     )
-    for key, value in to_parameters(job, kind=protocol.KIND).items():
-        config.parameters[key].string_value = value
+    set_parameters(config, job, kind=protocol.KIND)
     return config
 
 

@@ -23,6 +23,7 @@ from triton_sam.repository.config import (
     check_model_name,
     config_to_text,
     model_config_pb2,
+    set_parameters,
 )
 from triton_sam.repository.session_config import SessionOptions
 from triton_sam.repository.shipping import shipped_files
@@ -35,7 +36,6 @@ from triton_sam.repository.writer import (
 )
 from triton_sam.serving import intake
 from triton_sam.serving.protocol import lambda_json as protocol
-from triton_sam.serving.protocol.settings import to_parameters
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,7 @@ def build_lambda_config(
         max_points=session.max_points,
         preprocessing=intake.preprocessing_json(family.preprocessing),
     )
-    for key, value in to_parameters(served, kind=protocol.KIND).items():
-        config.parameters[key].string_value = value
+    set_parameters(config, served, kind=protocol.KIND)
     return config
 
 

@@ -27,6 +27,7 @@ from triton_sam.repository.config import (
     config_to_text,
     graph_config,
     model_kind,
+    set_parameters,
     triton_dtype,
 )
 from triton_sam.repository.shipping import shipped_files
@@ -39,7 +40,6 @@ from triton_sam.repository.writer import (
     write_models,
 )
 from triton_sam.serving.protocol import tracker as protocol
-from triton_sam.serving.protocol.settings import to_parameters
 from triton_sam.serving.tracking.config import TrackerConfig
 
 TRACKER_SOURCE = SERVING_DIR / "tracker_model.py"
@@ -129,8 +129,7 @@ def build_tracker_config(
         model_config=config.to_json(),
         **bounds,
     )
-    for key, value in to_parameters(served, kind=protocol.KIND).items():
-        model.parameters[key].string_value = value
+    set_parameters(model, served, kind=protocol.KIND)
     return model
 
 

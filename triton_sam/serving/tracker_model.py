@@ -43,6 +43,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
 from triton_sam_serving import model_io
 from triton_sam_serving import protocol as envelope
+from triton_sam_serving.metric_set import MetricSet
 from triton_sam_serving.protocol import settings
 from triton_sam_serving.protocol import tracker as protocol
 from triton_sam_serving.protocol.tenancy import request_tenant
@@ -146,7 +147,7 @@ def _tensors(request, outputs, p):
     return tensors
 
 
-class _Metrics:
+class _Metrics(MetricSet):
     """Gauges of the sessions and counters of frames tracked, evictions, cancelled requests
     skipped; no-ops where the stub has no custom metrics."""
 
@@ -160,26 +161,7 @@ class _Metrics:
     )
 
     def __init__(self, args):
-        self._families, self._metrics = [], {}
-        if not hasattr(pb_utils, "MetricFamily"):
-            return
-        labels = {"model": args["model_name"], "version": str(args["model_version"])}
-        try:
-            for name, kind, description in self.SPECS:
-                family = pb_utils.MetricFamily(
-                    name=METRIC_PREFIX + name,
-                    description=description,
-                    kind=getattr(pb_utils.MetricFamily, kind),
-                )
-                self._families.append(family)
-                self._metrics[name] = family.Metric(labels=labels)
-        except Exception:  # metrics disabled
-            self._families, self._metrics = [], {}
-
-    def count(self, name, value=1):
-        metric = self._metrics.get(name)
-        if metric is not None and value:
-            metric.increment(value)
+        super().__init__(pb_utils, args, self.SPECS, METRIC_PREFIX)
 
     def publish(self, service):
         if "sessions" not in self._metrics:
@@ -189,7 +171,3 @@ class _Metrics:
         self._metrics["frames_tracked"].set(service.frames_tracked)
         self._metrics["evictions"].set(service.store.evictions)
         self._metrics["refusals"].set(service.store.refusals)
-
-    def close(self):
-        self._metrics.clear()
-        self._families.clear()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from ..metric_set import MetricSet
 from ..protocol import embedding_cache as protocol
 
 SPECS = (
@@ -26,28 +27,14 @@ SPECS = (
 )
 
 
-class Metrics:
+class Metrics(MetricSet):
     """Gauges of the cache and counters of hits/misses/evictions; no-ops without metrics."""
 
     def __init__(self, pb_utils, args):
-        self._families, self._metrics = [], {}
-        if not hasattr(pb_utils, "MetricFamily"):
-            return
-        labels = {"model": args["model_name"], "version": str(args["model_version"])}
-        try:
-            for name, kind, description in SPECS:
-                family = pb_utils.MetricFamily(
-                    name=protocol.METRIC_PREFIX + name,
-                    description=description,
-                    kind=getattr(pb_utils.MetricFamily, kind),
-                )
-                self._families.append(family)
-                self._metrics[name] = family.Metric(labels=labels)
-            self._add_stage_metrics(pb_utils, labels)
-        except Exception:  # metrics disabled (--allow-metrics=false): record nothing
-            self._families, self._metrics = [], {}
+        super().__init__(pb_utils, args, SPECS, protocol.METRIC_PREFIX)
 
-    def _add_stage_metrics(self, pb_utils, labels):
+    def _add_metrics(self, pb_utils, labels):
+        """Per stage of ``protocol.STAGES``: microseconds spent in it, and clicks through it."""
         specs = (
             (protocol.STAGE_MICROSECONDS, "Microseconds spent in each stage of clicks"),
             (protocol.STAGE_COUNT, "Clicks that went through each stage"),
@@ -69,11 +56,6 @@ class Metrics:
                 us.increment(seconds * 1e6)
                 self._metrics[(protocol.STAGE_COUNT, stage)].increment(1)
 
-    def count(self, name, value=1):
-        metric = self._metrics.get(name)
-        if metric is not None and value:
-            metric.increment(value)
-
     def in_flight(self, clicks):
         metric = self._metrics.get("decodes_in_flight")
         if metric is not None:
@@ -88,11 +70,6 @@ class Metrics:
         if "cached_images" in self._metrics:
             self._metrics["cached_images"].set(len(cache))
             self._metrics["cached_bytes"].set(cache.nbytes)
-
-    def close(self):
-        # python-backend rule: metrics go before their families
-        self._metrics.clear()
-        self._families.clear()
 
 
 class Clock:
