@@ -144,6 +144,11 @@ def finish_report(paths: dict[str, Path], failed: bool) -> None:
         raise typer.Exit(1)
 
 
+def switch(help: str) -> Any:
+    """A ``--name/--no-name`` flag of a command (its default set where it is used)."""
+    return Annotated[bool, typer.Option(help=help)]
+
+
 def paintera_option(help: str, kind: Any = str) -> Any:
     """An option of `setup paintera`, shown in its own help panel."""
     return Annotated[kind, typer.Option(help=help, rich_help_panel="MODEL paintera")]
