@@ -157,9 +157,7 @@ def session_decoder(http_url: str, session_model: str) -> str | None:
     Raises:
         ServerUnavailableError: the config cannot be read (the model is not served).
     """
-    config = _get_json(f"{http_url.rstrip('/')}/v2/models/{session_model}/config")
-    parameters = config.get("parameters", {})
-    return parameters.get(embedding_cache.PARAM_DECODER_MODEL, {}).get("string_value") or None
+    return _session_parameter(http_url, session_model, embedding_cache.PARAM_DECODER_MODEL)
 
 
 def session_encoder(http_url: str, session_model: str) -> str | None:
@@ -169,9 +167,7 @@ def session_encoder(http_url: str, session_model: str) -> str | None:
     Raises:
         ServerUnavailableError: the config cannot be read (the model is not served).
     """
-    config = _get_json(f"{http_url.rstrip('/')}/v2/models/{session_model}/config")
-    parameters = config.get("parameters", {})
-    return parameters.get(embedding_cache.PARAM_ENCODER_MODEL, {}).get("string_value") or None
+    return _session_parameter(http_url, session_model, embedding_cache.PARAM_ENCODER_MODEL)
 
 
 @dataclass(frozen=True)
@@ -288,3 +284,10 @@ def _get_text(url: str) -> str:
 
 def _get_json(url: str) -> dict:
     return json.loads(_get_text(url))
+
+
+def _session_parameter(http_url: str, session_model: str, name: str) -> str | None:
+    """The string parameter ``name`` of ``session_model``'s config; None when unset."""
+    config = _get_json(f"{http_url.rstrip('/')}/v2/models/{session_model}/config")
+    parameters = config.get("parameters", {})
+    return parameters.get(name, {}).get("string_value") or None

@@ -29,6 +29,7 @@ from triton_sam.cli.options import (
     csv,
     echo_report,
     levels,
+    switch,
 )
 from triton_sam.models.registry import get_model
 from triton_sam.tools.sample import sample_image
@@ -47,12 +48,8 @@ def bench_cmd(
     ] = 30,
     concurrency: LevelsOpt = "1,4",
     protocols: Annotated[str, typer.Option(help="Comma-separated: grpc, http.")] = "grpc,http",
-    official: Annotated[
-        bool, typer.Option(help="Time the official predictor (PyTorch) in-process too.")
-    ] = True,
-    runner: Annotated[
-        bool, typer.Option(help="Time the session path on the python-runner twins too.")
-    ] = True,
+    official: switch("Time the official predictor (PyTorch) in-process too.") = True,
+    runner: switch("Time the session path on the python-runner twins too.") = True,
     encoder_variants: Annotated[
         str,
         typer.Option(
@@ -61,12 +58,8 @@ def bench_cmd(
             "families with a fusion; skipped for the others), int8 (int8 weights)."
         ),
     ] = "fp32,fused",
-    during_encode: Annotated[
-        bool, typer.Option(help="Time a session click sent during another image's encode.")
-    ] = True,
-    isolate: Annotated[
-        bool, typer.Option(help="Each model in its own child process (bounds the run's memory).")
-    ] = True,
+    during_encode: switch("Time a session click sent during another image's encode.") = True,
+    isolate: switch("Each model in its own child process (bounds the run's memory).") = True,
     work_dir: WorkDirOpt = Path(".bench_users"),
     output: ReportDirOpt = Path("outputs/bench"),
 ) -> None:

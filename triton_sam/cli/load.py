@@ -29,6 +29,7 @@ from triton_sam.cli.options import (
     VariantOpt,
     csv,
     echo_report,
+    finish_report,
     positive_int,
 )
 from triton_sam.errors import InputValidationError
@@ -128,9 +129,7 @@ def soak_cmd(
             model_name=s.name, progress=typer.echo, http_url=s.http_url,
             metrics_url=s.metrics_url,
         )  # fmt: skip
-        echo_report(write_report(report, output))
-    if report.failures:
-        raise typer.Exit(1)
+        finish_report(write_report(report, output), bool(report.failures))
 
 
 @bench_app.command("storm", short_help="Storms of concurrent embeds while users click.")
@@ -161,9 +160,7 @@ def bench_storm_cmd(
             server_pid=s.pid,
             progress=typer.echo,
         )
-    echo_report(write_report(report, output))
-    if report.transport_errors:
-        raise typer.Exit(1)
+    finish_report(write_report(report, output), bool(report.transport_errors))
 
 
 @bench_app.command("replicas", short_help="Replicas behind nginx, one killed mid-run.")
@@ -198,6 +195,5 @@ def bench_replicas_cmd(
     reports = serve_and_bench_replicas(
         model, protocols, options, repository=repository, progress=typer.echo
     )
-    echo_report(write_report(reports, options, output))
-    if any(r.failed_clicks or r.mask_mismatches for r in reports):
-        raise typer.Exit(1)
+    failed = any(r.failed_clicks or r.mask_mismatches for r in reports)
+    finish_report(write_report(reports, options, output), failed)

@@ -137,6 +137,18 @@ def echo_report(paths: dict[str, Path]) -> None:
     typer.echo("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
+def finish_report(paths: dict[str, Path], failed: bool) -> None:
+    """:func:`echo_report`, then exit 1 when the run ``failed`` (the command's CI verdict)."""
+    echo_report(paths)
+    if failed:
+        raise typer.Exit(1)
+
+
+def switch(help: str) -> Any:
+    """A ``--name/--no-name`` flag of a command (its default set where it is used)."""
+    return Annotated[bool, typer.Option(help=help)]
+
+
 def paintera_option(help: str, kind: Any = str) -> Any:
     """An option of `setup paintera`, shown in its own help panel."""
     return Annotated[kind, typer.Option(help=help, rich_help_panel="MODEL paintera")]
