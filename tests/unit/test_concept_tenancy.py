@@ -10,26 +10,13 @@ import types
 
 import numpy as np
 import pytest
+from pb_stand_in import Tensor as _Tensor
 
 from triton_sam.repository import concept as concept_repo
 from triton_sam.serving import cache
 from triton_sam.serving.protocol.concept import ConceptSettings
 
 IMAGE = np.random.default_rng(3).integers(0, 256, (24, 32, 3), dtype=np.uint8)
-
-
-class _Tensor:
-    def __init__(self, name, value):
-        self._name, self._value = name, np.asarray(value)
-
-    def name(self):
-        return self._name
-
-    def as_numpy(self):
-        return self._value
-
-    def is_cpu(self):
-        return True
 
 
 class _Request:

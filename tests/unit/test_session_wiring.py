@@ -14,6 +14,7 @@ import types
 
 import numpy as np
 import pytest
+from pb_stand_in import Tensor
 
 from triton_sam.models import get_family
 from triton_sam.repository.config import RepositoryOptions
@@ -22,23 +23,6 @@ from triton_sam.serving import protocol as envelope
 from triton_sam.serving.protocol import embedding_cache as protocol
 
 SAM2 = get_family("sam2")
-
-
-class Tensor:
-    def __init__(self, name, value):
-        self._name, self._value = name, np.asarray(value)
-
-    def name(self):
-        return self._name
-
-    def as_numpy(self):
-        return self._value
-
-    def shape(self):
-        return self._value.shape
-
-    def is_cpu(self):
-        return True
 
 
 class Response:
