@@ -29,6 +29,7 @@ from triton_sam.cli.options import (
     csv,
     echo_report,
     levels,
+    path_option,
     switch,
 )
 from triton_sam.models.registry import get_model
@@ -178,10 +179,9 @@ def bench_backends_cmd(
 
 @bench_app.command("concepts", short_help="Concept segmentation through Triton vs Sam3Model.")
 def bench_concepts_cmd(
-    checkpoint: Annotated[
-        Path | None,
-        typer.Option(help="facebook/sam3 model directory (default: small random weights)."),
-    ] = None,
+    checkpoint: path_option(
+        "facebook/sam3 model directory (default: small random weights)."
+    ) = None,
     images: Annotated[int, typer.Option(min=1, help="New images timed per path.")] = 3,
     repeats: Annotated[int, typer.Option(min=1, help="Timed predict calls per path.")] = 3,
     text: Annotated[list[str] | None, typer.Option("--text", "-t", help="Phrases.")] = None,

@@ -149,6 +149,12 @@ def switch(help: str) -> Any:
     return Annotated[bool, typer.Option(help=help)]
 
 
+def path_option(help: str) -> Any:
+    """An optional file or folder (``--name PATH``; its default, None, is set where it is
+    used and the help says what None means)."""
+    return Annotated[Path | None, typer.Option(help=help)]
+
+
 def paintera_option(help: str, kind: Any = str) -> Any:
     """An option of `setup paintera`, shown in its own help panel."""
     return Annotated[kind, typer.Option(help=help, rich_help_panel="MODEL paintera")]
