@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from triton_sam.bench import storm
+from triton_sam.bench.harness import Served
 from triton_sam.repository.config import CPU_MAX_CONCURRENT_EMBEDS, CPU_MAX_WAITING_EMBEDS
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -33,12 +34,7 @@ def report(storm_server):
     settings = storm.StormSettings(
         embeds=(EMBEDS,), clickers=2, think_s=0.3, idle_clicks=5, timeout_s=300, settle_s=1
     )
-    return storm.run_storm_on_server(
-        storm_server.grpc_url,
-        model="sam2_session",
-        settings=settings,
-        server_pid=storm_server.pid,
-    )
+    return storm.run_storm_on_server(Served(storm_server.grpc_url, pid=storm_server.pid), settings)
 
 
 def test_every_embed_is_answered_or_refused_typed_and_nothing_else(report, storm_server):

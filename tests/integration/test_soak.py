@@ -11,6 +11,7 @@ import math
 import pytest
 
 from triton_sam.bench.counters import every_decoder
+from triton_sam.bench.harness import Served
 from triton_sam.bench.soak import MIB, SoakSettings, run_soak_on_server, write_report
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
@@ -41,13 +42,13 @@ def soak(request, sam2_tiny_server):
         server_embeddings=request.param == "server_embeddings",
     )
     before = every_decoder(sam2_tiny_server.http_url)
-    report = run_soak_on_server(
+    server = Served(
         sam2_tiny_server.grpc_url,
-        settings=settings,
-        server_pid=sam2_tiny_server.pid,
-        http_url=sam2_tiny_server.http_url,
-        metrics_url=sam2_tiny_server.metrics_url,
+        sam2_tiny_server.http_url,
+        sam2_tiny_server.metrics_url,
+        sam2_tiny_server.pid,
     )
+    report = run_soak_on_server(server, settings=settings)
     after = every_decoder(sam2_tiny_server.http_url)
     return report, (after[0] - before[0], after[1] - before[1])
 

@@ -40,6 +40,11 @@ class Served:
     family: str = "sam2"
     name: str = "sam2"
 
+    @property
+    def session_model(self) -> str:
+        """The family's session model (``<family>_session``), the clients' default path."""
+        return f"{self.family}_session"
+
 
 def embedded(repository: str | Path, **options: Any) -> EmbeddedTriton:
     """An :class:`~triton_sam.server.EmbeddedTriton` over ``repository`` on free ports.

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam.bench.counters import ClickCounters, ServerCounters, wait_until_quiet
+from triton_sam.bench.harness import Served
 from triton_sam.bench.memory import MemorySample, MemorySampler, process_tree_rss
 from triton_sam.bench.soak_report import MIB, SoakReport, SoakSettings, write_report
 from triton_sam.client.speculative import SpeculativeSAM2Client
@@ -114,38 +115,32 @@ async def _record(report: SoakReport, awaitable: Any) -> Any:
 
 
 async def run_soak(
-    url: str,
+    server: Served,
     images: list[np.ndarray],
     *,
     settings: SoakSettings = SoakSettings(),
     protocol: str = "grpc",
-    model_type: str = "sam2",
-    server_pid: int | None = None,
     progress: Callable[[str], None] | None = None,
-    http_url: str | None = None,
-    metrics_url: str | None = None,
 ) -> SoakReport:
-    """Run the soak against the server at ``url`` (see the module docstring).
+    """Run the soak against ``server`` (see the module docstring).
 
     Args:
-        url: the server's gRPC (or HTTP, with ``protocol="http"``) URL.
+        server: its URL for ``protocol`` and family; its pid, to sample its memory (None:
+            client only); its statistics and metrics endpoints, to count what its decoders
+            executed (None: not counted). The report is named after its ``name``.
         images: the images to encode (``settings.images`` of them are used, cycling).
         settings: sessions, duration, ...
         protocol: ``"grpc"`` or ``"http"``.
-        model_type: model family of the served models.
-        server_pid: tritonserver's pid, to sample its memory (None: client only).
         progress: called with a line of text at each phase.
-        http_url / metrics_url: the server's statistics and metrics endpoints, to count
-            what its decoders executed (None: not counted).
     """
     say = progress or (lambda _: None)
-    report = SoakReport(model_type, protocol, settings)
+    report = SoakReport(server.name, protocol, settings)
     n_images = settings.images or settings.sessions
     pictures = [images[i % len(images)] for i in range(n_images)]
     clients = [
         SpeculativeSAM2Client(
-            url,
-            model_type=model_type,
+            server.url,
+            model_type=server.family,
             protocol=protocol,
             timeout_s=settings.timeout_s,
             use_server_embeddings=settings.server_embeddings,
@@ -153,7 +148,7 @@ async def run_soak(
         for _ in range(settings.sessions)
     ]
     try:
-        with MemorySampler(server_pid, settings.sample_every_s) as sampler:
+        with MemorySampler(server.pid, settings.sample_every_s) as sampler:
             say(f"encoding {n_images} image(s) for {settings.sessions} session(s)")
             # at most a batch of encodes at once, as a few users opening images would
             gate = asyncio.Semaphore(4)
@@ -173,9 +168,9 @@ async def run_soak(
             # a session whose image failed to encode (a counted failure) cannot prompt
             active = [(i, c) for i, c in enumerate(clients) if c.is_image_set]
             counters = None
-            if http_url and active:  # every client takes the same path: ask the first
+            if server.http_url and active:  # every client takes the same path: ask the first
                 counters = await asyncio.to_thread(
-                    ClickCounters.of_client, active[0][1], http_url, metrics_url
+                    ClickCounters.of_client, active[0][1], server.http_url, server.metrics_url
                 )
                 report.counted = counters.models
             before = await _quiet(counters)
@@ -235,31 +230,14 @@ def soak_images(count: int, size_hw: tuple[int, int] = (427, 640)) -> list[np.nd
 
 
 def run_soak_on_server(
-    url: str,
+    server: Served,
     *,
     settings: SoakSettings = SoakSettings(),
     protocol: str = "grpc",
-    model_type: str = "sam2",
-    server_pid: int | None = None,
-    model_name: str = "",
     progress: Callable[[str], None] | None = None,
-    http_url: str | None = None,
-    metrics_url: str | None = None,
 ) -> SoakReport:
     """Blocking entry point: synthetic images, :func:`run_soak`."""
     images = soak_images(settings.images or settings.sessions)
-    report = asyncio.run(
-        run_soak(
-            url,
-            images,
-            settings=settings,
-            protocol=protocol,
-            model_type=model_type,
-            server_pid=server_pid,
-            progress=progress,
-            http_url=http_url,
-            metrics_url=metrics_url,
-        )
+    return asyncio.run(
+        run_soak(server, images, settings=settings, protocol=protocol, progress=progress)
     )
-    report.model = model_name or report.model
-    return report

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.bench.harness import Served
 from triton_sam.bench.memory import MemorySampler
 from triton_sam.bench.stats import percentiles
 from triton_sam.bench.storm_report import (
@@ -134,20 +135,19 @@ async def _embed(transport: Any, model: str, png: bytes, tally: Tally) -> str | 
 
 
 async def run_storm(
-    url: str,
-    *,
-    model: str,
+    server: Served,
     settings: StormSettings = StormSettings(),
-    server_pid: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> StormReport:
-    """Run the storm benchmark against the session model ``model`` at gRPC ``url``."""
+    """Run the storm benchmark against ``server``'s session model over gRPC (``server.url``
+    is its gRPC URL; its ``pid``, when known, is sampled for memory)."""
     from triton_sam.client.async_transport import AsyncTransport
     from triton_sam.client.retry import NO_RETRY
     from triton_sam.client.transport import resolve_endpoint
 
     say = progress or (lambda _: None)
-    endpoint = resolve_endpoint(url, "grpc")
+    endpoint = resolve_endpoint(server.url, "grpc")
+    model = server.session_model
     report = StormReport(model, settings)
 
     def transport() -> AsyncTransport:
@@ -156,7 +156,7 @@ async def run_storm(
     clickers = [transport() for _ in range(settings.clickers)]
     senders = [transport() for _ in range(8)]  # the storm's connections
     try:
-        with MemorySampler(server_pid, settings.sample_every_s) as sampler:
+        with MemorySampler(server.pid, settings.sample_every_s) as sampler:
             (png,) = storm_images(1, (480, 640), seed=10**6)
             setup = Tally()
             image_id = await _embed(senders[0], model, png, setup)
@@ -200,14 +200,9 @@ async def run_storm(
 
 
 def run_storm_on_server(
-    url: str,
-    *,
-    model: str,
+    server: Served,
     settings: StormSettings = StormSettings(),
-    server_pid: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> StormReport:
     """Blocking entry point of :func:`run_storm`."""
-    return asyncio.run(
-        run_storm(url, model=model, settings=settings, server_pid=server_pid, progress=progress)
-    )
+    return asyncio.run(run_storm(server, settings, progress))

@@ -124,11 +124,7 @@ def soak_cmd(
     )
     work = Path(".soak")
     with served(url, protocol=protocol, model=model, model_type=model_type, work=work) as s:
-        report = run_soak_on_server(
-            s.url, settings=settings, protocol=protocol, model_type=s.family, server_pid=s.pid,
-            model_name=s.name, progress=typer.echo, http_url=s.http_url,
-            metrics_url=s.metrics_url,
-        )  # fmt: skip
+        report = run_soak_on_server(s, settings=settings, protocol=protocol, progress=typer.echo)
         finish_report(write_report(report, output), bool(report.failures))
 
 
@@ -153,13 +149,7 @@ def bench_storm_cmd(
     settings = StormSettings(embeds=sizes, clickers=clickers, think_s=think)
     work = Path(".storm")
     with served(url, protocol="grpc", model=model, model_type=model_type, work=work) as s:
-        report = run_storm_on_server(
-            s.url,
-            model=f"{s.family}_session",
-            settings=settings,
-            server_pid=s.pid,
-            progress=typer.echo,
-        )
+        report = run_storm_on_server(s, settings, progress=typer.echo)
     finish_report(write_report(report, output), bool(report.transport_errors))
 
 
