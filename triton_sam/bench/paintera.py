@@ -24,6 +24,7 @@ import statistics
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -139,47 +140,68 @@ def _counts(http_url: str, model: str) -> tuple[int, int, float]:
     return int(s["inference_count"]), int(s["execution_count"]), infer_ns / 1e6
 
 
+@dataclass(frozen=True)
+class EntryPair:
+    """One of Paintera's entry models as the bundle writes it, and our encoder it runs.
+
+    Attributes:
+        family: the model family (``sam1``, ``sam2``, ``sam3``).
+        entry: the entry model sam-link calls, with pixels in ``pixel_range``.
+        encoder: our encoder, which takes the pixels normalised as our clients send them.
+        input_name: the input tensor of both; edge: the side of their square image.
+        normalizes: the entry runs a normalising graph (``<entry>_pixels``) first.
+    """
+
+    family: str
+    entry: str
+    encoder: str
+    input_name: str
+    edge: int
+    pixel_range: tuple[float, float]
+    normalizes: bool
+
+    @property
+    def normalizer(self) -> str | None:
+        """The normalising graph's model name, or None."""
+        return self.entry + "_pixels" if self.normalizes else None
+
+    @property
+    def shape(self) -> list[int]:
+        """The input's shape: one RGB image."""
+        return [1, 3, self.edge, self.edge]
+
+
 def entry_overhead(
-    grpc_address: str,
-    http_url: str,
-    *,
-    entry: str,
-    encoder: str,
-    input_name: str,
-    edge: int,
-    pixel_range: tuple[float, float],
-    normalizer: str | None,
-    family: str,
-    rounds: int = 5,
+    grpc_address: str, http_url: str, pair: EntryPair, *, rounds: int = 5
 ) -> dict[str, float]:
-    """p50 wall time per request of ``entry`` (sam-link's pixels) and of ``encoder`` (the
-    same image normalised as our clients send it, so the encoder computes on the same
-    values: random-init networks run slower on some inputs, denormals), interleaved so
-    both see the same machine, sequential on sam-link's streams; and the normalising
-    graph's mean compute time from Triton's stats."""
+    """p50 wall time per request of ``pair.entry`` (sam-link's pixels) and of
+    ``pair.encoder`` (the same image normalised as our clients send it, so the encoder
+    computes on the same values: random-init networks run slower on some inputs, denormals),
+    interleaved so both see the same machine, sequential on sam-link's streams; and the
+    normalising graph's mean compute time from Triton's stats."""
     from triton_sam.models.registry import get_family
     from triton_sam.tools.sample import sample_image
 
+    entry, encoder, normalizer = pair.entry, pair.encoder, pair.normalizer
     client = SamLinkReplay(grpc_address)
-    rgb = sample_image(edge, edge)
-    pre = get_family(family).preprocessing
+    rgb = sample_image(pair.edge, pair.edge)
+    pre = get_family(pair.family).preprocessing
     chw = rgb.transpose(2, 0, 1).astype(np.float32) * np.float32(pre.pixel_scale)
     mean = np.reshape(pre.pixel_mean, (3, 1, 1)).astype(np.float32)
     std = np.reshape(pre.pixel_std, (3, 1, 1)).astype(np.float32)
     raws = {
-        entry: samlink_pixels(rgb, *pixel_range),
+        entry: samlink_pixels(rgb, *pair.pixel_range),
         encoder: ((chw - mean) / std).astype("<f4").tobytes(),
     }
-    shape = [1, 3, edge, edge]
     times: dict[str, list[float]] = {entry: [], encoder: []}
     try:
         for model in (entry, encoder):  # warm both
-            client.infer(model, input_name, shape, raws[model])
+            client.infer(model, pair.input_name, pair.shape, raws[model])
         before = _counts(http_url, normalizer) if normalizer else None
         for _ in range(rounds):
             for model in (entry, encoder):
                 t0 = time.perf_counter()
-                response = client.infer(model, input_name, shape, raws[model])
+                response = client.infer(model, pair.input_name, pair.shape, raws[model])
                 times[model].append((time.perf_counter() - t0) * 1e3)
                 assert not response.error_message, response.error_message
     finally:
@@ -195,12 +217,8 @@ def entry_overhead(
 def stale_burst(
     grpc_address: str,
     http_url: str,
+    pair: EntryPair,
     *,
-    entry: str,
-    encoder: str,
-    input_name: str,
-    edge: int,
-    pixel_range: tuple[float, float],
     requests: int = 8,
     spacing_s: float = 0.1,
 ) -> dict[str, Any]:
@@ -210,23 +228,23 @@ def stale_burst(
     from triton_sam.tools.sample import sample_image
 
     client = SamLinkReplay(grpc_address)
-    shape = [1, 3, edge, edge]
+    edge = pair.edge
     views = [
-        samlink_pixels(sample_image(edge, edge, seed=i), *pixel_range) for i in range(requests)
+        samlink_pixels(sample_image(edge, edge, seed=i), *pair.pixel_range) for i in range(requests)
     ]
     try:
-        client.infer(entry, input_name, shape, views[0])  # warm
+        client.infer(pair.entry, pair.input_name, pair.shape, views[0])  # warm
         time.sleep(_STATS_SETTLE_S)
-        before = _counts(http_url, encoder)
+        before = _counts(http_url, pair.encoder)
         t0 = time.perf_counter()
         ids = []
         for raw in views:
-            ids.append(client.send(entry, input_name, shape, raw)[0])
+            ids.append(client.send(pair.entry, pair.input_name, pair.shape, raw)[0])
             time.sleep(spacing_s)
         answers = [client.wait(i) for i in ids]
         seconds = time.perf_counter() - t0
         time.sleep(_STATS_SETTLE_S)
-        after = _counts(http_url, encoder)
+        after = _counts(http_url, pair.encoder)
     finally:
         client.close()
     return {
@@ -241,13 +259,15 @@ def stale_burst(
     }
 
 
-# Paintera's entry models as the bundle writes them: (entry, our encoder, input, edge, range,
-# normalising graph or None).
+# Paintera's entry models as the bundle writes them, by family.
 BUNDLE = {
-    "sam1": ("sam1_encoder", "sam1_encoder_normalized", "image", 1024, (0.0, 1.0), True),
-    "sam2": ("sam2.1_large_encoder", "sam2_encoder", "image", 1024, (0.0, 1.0), True),
-    "sam3": ("sam3_tracker_encoder_fp16", "sam3_encoder", "pixel_values", 1008, (-1.0, 1.0), False),
-}
+    "sam1": EntryPair("sam1", "sam1_encoder", "sam1_encoder_normalized", "image", 1024,
+                      (0.0, 1.0), normalizes=True),
+    "sam2": EntryPair("sam2", "sam2.1_large_encoder", "sam2_encoder", "image", 1024,
+                      (0.0, 1.0), normalizes=True),
+    "sam3": EntryPair("sam3", "sam3_tracker_encoder_fp16", "sam3_encoder", "pixel_values",
+                      1008, (-1.0, 1.0), normalizes=False),
+}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -264,24 +284,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--burst", type=int, default=8)
     parser.add_argument("--spacing-s", type=float, default=0.1)
     args = parser.parse_args(argv)
-    entry, encoder, name, edge, pixel_range, normalizes = BUNDLE[args.family]
-    common = {"entry": entry, "input_name": name, "edge": edge, "pixel_range": pixel_range}
-    overhead = entry_overhead(
-        args.grpc_address,
-        args.http_url,
-        encoder=encoder,
-        normalizer=entry + "_pixels" if normalizes else None,
-        family=args.family,
-        rounds=args.rounds,
-        **common,
-    )
+    pair = BUNDLE[args.family]
+    overhead = entry_overhead(args.grpc_address, args.http_url, pair, rounds=args.rounds)
     burst = stale_burst(
-        args.grpc_address,
-        args.http_url,
-        encoder=encoder,
-        requests=args.burst,
-        spacing_s=args.spacing_s,
-        **common,
+        args.grpc_address, args.http_url, pair, requests=args.burst, spacing_s=args.spacing_s
     )
     print(json.dumps({"overhead": overhead, "burst": burst}, indent=2))
 
