@@ -151,15 +151,8 @@ def test_run_user_benchmark_isolates_the_model_and_times_the_fused_encoder(
         sam2_tiny_repository,
         encoder_variants={"fused": fused},
     )
-    report = users.run_user_benchmark(
-        [model],
-        IMAGE,
-        protocols=("grpc",),
-        concurrency=(1, 2),
-        n_encode=1,
-        n_decode=2,
-        encoder_variants=("fp32", "fused"),
-    )
+    settings = users.BenchSettings(protocols=("grpc",), concurrency=(1, 2), n_encode=1, n_decode=2)
+    report = users.run_user_benchmark([model], IMAGE, settings, encoder_variants=("fp32", "fused"))
     name = sam2_tiny_spec.name
     assert "failed" not in report.settings
     cells = {(s.graph, s.path, s.concurrency) for s in report.series[name]}

@@ -182,13 +182,8 @@ def bench_one_model(
 def run_user_benchmark(
     models: Sequence[ServedModel],
     image: np.ndarray,
+    settings: BenchSettings = BenchSettings(),
     *,
-    protocols: Sequence[str] = ("grpc", "http"),
-    concurrency: Sequence[int] = (1, 4),
-    n_encode: int = 3,
-    n_decode: int = 30,
-    official: bool = True,
-    during_encode: bool = True,
     encoder_variants: Sequence[str] = (BASE_VARIANT,),
     isolate: bool = True,
 ) -> UserReport:
@@ -202,10 +197,9 @@ def run_user_benchmark(
     run's peak: the children run one after the other) and this process's own peak RSS.
     """
     report = UserReport()
-    settings = BenchSettings(tuple(protocols), tuple(concurrency), n_encode, n_decode,
-                             official, during_encode)  # fmt: skip
-    report.settings = {"protocols": list(protocols), "concurrency": list(concurrency),
-                       "n_encode": n_encode, "n_decode": n_decode,
+    report.settings = {"protocols": list(settings.protocols),
+                       "concurrency": list(settings.concurrency),
+                       "n_encode": settings.n_encode, "n_decode": settings.n_decode,
                        "encoder_variants": list(encoder_variants),
                        "image_hw": list(image.shape[:2]), "cpu_count": os.cpu_count(),
                        "isolated": isolate,

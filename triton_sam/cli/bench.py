@@ -72,6 +72,7 @@ def bench_cmd(
     from triton_sam.bench.users import (
         BASE_VARIANT,
         ENCODER_VARIANTS,
+        BenchSettings,
         prepare_model,
         run_user_benchmark,
         write_report,
@@ -82,18 +83,17 @@ def bench_cmd(
     variants = csv(encoder_variants, option="--encoder-variants", choices=ENCODER_VARIANTS)
     if BASE_VARIANT not in variants:
         variants.insert(0, BASE_VARIANT)  # the other variants are compared with it
-    models = [prepare_model(n, work_dir, runner=runner, encoder_variants=variants) for n in names]
-    report = run_user_benchmark(
-        models,
-        sample_image(),
-        protocols=chosen,
-        concurrency=levels(concurrency),
+    settings = BenchSettings(
+        protocols=tuple(chosen),
+        concurrency=tuple(levels(concurrency)),
         n_encode=n_encode,
         n_decode=n_decode,
         official=official,
         during_encode=during_encode,
-        encoder_variants=variants,
-        isolate=isolate,
+    )
+    models = [prepare_model(n, work_dir, runner=runner, encoder_variants=variants) for n in names]
+    report = run_user_benchmark(
+        models, sample_image(), settings, encoder_variants=variants, isolate=isolate
     )
     echo_report(write_report(report, output))
 
