@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.bench.bounds import at_least, check_bounds
 from triton_sam.bench.replicas_report import (
     ReplicaReport,
     compare_runs,
@@ -65,19 +66,16 @@ class ReplicaBenchOptions:
         timeout_s: per-request client timeout.
     """
 
-    replicas: int = 3
-    sessions: int = 16
-    clicks: int = 6
-    images: int = 6
+    replicas: int = at_least(1, default=3)
+    sessions: int = at_least(1, default=16)
+    clicks: int = at_least(1, default=6)
+    images: int = at_least(1, default=6)
     kill_after: float = 0.4
     image_hw: tuple[int, int] = (240, 320)
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "sessions", "clicks", "images"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
+        check_bounds(self)
         if not 0.0 <= self.kill_after < 1.0:
             raise InputValidationError("kill_after", f"got {self.kill_after}, expected [0, 1)")
         if self.kill_after and self.replicas < 2:

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.bench.bounds import at_least, check_bounds, positive
 from triton_sam.bench.memory import MemorySample
 from triton_sam.bench.stats import percentiles
-from triton_sam.errors import InputValidationError
 
 
 @dataclass(frozen=True)
@@ -35,27 +35,17 @@ class SoakSettings:
             stateless path, where each request carries the embeddings.
     """
 
-    sessions: int = 16
-    duration_s: float = 60.0
-    images: int = 0
-    encode_every: int = 0
-    sample_every_s: float = 0.5
-    timeout_s: float = 120.0
+    sessions: int = at_least(1, default=16)
+    duration_s: float = positive(60.0)
+    images: int = at_least(0, default=0)
+    encode_every: int = at_least(0, default=0)
+    sample_every_s: float = positive(0.5)
+    timeout_s: float = positive(120.0)
     server_embeddings: bool = True
     warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("sessions",):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
-        for name in ("images", "encode_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 0")
-        for name in ("duration_s", "sample_every_s", "timeout_s"):
-            if not getattr(self, name) > 0:
-                raise InputValidationError(name, f"got {getattr(self, name)!r}, expected > 0")
+        check_bounds(self)
 
 
 MIB = 2**20

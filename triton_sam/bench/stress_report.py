@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from triton_sam.bench.bounds import at_least, check_bounds, positive
 from triton_sam.bench.stats import percentiles
-from triton_sam.errors import InputValidationError
 
 
 @dataclass(frozen=True)
@@ -28,18 +28,13 @@ class DragSettings:
         repeats: drags per session, one after another.
     """
 
-    events: int = 50
-    rate_hz: float = 100.0
-    sessions: int = 4
-    repeats: int = 1
+    events: int = at_least(1, default=50)
+    rate_hz: float = positive(100.0)
+    sessions: int = at_least(1, default=4)
+    repeats: int = at_least(1, default=1)
 
     def __post_init__(self) -> None:
-        for name in ("events", "sessions", "repeats"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputValidationError(name, f"got {value!r}, expected an integer >= 1")
-        if not self.rate_hz > 0:
-            raise InputValidationError("rate_hz", f"got {self.rate_hz!r}, expected > 0")
+        check_bounds(self)
 
     @property
     def duration_s(self) -> float:
