@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from triton_sam.errors import ServerUnavailableError
@@ -38,6 +38,16 @@ SKIPPED_METRIC = runner_protocol.SKIPPED_METRIC  # what runner_model.py counts
 SESSION_CANCELLED_METRIC = embedding_cache.METRIC_PREFIX + "cancelled_clicks"
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _stat(*path: str) -> Any:
+    """A counter read from the model's ``/stats`` entry at ``path`` (0 where absent)."""
+    return field(default=0, metadata={"stats": path})
+
+
+def _metric(name: str) -> Any:
+    """A counter read from the metrics endpoint: the model's samples of ``name``, summed."""
+    return field(default=0, metadata={"metric": name})
 
 
 @dataclass(frozen=True)
@@ -57,16 +67,18 @@ class ServerCounters:
             model answered unrun, cancelled while they waited for a decoder slot (0 where
             clicks do not go through it).
         pending: ``nv_inference_pending_request_count`` (a gauge: not subtracted).
+
+    Each field declares where :func:`read_counters` reads it.
     """
 
-    inference_count: int = 0
-    execution_count: int = 0
-    success: int = 0
-    fail: int = 0
-    canceled: int = 0
-    skipped: int = 0
-    session_cancelled: int = 0
-    pending: int = 0
+    inference_count: int = _stat("inference_count")
+    execution_count: int = _stat("execution_count")
+    success: int = _stat("inference_stats", "success", "count")
+    fail: int = _stat("inference_stats", "fail", "count")
+    canceled: int = _metric("nv_inference_request_failure{reason=CANCELED}")
+    skipped: int = _metric(SKIPPED_METRIC)
+    session_cancelled: int = _metric(SESSION_CANCELLED_METRIC)
+    pending: int = _metric("nv_inference_pending_request_count")
 
     @property
     def executed(self) -> int:
@@ -136,18 +148,17 @@ def read_counters(http_url: str, metrics_url: str | None, model: str) -> ServerC
 
 def _model_counters(http_url: str, metrics_text: str | None, model: str) -> ServerCounters:
     stats = _get_json(f"{http_url.rstrip('/')}/v2/models/{model}/stats")["model_stats"][0]
-    infer = stats.get("inference_stats", {})
     metrics = parse_metrics(metrics_text, model) if metrics_text else {}
-    return ServerCounters(
-        inference_count=int(stats.get("inference_count", 0)),
-        execution_count=int(stats.get("execution_count", 0)),
-        success=int(infer.get("success", {}).get("count", 0)),
-        fail=int(infer.get("fail", {}).get("count", 0)),
-        canceled=int(metrics.get("nv_inference_request_failure{reason=CANCELED}", 0)),
-        skipped=int(metrics.get(SKIPPED_METRIC, 0)),
-        session_cancelled=int(metrics.get(SESSION_CANCELLED_METRIC, 0)),
-        pending=int(metrics.get("nv_inference_pending_request_count", 0)),
-    )
+    values = {}
+    for f in fields(ServerCounters):
+        if "metric" in f.metadata:
+            values[f.name] = int(metrics.get(f.metadata["metric"], 0))
+            continue
+        node = stats
+        for key in f.metadata["stats"]:
+            node = node.get(key, {})
+        values[f.name] = int(node or 0)
+    return ServerCounters(**values)
 
 
 def session_decoder(http_url: str, session_model: str) -> str | None:
