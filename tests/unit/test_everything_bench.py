@@ -33,6 +33,7 @@ def test_rows_interleave_and_ratio() -> None:
     assert [r.instances for r in rows] == [3, 2]
     assert [r.seconds for r in rows] == [pytest.approx([0.02] * 2), pytest.approx([0.005] * 2)]
     assert rows[0].speedup == 1.0 and rows[1].speedup == pytest.approx(4.0)
+    assert rows[1].median_s == pytest.approx(0.005)
 
 
 def test_help_fits(capsys) -> None:

@@ -51,23 +51,21 @@ NOISE_PARAMS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
-    """One way of generating, timed.
+    """One way of generating, timed (its figures computed once, by :func:`bench_rows`).
 
     Attributes:
         name: ``official``, ``onnxruntime``, ...; seconds: each run's wall time;
-        instances: instances of the last run; speedup: official median / this median.
+        instances: instances of the last run; speedup: official median / this median;
+        median_s: the median of ``seconds``.
     """
 
     name: str
     seconds: list[float]
     instances: int
-    speedup: float = 1.0
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.seconds)
+    speedup: float
+    median_s: float
 
 
 def official_generator(family: str, model: Any, overrides: dict) -> Callable[[np.ndarray], list]:
@@ -107,10 +105,12 @@ def bench_rows(
             out = run(image)
             seconds[name].append(clock() - start)
             counts[name] = len(out)
-    rows = [Row(name, seconds[name], counts[name]) for name in runners]
-    for row in rows:
-        row.speedup = rows[0].median_s / row.median_s
-    return rows
+    medians = {name: statistics.median(seconds[name]) for name in runners}
+    baseline = next(iter(medians.values()))
+    return [
+        Row(name, seconds[name], counts[name], baseline / medians[name], medians[name])
+        for name in runners
+    ]
 
 
 def prepare(model_name: str, work: Path, *, seed: int = 1) -> tuple[Any, Any, Path, Path]:
@@ -172,7 +172,7 @@ def run(
         "model": model_name,
         "image_wh": [width, height],
         "params": overrides,
-        "rows": [asdict(r) | {"median_s": r.median_s} for r in rows],
+        "rows": [asdict(r) for r in rows],
     }
     if peak is not None:
         report["served_peak_bytes"] = peak.bytes
