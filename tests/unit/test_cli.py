@@ -564,3 +564,38 @@ def test_an_optional_model_refused_by_its_gate_is_printed_and_the_export_exits_1
     assert f"wrote {tmp_path / 'repo' / 'sam2_session'}" in result.output
     assert "NOT written: sam2_everything_decoder: stability_scores" in result.output
     assert "NOT written: sam2_everything: its decoder" in result.output
+
+
+def test_soak_and_storm_hand_the_served_server_to_their_runner(monkeypatch, tmp_path):
+    """`bench soak` / `bench storm` pass --url's server as one Served (the storm clicks
+    through its family's session model) and exit 1 on what the run failed."""
+    from types import SimpleNamespace
+
+    from triton_sam.bench import soak, storm
+
+    calls = {}
+
+    def runner(name, failed):
+        def run(server, settings, **kwargs):
+            calls[name] = (server, settings, kwargs)
+            return SimpleNamespace(failures=failed, transport_errors=0)
+
+        return run
+
+    def written(report, output):
+        (tmp_path / "r.md").write_text("report")
+        return {"md": tmp_path / "r.md"}
+
+    for module in (soak, storm):
+        monkeypatch.setattr(module, "write_report", written)
+    monkeypatch.setattr(soak, "run_soak_on_server", runner("soak", 1))
+    monkeypatch.setattr(storm, "run_storm_on_server", runner("storm", 0))
+    result = _invoke("bench", "soak", "--url", "h:1", "--model-type", "sam1", "--sessions", "3")
+    assert result.exit_code == 1, result.output
+    server, settings, kwargs = calls["soak"]
+    assert (server.url, server.family, server.name, settings.sessions) == ("h:1", "sam1", "sam1", 3)
+    assert kwargs["protocol"] == "grpc"
+    result = _invoke("bench", "storm", "--url", "h:2", "--embeds", "4,8")
+    assert result.exit_code == 0, result.output
+    server, settings, _ = calls["storm"]
+    assert (server.url, server.session_model, settings.embeds) == ("h:2", "sam2_session", (4, 8))
