@@ -7,16 +7,16 @@ check runs and can fail (tests/export/test_export_gates.py: over seeds, and with
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from triton_sam.errors import CheckpointError, ExportValidationError, InputValidationError
-from triton_sam.export import ExportOptions, export_model, onnx_utils, save_random_checkpoint
+from triton_sam.export import ExportOptions, export_model, onnx_utils
 from triton_sam.models import get_model, model_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -25,13 +25,16 @@ SPEC = get_model("sam2.1_hiera_tiny")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return save_random_checkpoint(SPEC, tmp_path_factory.mktemp("ckpt") / "tiny.pt", seed=3)
-
-
-@pytest.fixture(scope="module")
-def exported(checkpoint, tmp_path_factory):
-    return export_model(SPEC, checkpoint, tmp_path_factory.mktemp("onnx"), ExportOptions())
+def exported(sam2_tiny_build):
+    """The session's one SAM2.1-tiny export (tests/conftest.py: default ``ExportOptions``,
+    checked against torch), its graphs as written in the repository (the export's scratch
+    folder is gone): exporting it again here cost ~25 s of CI for the same graphs."""
+    repo, build = sam2_tiny_build
+    graphs = {
+        role: repo / model / "1" / "model.onnx"
+        for role, model in zip(build.export.graphs, build.models, strict=True)
+    }
+    return dataclasses.replace(build.export, graphs=graphs)
 
 
 def test_every_registered_variant_has_an_exporter_with_the_family_interface():
@@ -119,9 +122,9 @@ def test_fp16_encoder_loads_and_passes_its_tolerance(exported, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["encoder.onnx"]  # no temporary left
 
 
-def test_external_data_export_loads_and_matches(checkpoint, exported, tmp_path):
+def test_external_data_export_loads_and_matches(sam2_tiny_checkpoint, exported, tmp_path):
     result = export_model(
-        SPEC, checkpoint, tmp_path, ExportOptions(external_data=True, verify=False)
+        SPEC, sam2_tiny_checkpoint, tmp_path, ExportOptions(external_data=True, verify=False)
     )
     sidecars = onnx_utils.external_data_files(result.encoder)
     assert [p.name for p in sidecars] == ["encoder.onnx_data"]
@@ -154,10 +157,10 @@ def test_mismatched_checkpoint_names_the_keys(tmp_path):
 
 # -- CPU options: fused attention, int8 encoder weights ------------------------------------------
 @pytest.fixture(scope="module")
-def cpu_optimised(checkpoint, tmp_path_factory):
+def cpu_optimised(sam2_tiny_checkpoint, tmp_path_factory):
     """One export with both options (each is checked on its own below)."""
     options = ExportOptions(fuse_attention=True, quantize="int8")
-    return export_model(SPEC, checkpoint, tmp_path_factory.mktemp("cpu_opt"), options)
+    return export_model(SPEC, sam2_tiny_checkpoint, tmp_path_factory.mktemp("cpu_opt"), options)
 
 
 def _op_types(path):

@@ -1,6 +1,6 @@
 """An embed storm on the SAM2.1-tiny session model (embedded server, onnxruntime backend).
 
-Small counts (12 concurrent embeds, 2 clicking users): every answer is ok or the typed
+Small counts (6 concurrent embeds, 2 clicking users): every answer is ok or the typed
 Overloaded refusal, never a transport error; the server tree's peak memory stays within
 the documented bound (``bench.storm.memory_bound``); a second storm does not grow it beyond
 the features it newly caches. Timing goals are reported by ``triton-sam bench storm``, not
@@ -19,7 +19,10 @@ from triton_sam.repository.config import CPU_MAX_CONCURRENT_EMBEDS, CPU_MAX_WAIT
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow, pytest.mark.timeout(900)]
 
-EMBEDS = 12
+# Below what the embed line admits (1 running + 16 waiting) and what the LRU keeps (16
+# images), as 12 was: 6 take the same paths (one runs, the rest wait in line, every answer
+# cached) at half the encoder time (each embed ~1.5 s on the 2-core CI machine, two storms).
+EMBEDS = 6
 SAM2_FEATURES = 16 * storm.MIB  # one image's features, as the session model caches them
 
 

@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from triton_sam.models import get_family
-from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN, TENANT_HEADER
+from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
@@ -40,17 +40,12 @@ DECODED = ("masks", "iou_predictions")
 
 
 @pytest.fixture(scope="module")
-def server(embedded_triton, sam2_tiny_repository):
-    forward = [
-        f"--http-header-forward-pattern={FORWARD_PATTERN}",
-        f"--grpc-header-forward-pattern={FORWARD_PATTERN}",
-    ]
-    return embedded_triton(sam2_tiny_repository, extra_args=forward)
-
-
-@pytest.fixture(scope="module")
-def raw(server):
-    client = httpclient.InferenceServerClient(server.http_address)
+def raw(sam2_tiny_server):
+    # The session's server: EmbeddedTriton forwards the tenant header by default (as serve,
+    # compose and Kubernetes do), so a server of this module's own, started with the same
+    # forward flags, was a second server of the same configuration. The images and tenants
+    # used below are this module's alone.
+    client = httpclient.InferenceServerClient(sam2_tiny_server.http_address)
     yield client
     client.close()
 
