@@ -42,18 +42,7 @@ RepositoryOpt = Annotated[
     Path | None, typer.Option("--repository", "-r", help="Model repository directory.")
 ]
 RandomInitOpt = Annotated[
-    bool,
-    typer.Option(
-        "--random-init", help="Export random weights (offline testing): no checkpoint read."
-    ),
-]
-CheckpointOpt = Annotated[
-    Path | None,
-    typer.Option(
-        help="Checkpoint file (a model directory for SAM3), e.g. a fine-tuned one "
-        "(MedSAM, micro-sam): checked against the variant's architecture, its sha256 "
-        "recorded in the ONNX metadata. Default: the downloaded, hash-verified one."
-    ),
+    bool, typer.Option("--random-init", help="Skip the download; export random weights.")
 ]
 Fp16Opt = Annotated[bool, typer.Option("--fp16", help="fp16 weights/compute, fp32 I/O.")]
 TargetOpt = Annotated[

@@ -15,7 +15,6 @@ import typer
 
 from triton_sam.cli.app import app
 from triton_sam.cli.options import (
-    CheckpointOpt,
     Fp16Opt,
     ModelArg,
     OverridesArg,
@@ -129,8 +128,17 @@ def import_onnx_cmd(
 def export_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
-    checkpoint: CheckpointOpt = None,
-    random_init: RandomInitOpt = False,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="Checkpoint file (a model directory for SAM3), e.g. a fine-tuned one "
+            "(MedSAM, micro-sam): checked against the variant's architecture, its sha256 "
+            "recorded in the ONNX metadata. Default: the downloaded, hash-verified one."
+        ),
+    ] = None,
+    random_init: Annotated[
+        bool, typer.Option("--random-init", help="Export random weights (offline testing).")
+    ] = False,
     fp16: Fp16Opt = False,
     target: TargetOpt = None,
     repository: RepositoryOpt = None,

@@ -18,7 +18,6 @@ from triton_sam.bench.harness import embedded, protocol_url
 from triton_sam.cli.app import app, bench_app
 from triton_sam.cli.options import (
     DEFAULT_MODEL,
-    CheckpointOpt,
     ModelArg,
     OverridesArg,
     Protocol,
@@ -41,7 +40,13 @@ from triton_sam.client.video_source import open_video
 def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
-    checkpoint: CheckpointOpt = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            help="SAM2.1 checkpoint file, e.g. a fine-tuned one: checked against the "
+            "variant's architecture. Default: the downloaded, hash-verified one."
+        ),
+    ] = None,
     random_init: RandomInitOpt = False,
     target: TargetOpt = None,
     repository: RepositoryOpt = None,
