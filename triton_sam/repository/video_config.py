@@ -19,11 +19,10 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError
 from triton_sam.models.sam2_video import video_graphs
+from triton_sam.repository.checks import check_int, check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    check_int,
-    check_model_name,
     config_to_text,
     graph_config,
     model_kind,
