@@ -34,7 +34,7 @@ from triton_sam.repository.backend_checks import (
     check_onnxruntime_parameters,
 )
 from triton_sam.repository.checks import check_choice, check_int, check_model_name
-from triton_sam.repository.moved_names import moved_names
+from triton_sam.repository.moved_names import moved_name
 from triton_sam.serving import bounds, protocol
 from triton_sam.serving.protocol import runner as runner_protocol
 from triton_sam.serving.protocol.settings import to_parameters
@@ -375,8 +375,9 @@ def _read_source(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
         raise RepositoryError(f"{path}: cannot read model config: {e.strerror or e}") from e
 
 
-# The CPU-twin policy and the backend's rules moved to modules of their own; their names stay
-# importable from here.
-__getattr__ = moved_names(
-    __name__, "triton_sam.repository.cpu_twin", "triton_sam.repository.backend_checks"
-)
+# The CPU-twin policy and the backend's rules moved to modules of their own (cpu_twin imports
+# this one): their names stay importable from here.
+def __getattr__(name: str) -> object:
+    from triton_sam.repository import backend_checks, cpu_twin
+
+    return moved_name(__name__, name, cpu_twin, backend_checks)

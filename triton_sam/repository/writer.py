@@ -26,7 +26,7 @@ from pathlib import Path
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.repository.checks import check_model_name
 from triton_sam.repository.config import ONNX_FILENAME, TARGETS, Target, parse_config
-from triton_sam.repository.moved_names import moved_names
+from triton_sam.repository.moved_names import moved_name
 from triton_sam.repository.shipping import imported_modules
 from triton_sam.serving import protocol
 
@@ -389,7 +389,8 @@ def _recover(repo_dir: Path, name: str) -> None:
 
 
 # The artifacts of graphs (artifacts.py) and the embedded server's twins (embedded.py) moved to
-# modules of their own: their names stay importable from here.
-__getattr__ = moved_names(
-    __name__, "triton_sam.repository.artifacts", "triton_sam.repository.embedded"
-)
+# modules of their own, which import this one: their names stay importable from here.
+def __getattr__(name: str) -> object:
+    from triton_sam.repository import artifacts, embedded
+
+    return moved_name(__name__, name, artifacts, embedded)
