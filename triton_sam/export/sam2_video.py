@@ -150,11 +150,6 @@ class VideoEncoder(ModelWrapper):
 class VideoDecoderGraph(ModelWrapper):
     """``_forward_sam_heads`` with its branches as arithmetic (see protocol.DECODER_*)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.prompt_encoder = model.sam_prompt_encoder
-        self.mask_decoder = model.sam_mask_decoder
-
     def forward(
         self,
         pix_feat: torch.Tensor,
@@ -172,8 +167,8 @@ class VideoDecoderGraph(ModelWrapper):
         no_mem = model.no_mem_embed.reshape(1, -1, 1, 1)
         pix = pix_feat + add_no_mem_embed.reshape(-1, 1, 1, 1) * no_mem
         masks, ious, tokens, scores = predict_all_tokens(
-            self.prompt_encoder,
-            self.mask_decoder,
+            model.sam_prompt_encoder,
+            model.sam_mask_decoder,
             (pix, high_res_feats_0, high_res_feats_1),
             (point_coords, point_labels, mask_input, has_mask_input),
         )

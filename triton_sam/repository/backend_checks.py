@@ -171,3 +171,18 @@ def _ort_parameter_problems(key: str, value: str) -> list[str]:
         if allowed is not None and number not in allowed:
             return [f"parameter {key!r} is {value!r}, expected one of {list(allowed)}"]
     return []
+
+
+__all__ = [
+    "CUDA_ACCELERATOR",
+    "INTRA_OP_THREADS_PARAM",
+    "OPENVINO_ACCELERATOR",
+    "ORT_GRAPH_LEVELS",
+    "ORT_INTRA_OP_PARAM",
+    "ORT_MODEL_PARAMS",
+    "TENSORRT_ACCELERATOR",
+    "TENSORRT_PARAMS",
+    "TENSORRT_PRECISION_MODES",
+    "check_accelerators",
+    "check_onnxruntime_parameters",
+]

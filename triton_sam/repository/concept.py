@@ -24,6 +24,7 @@ from typing import Any
 from triton_sam.models.sam3_concept import ConceptFamilySpec
 from triton_sam.models.spec import TensorSpec
 from triton_sam.repository import config as cfg
+from triton_sam.repository.checks import check_int, check_model_name
 from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import (
     SERVING_DIR,
@@ -60,9 +61,9 @@ class ConceptOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode"):
-            cfg.check_int(name, getattr(self, name), minimum=1)
-        cfg.check_int("max_bytes", self.max_bytes, minimum=0)
-        cfg.check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("max_bytes", self.max_bytes, minimum=0)
+        check_int("max_image_pixels", self.max_image_pixels, minimum=1)
 
 
 def graph_configs(
@@ -88,7 +89,7 @@ def build_serving_config(
     Raises:
         InputValidationError: a bad model name.
     """
-    cfg.check_model_name(family.serving_model)
+    check_model_name(family.serving_model)
     config = cfg.ModelConfig(
         name=family.serving_model, backend="python", max_batch_size=options.encoder_max_batch_size
     )

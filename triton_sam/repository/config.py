@@ -27,19 +27,14 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError, RepositoryError
 from triton_sam.models.spec import Batching, FamilySpec, GraphSpec, TensorSpec
-from triton_sam.repository.backend_checks import (  # noqa: F401 - re-exported: their old home
-    CUDA_ACCELERATOR,
+from triton_sam.repository.backend_checks import (
     INTRA_OP_THREADS_PARAM,
-    OPENVINO_ACCELERATOR,
-    ORT_GRAPH_LEVELS,
     ORT_INTRA_OP_PARAM,
-    ORT_MODEL_PARAMS,
-    TENSORRT_ACCELERATOR,
-    TENSORRT_PARAMS,
-    TENSORRT_PRECISION_MODES,
     check_accelerators,
     check_onnxruntime_parameters,
 )
+from triton_sam.repository.checks import check_choice, check_int, check_model_name
+from triton_sam.repository.moved_names import moved_name
 from triton_sam.serving import bounds, protocol
 from triton_sam.serving.protocol import runner as runner_protocol
 from triton_sam.serving.protocol.settings import to_parameters
@@ -125,8 +120,8 @@ class RepositoryOptions:
     decoder_queue_timeout_us: int = 10_000_000
 
     def __post_init__(self) -> None:
-        _check_choice("target", self.target, TARGETS)
-        _check_choice("instance_kind", self.instance_kind, ("cpu", "gpu", None))
+        check_choice("target", self.target, TARGETS)
+        check_choice("instance_kind", self.instance_kind, ("cpu", "gpu", None))
         for field in ("encoder_max_batch_size", "decoder_max_batch_size", "instance_count"):
             check_int(field, getattr(self, field), minimum=1)
         most = bounds.GRAPH_MAX_BATCH_POINTS // bounds.MAX_POINTS
@@ -160,7 +155,7 @@ class RepositoryOptions:
 
     def max_batch_size(self, batching: Batching) -> int:
         """``max_batch_size`` of the graphs served with ``batching``'s bounds."""
-        _check_choice("batching", batching, BATCHINGS)
+        check_choice("batching", batching, BATCHINGS)
         return getattr(self, f"{batching}_max_batch_size")
 
     def bounds(self, batching: Batching) -> tuple[int, int, int]:
@@ -193,7 +188,7 @@ def family_graph(family: FamilySpec, role: str) -> GraphSpec:
         InputValidationError: ``family`` has no such graph.
     """
     graphs = {g.role: g for g in family.graphs}
-    _check_choice("graph", role, tuple(graphs))
+    check_choice("graph", role, tuple(graphs))
     return graphs[role]
 
 
@@ -315,18 +310,6 @@ def model_kind(config: ModelConfig) -> str | None:
     return config.parameters[protocol.KIND_PARAM].string_value
 
 
-def check_model_name(name: str) -> None:
-    """Refuse names Triton cannot use as a repository directory.
-
-    Raises:
-        InputValidationError: empty, hidden, or containing a path separator.
-    """
-    if not name or name.startswith(".") or "/" in name or "\\" in name or name != name.strip():
-        raise InputValidationError(
-            "name", f"got {name!r}, expected a plain directory name (no '/', not hidden)"
-        )
-
-
 def tensor_message(spec: TensorSpec, message: type) -> object:
     return message(name=spec.name, data_type=triton_dtype(spec.dtype), dims=list(spec.shape))
 
@@ -392,23 +375,9 @@ def _read_source(text_or_path: str | os.PathLike[str]) -> tuple[str, str]:
         raise RepositoryError(f"{path}: cannot read model config: {e.strerror or e}") from e
 
 
-def _check_choice(field: str, value: object, choices: tuple[object, ...]) -> None:
-    if value not in choices:
-        shown = [c for c in choices if c is not None]
-        raise InputValidationError(field, f"got {value!r}, expected one of {shown}")
-
-
-def check_int(field: str, value: object, *, minimum: int) -> None:
-    # bool is an int subclass; `max_batch_size=True` is a mistake, not 1.
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InputValidationError(field, f"got {value!r}, expected an integer >= {minimum}")
-
-
-# The CPU-twin policy moved to its own module (cpu_twin.py, which imports this one); its names
-# stay importable from here, resolved on first use (an import at the top would be a cycle).
+# The CPU-twin policy and the backend's rules moved to modules of their own (cpu_twin imports
+# this one): their names stay importable from here.
 def __getattr__(name: str) -> object:
-    from triton_sam.repository import cpu_twin
+    from triton_sam.repository import backend_checks, cpu_twin
 
-    if name in cpu_twin.__all__:
-        return getattr(cpu_twin, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return moved_name(__name__, name, cpu_twin, backend_checks)

@@ -25,6 +25,7 @@ from triton_sam.repository.backend_checks import (
     check_accelerators,
     check_onnxruntime_parameters,
 )
+from triton_sam.repository.checks import check_int
 from triton_sam.repository.config import (
     _KINDS,
     ONNX_FILENAME,
@@ -32,7 +33,6 @@ from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
     _set_python,
-    check_int,
 )
 from triton_sam.serving.protocol import runner as runner_protocol
 

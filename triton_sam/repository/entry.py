@@ -26,10 +26,10 @@ from triton_sam.models.naming import ENSEMBLE_PLATFORM
 if TYPE_CHECKING:  # the writer imports this module's callers; no cycle at run time
     from triton_sam.repository.writer import ModelFiles
 from triton_sam.models.spec import FamilySpec, GraphSpec, TensorSpec
+from triton_sam.repository.checks import check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    check_model_name,
     config_to_text,
     graph_config,
     model_config_pb2,

@@ -22,13 +22,13 @@ from tritonclient.grpc import model_config_pb2
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec, TensorSpec
 from triton_sam.repository.artifacts import onnx_artifact
+from triton_sam.repository.checks import check_model_name
 from triton_sam.repository.config import (
     _KINDS,
     ModelConfig,
     RepositoryOptions,
     _set_onnxruntime,
     _set_python,
-    check_model_name,
     tensor_message,
 )
 from triton_sam.repository.cpu_twin import ARENA_SHRINKAGE_PARAM, CPU_ARENA_SHRINKAGE

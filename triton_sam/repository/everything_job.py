@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from triton_sam.models.spec import FamilySpec
+from triton_sam.repository.checks import check_int, check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
-    check_int,
-    check_model_name,
     config_to_text,
     model_config_pb2,
     set_parameters,

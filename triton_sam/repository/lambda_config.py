@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 
 from triton_sam.models.spec import FamilySpec
+from triton_sam.repository.checks import check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    check_model_name,
     config_to_text,
     model_config_pb2,
     set_parameters,

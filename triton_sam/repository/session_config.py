@@ -37,10 +37,10 @@ import numpy as np
 
 from triton_sam.errors import InputValidationError
 from triton_sam.models.spec import FamilySpec, TensorSpec
+from triton_sam.repository.checks import check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    check_model_name,
     config_to_text,
     model_config_pb2,
     parse_config,

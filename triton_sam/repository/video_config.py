@@ -19,11 +19,10 @@ from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError
 from triton_sam.models.sam2_video import video_graphs
+from triton_sam.repository.checks import check_int, check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
     RepositoryOptions,
-    check_int,
-    check_model_name,
     config_to_text,
     graph_config,
     model_kind,
@@ -47,7 +46,7 @@ PACKAGE_DIR = SHIPPED_PACKAGE  # what tracker_model.py imports
 
 
 @dataclass(frozen=True)
-class TrackerOptions:
+class TrackerOptions(protocol.StoreBounds):
     """Bounds of the tracker's sessions and batching of the video graphs.
 
     Who may evict whose session is the rule of ``serving/tracking/sessions.py``: only sessions
@@ -71,14 +70,6 @@ class TrackerOptions:
         graph_max_queue_size: requests a video graph's queue holds (0 = unbounded).
     """
 
-    max_sessions: int = protocol.DEFAULT_MAX_SESSIONS
-    max_frames: int = protocol.DEFAULT_MAX_FRAMES
-    max_session_bytes: int = protocol.DEFAULT_MAX_SESSION_BYTES
-    max_total_bytes: int = protocol.DEFAULT_MAX_TOTAL_BYTES
-    feature_cache_frames: int = protocol.DEFAULT_FEATURE_CACHE_FRAMES
-    max_tenant_sessions: int = protocol.DEFAULT_MAX_TENANT_SESSIONS
-    max_tenant_bytes: int = protocol.DEFAULT_MAX_TENANT_BYTES
-    evict_idle_s: int = protocol.DEFAULT_EVICT_IDLE_S
     graph_max_batch_size: int = 4
     graph_max_queue_size: int = 64
 
@@ -123,11 +114,10 @@ def build_tracker_config(
     # One instance, always: the sessions live in it (see tracker_model.py).
     model.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     model.dynamic_batching.max_queue_delay_microseconds = 0
-    bounds = {key: getattr(tracker, key) for key in protocol.STORE_BOUNDS}
     served = protocol.TrackerSettings(
         graph_models=_json(graph_models or protocol.DEFAULT_MODEL_NAMES),
         model_config=config.to_json(),
-        **bounds,
+        **tracker.store_bounds(),
     )
     set_parameters(model, served, kind=protocol.KIND)
     return model

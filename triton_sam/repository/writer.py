@@ -24,13 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError, RepositoryError
-from triton_sam.repository.config import (
-    ONNX_FILENAME,
-    TARGETS,
-    Target,
-    check_model_name,
-    parse_config,
-)
+from triton_sam.repository.checks import check_model_name
+from triton_sam.repository.config import ONNX_FILENAME, TARGETS, Target, parse_config
+from triton_sam.repository.moved_names import moved_name
 from triton_sam.repository.shipping import imported_modules
 from triton_sam.serving import protocol
 
@@ -392,13 +388,9 @@ def _recover(repo_dir: Path, name: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-# The artifacts of graphs (artifacts.py) and the embedded server's twins (embedded.py) moved
-# to their own modules, which import this one: their names stay importable from here,
-# resolved on first use.
+# The artifacts of graphs (artifacts.py) and the embedded server's twins (embedded.py) moved to
+# modules of their own, which import this one: their names stay importable from here.
 def __getattr__(name: str) -> object:
     from triton_sam.repository import artifacts, embedded
 
-    for module in (artifacts, embedded):
-        if name in module.__all__:
-            return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return moved_name(__name__, name, artifacts, embedded)

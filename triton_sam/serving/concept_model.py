@@ -63,9 +63,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        self.settings = settings.from_parameters(
-            protocol.ConceptSettings, envelope.config_parameters(config)
-        )
+        self.settings = settings.from_model_config(protocol.ConceptSettings, config)
         self.name = args["model_name"]
         outputs = {t["name"]: t for t in config["output"]}
         self.mask_size = int(outputs[protocol.MASKS_LOGITS]["dims"][-1])

@@ -92,9 +92,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"{args['model_name']}: needs model_transaction_policy {{ decoupled: true }}"
             )
-        self.settings = settings.from_parameters(
-            protocol.JobSettings, envelope.config_parameters(config)
-        )
+        self.settings = settings.from_model_config(protocol.JobSettings, config)
         self.family = self.settings.family
         self.session_call = SessionCall(pb_utils, self.settings.session_model)
         self.admission = _Admission(

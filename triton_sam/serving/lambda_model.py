@@ -50,9 +50,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        self.settings = settings.from_parameters(
-            protocol.LambdaSettings, envelope.config_parameters(config)
-        )
+        self.settings = settings.from_model_config(protocol.LambdaSettings, config)
         self.name = args["model_name"]
         self.session_call = SessionCall(pb_utils, self.settings.session_model)
         pre_json = self.settings.preprocessing

@@ -42,7 +42,6 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
 from triton_sam_serving import model_io
-from triton_sam_serving import protocol as envelope
 from triton_sam_serving.metric_set import MetricSet
 from triton_sam_serving.protocol import settings
 from triton_sam_serving.protocol import tracker as protocol
@@ -83,9 +82,7 @@ class TritonPythonModel:
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        served = settings.from_parameters(
-            protocol.TrackerSettings, envelope.config_parameters(config)
-        )
+        served = settings.from_model_config(protocol.TrackerSettings, config)
         self.service = TrackingService(
             BlsRunner(json.loads(served.graph_models)),
             TrackerConfig.from_json(served.model_config),

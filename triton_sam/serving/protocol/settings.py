@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from . import KIND_PARAM
+from . import KIND_PARAM, config_parameters
 
 T = TypeVar("T")
 
@@ -41,6 +41,16 @@ def from_parameters(cls: type[T], params: dict[str, str]) -> T:
         if text != "":
             values[field.name] = _parse(field.type, text)
     return cls(**values)
+
+
+def from_model_config(cls: type[T], model_config: dict) -> T:
+    """The settings ``cls`` of a python model, read from the ``parameters`` of the model
+    config its ``initialize`` is handed (``json.loads(args["model_config"])``).
+
+    Raises:
+        TypeError / ValueError: as :func:`from_parameters`.
+    """
+    return from_parameters(cls, config_parameters(model_config))
 
 
 def _parse(kind: Any, text: str) -> Any:

@@ -313,15 +313,12 @@ STORE_BOUNDS = PARAM_KEYS[3:]  # the session store's (tracking/sessions.py)
 
 
 @dataclass(frozen=True)
-class TrackerSettings:
-    """The tracker model's config parameters: rendered by ``repository/video_config.py``,
-    read by ``serving/tracker_model.py`` (:mod:`.settings`; field names are the ``PARAM_*``
-    keys). ``graph_models``: JSON, graph key -> Triton model name; ``model_config``: JSON,
-    the SAM2 hyperparameters (``TrackerConfig``); the rest: the session store's bounds
-    (``tracking/sessions.py``)."""
+class StoreBounds:
+    """The session store's bounds (``tracking/sessions.py``), each a config parameter of the
+    tracker model (field names are the ``PARAM_*`` keys): the operator's choice
+    (``repository.video_config.TrackerOptions``) and what the model reads back
+    (:class:`TrackerSettings`)."""
 
-    graph_models: str
-    model_config: str
     max_sessions: int = DEFAULT_MAX_SESSIONS
     max_frames: int = DEFAULT_MAX_FRAMES
     max_session_bytes: int = DEFAULT_MAX_SESSION_BYTES
@@ -334,6 +331,18 @@ class TrackerSettings:
     def store_bounds(self) -> dict[str, int]:
         """The bounds, as ``SessionStore``'s keyword arguments."""
         return {key: getattr(self, key) for key in STORE_BOUNDS}
+
+
+# Keyword-only: its own fields have no default, and follow the bounds' defaulted ones.
+@dataclass(frozen=True, kw_only=True)
+class TrackerSettings(StoreBounds):
+    """The tracker model's config parameters: rendered by ``repository/video_config.py``,
+    read by ``serving/tracker_model.py`` (:mod:`.settings`; field names are the ``PARAM_*``
+    keys). ``graph_models``: JSON, graph key -> Triton model name; ``model_config``: JSON,
+    the SAM2 hyperparameters (``TrackerConfig``); the rest: the session store's bounds."""
+
+    graph_models: str
+    model_config: str
 
 
 class TrackingError(ProtocolError):
