@@ -348,7 +348,8 @@ def variant_repository(
     its features as ``cpu_features`` says, with ``model.py`` from this source tree, and,
     with ``decoder_sizing`` = (instances, intra-op threads), the decoder its clicks run on
     sized so (for measuring sizings; the served default is ``size_cpu_decoder``'s)."""
-    from triton_sam.repository.config import ORT_INTRA_OP_PARAM, config_to_text, parse_config
+    from triton_sam.repository.backend_checks import ORT_INTRA_OP_PARAM
+    from triton_sam.repository.config import config_to_text, parse_config
     from triton_sam.repository.session_config import session_variant
     from triton_sam.repository.writer import ModelFiles, list_models, read_model, write_models
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from triton_sam.bench.stats import percentiles, ratio
 from triton_sam.errors import InputValidationError, ServerOverloadedError
-from triton_sam.repository.config import CPU_MAX_CONCURRENT_EMBEDS, CPU_MAX_WAITING_EMBEDS
+from triton_sam.repository.cpu_twin import CPU_MAX_CONCURRENT_EMBEDS, CPU_MAX_WAITING_EMBEDS
 
 
 @dataclass(frozen=True)
