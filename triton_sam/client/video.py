@@ -95,6 +95,8 @@ class SAM2VideoTritonClient(VideoPredictorAPI[VideoState], ClosesOnExit):
             raise
 
     # -- API mirroring SAM2VideoPredictor -----------------------------------------------------
+    # add_new_points_or_box and propagate_in_video: VideoPredictorAPI, run by _add_points and
+    # _propagate below
     def init_state(self, video: object) -> VideoState:
         """Open ``video`` (a folder of frames, an mp4, a list of images, a TIFF stack, or a
         numpy volume (Z, Y, X) / (Z, Y, X, C)) as a session on the server; frame 0 is sent

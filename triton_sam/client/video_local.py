@@ -79,6 +79,8 @@ class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
         self.tracker = Tracker(OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads), config)
         self.feature_cache_frames = feature_cache_frames
 
+    # add_new_points_or_box and propagate_in_video: VideoPredictorAPI, run by _add_points and
+    # _propagate below
     def init_state(self, video: object) -> LocalVideoState:
         """Load every frame of ``video`` (see :func:`open_video`) and encode frame 0."""
         source = open_video(video)
