@@ -21,6 +21,7 @@ from video_support import BOX, CLICK, assert_same_as_upstream, run_scenario
 
 from triton_sam.bench.counters import read_counters
 from triton_sam.client.video import SAM2VideoTritonClient
+from triton_sam.client.video_state import TrackerRequest
 from triton_sam.errors import (
     FrameIndexError,
     InputValidationError,
@@ -259,12 +260,12 @@ def test_reading_a_frame_returns_its_masks_only(video_server, video_clip):
     with SAM2VideoTritonClient(video_server.grpc_url) as client:
         state = client.init_state(video_clip)
         _, _, clicked = client.add_new_points_or_box(state, 0, 1, points=[CLICK], labels=[1])
-        out = client._command(
-            state,
+        request = TrackerRequest(
             protocol.CMD_GET,
             {"frame_index": np.array([0], np.int32)},
             ("masks", "object_ids", "out_frame_index", "object_scores"),
         )
+        out = client._command(state, request)
         frame, ids, masks = client.get_frame_masks(state, 0)
         client.close_state(state)
     payload = sum(v.nbytes for v in out.values())

@@ -153,6 +153,13 @@ def make(num_frames=6, hw=(30, 40), score=1.0):
     return tracker, session, runner
 
 
+def propagate(tracker, session, **kwargs):
+    """``propagate_in_video`` as the service and the in-process predictor run it: the
+    processing order, then one ``track`` step per frame."""
+    order = tracker.processing_order(session, **kwargs)
+    return [(t, *tracker.track(session, t, kwargs.get("reverse", False))[:2]) for t in order]
+
+
 def test_first_click_decodes_without_memory_and_with_three_masks():
     tracker, session, runner = make()
     frame, ids, masks = tracker.add_new_points_or_box(
@@ -183,7 +190,7 @@ def test_propagation_encodes_prompted_memories_once_then_tracks_with_memory():
     tracker, session, runner = make()
     tracker.add_new_points_or_box(session, 0, 1, np.array([[5.0, 5.0]]), np.array([1]))
     runner.calls.clear()
-    results = list(tracker.propagate_in_video(session, max_frame_num_to_track=2))
+    results = propagate(tracker, session, max_frame_num_to_track=2)
     assert [f for f, _, _ in results] == [0, 1, 2]
     encoders = [inputs for g, inputs in runner.calls if g == "memory_encoder"]
     assert [e["is_mask_from_pts"][0, 0] for e in encoders] == [1.0, 0.0, 0.0]
@@ -201,7 +208,7 @@ def test_propagation_encodes_prompted_memories_once_then_tracks_with_memory():
 def test_correction_on_a_tracked_frame_feeds_back_clipped_logits():
     tracker, session, runner = make()
     tracker.add_new_points_or_box(session, 0, 1, np.array([[5.0, 5.0]]), np.array([1]))
-    list(tracker.propagate_in_video(session))
+    propagate(tracker, session)
     tracker.add_new_points_or_box(session, 3, 1, np.array([[8.0, 9.0]]), np.array([0]))
     dec = runner.last("video_decoder")
     assert dec["has_mask_input"][0, 0] == 1 and dec["add_no_mem_embed"][0, 0] == 0
@@ -549,6 +556,11 @@ class ServiceTransport:
             raise ServerError(protocol.error_message(e.code, str(e))) from e
         return {n: np.asarray(out[n])[None] for n in outputs if n in out}
 
+    def start_infer(self, model, inputs, outputs, *, routing_key=None):
+        """A cancellable request (a tracked frame), answered at once."""
+        answer = self.infer(model, inputs, outputs, routing_key=routing_key)
+        return type("Answered", (), {"wait": lambda _self: answer, "cancel": lambda _self: None})()
+
     def commands(self) -> list[tuple[str, str | None]]:
         """(command, session id sent or None) of every request."""
         return [
@@ -599,3 +611,32 @@ def test_the_video_client_maps_overloaded_to_a_retryable_error():
     with pytest.raises(ServerOverloadedError) as info:
         video_client(ServiceTransport(svc)).init_state(np.zeros((2, 8, 8), np.uint8))
     assert "retry later" in str(info.value)
+
+
+def local_predictor():
+    from triton_sam.client.video_local import OnnxVideoPredictor
+
+    predictor = object.__new__(OnnxVideoPredictor)  # no graphs on disk: the fake runner
+    predictor.tracker, predictor.feature_cache_frames = Tracker(FakeRunner(), CONFIG), 4
+    return predictor
+
+
+def test_the_video_client_and_the_local_predictor_answer_upstreams_calls_alike():
+    from triton_sam.errors import NoPromptsError
+
+    video = np.zeros((5, 8, 12), np.uint8)
+    answers = []
+    for predictor in (video_client(ServiceTransport(service())), local_predictor()):
+        state = predictor.init_state(video)
+        with pytest.raises(NoPromptsError):
+            list(predictor.propagate_in_video(state))
+        steps = [
+            predictor.add_new_points_or_box(state, 2, 7, points=[[3, 4]], labels=[1]),
+            predictor.add_new_points_or_box(state, 1, 9, box=[1, 1, 6, 5]),
+            *predictor.propagate_in_video(state, max_frame_num_to_track=1),
+            *predictor.propagate_in_video(state, start_frame_idx=3, reverse=True),
+        ]
+        answers.append([(frame, ids, masks.shape) for frame, ids, masks in steps])
+    assert answers[0] == answers[1]
+    assert [frame for frame, _, _ in answers[0]] == [2, 1, 1, 2, 3, 2, 1, 0]
+    assert answers[0][-1][1:] == ([7, 9], (2, 1, 8, 12))

@@ -19,13 +19,13 @@ import queue
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import numpy as np
 
 from triton_sam.client.endpoint import Endpoint, TlsOptions
 from triton_sam.client.image_io import load_image
-from triton_sam.client.wire import NUMPY_TO_TRITON
+from triton_sam.client.wire import build_infer_inputs
 from triton_sam.errors import (
     EmbeddingNotFoundError,
     InputValidationError,
@@ -40,8 +40,27 @@ from triton_sam.serving import protocol as envelope
 from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.protocol import everything as protocol
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
 Progress = Callable[[int, int], Any]  # (done_batches, total_batches)
 _R = TypeVar("_R")
+
+
+class StreamOptions(TypedDict, total=False):
+    """The keywords :func:`generate` and :func:`agenerate` take, each optional.
+
+    Attributes:
+        progress: called ``progress(done_batches, total_batches)`` after each decoder batch.
+        timeout_s: for the whole stream and for each answer (None: no limit).
+        tls: certificates for a ``grpcs://`` endpoint.
+        headers: gRPC metadata sent with the request (e.g. the tenant header).
+    """
+
+    progress: Progress | None
+    timeout_s: float | None
+    tls: TlsOptions | None
+    headers: Mapping[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -236,26 +255,19 @@ async def awith_fallback(
         return await run(fallback)
 
 
-def _infer_inputs(module: Any, inputs: Mapping[str, np.ndarray]) -> list[Any]:
-    out = []
-    for name, array in inputs.items():
-        tensor = module.InferInput(name, list(array.shape), NUMPY_TO_TRITON[array.dtype.name])
-        tensor.set_data_from_numpy(array)
-        out.append(tensor)
-    return out
-
-
 def generate(
     endpoint: Endpoint,
     model: str,
     inputs: Mapping[str, np.ndarray],
-    *,
-    progress: Progress | None = None,
-    timeout_s: float | None = None,
-    tls: TlsOptions | None = None,
-    headers: Mapping[str, str] | None = None,
+    **options: Unpack[StreamOptions],
 ) -> EverythingResult:
     """Run one job on a blocking gRPC stream; ``progress(done, total)`` after each batch.
+
+    Args:
+        endpoint: the server's gRPC endpoint.
+        model: the everything model's name.
+        inputs: the request (:func:`job_inputs`).
+        **options: :class:`StreamOptions` (``progress``, ``timeout_s``, ``tls``, ``headers``).
 
     Raises:
         InvalidRequestError: refused parameters or image (the message names the field).
@@ -266,9 +278,9 @@ def generate(
     """
     import tritonclient.grpc as grpcclient
 
-    tls_options = (tls or TlsOptions()).grpc_options() if endpoint.ssl else {}
+    opts = _Stream(**options)
     try:
-        client = grpcclient.InferenceServerClient(endpoint.address, ssl=endpoint.ssl, **tls_options)
+        client = opts.connect(grpcclient, endpoint)
     except Exception as e:
         raise ServerUnavailableError(f"segment everything: {e}") from e
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -276,23 +288,21 @@ def generate(
     try:
         client.start_stream(
             callback=lambda result, error: answers.put((result, error)),
-            stream_timeout=timeout_s,
-            headers=dict(headers or {}) or None,
+            stream_timeout=opts.timeout_s,
+            headers=opts.metadata(),
         )
-        client.async_stream_infer(model, _infer_inputs(grpcclient, inputs))
+        client.async_stream_infer(model, build_infer_inputs(grpcclient, inputs, http=False))
         while True:
-            result, error = answers.get(timeout=timeout_s)
-            if error is not None:
-                finished = True
-                raise stream_error(error.message() if hasattr(error, "message") else str(error))
-            done = _handle(result, progress)
+            result, error = answers.get(timeout=opts.timeout_s)
+            finished = error is not None  # the server ended the job with an error
+            done = opts.answer(result, error)
             if done is not None:
                 finished = True
                 return done
     except queue.Empty as e:
         from triton_sam.errors import InferenceTimeoutError
 
-        raise InferenceTimeoutError(f"segment everything: no answer in {timeout_s} s") from e
+        raise InferenceTimeoutError(f"segment everything: no answer in {opts.timeout_s} s") from e
     finally:
         # Leaving early (progress raised, Ctrl-C, a timeout): the server stops the job.
         try:
@@ -301,46 +311,59 @@ def generate(
             client.close()
 
 
-def _handle(result: Any, progress: Progress | None) -> EverythingResult | None:
-    """A progress answer (reported; None) or the final one (parsed)."""
-    text = result.as_numpy(protocol.INSTANCES)
-    if text is not None:
-        return parse_answer(text.reshape(-1)[0])
-    step = result.as_numpy(protocol.PROGRESS)
-    if step is not None and progress is not None:
-        progress(int(step[0]), int(step[1]))
-    return None
+@dataclass(frozen=True)
+class _Stream:
+    """:class:`StreamOptions` with their defaults (an unknown keyword is a TypeError), and
+    what both drivers do with them."""
+
+    progress: Progress | None = None
+    timeout_s: float | None = None
+    tls: TlsOptions | None = None
+    headers: Mapping[str, str] | None = None
+
+    def connect(self, module: Any, endpoint: Endpoint) -> Any:
+        """``module.InferenceServerClient`` (tritonclient's gRPC or gRPC aio) to ``endpoint``."""
+        tls_options = (self.tls or TlsOptions()).grpc_options() if endpoint.ssl else {}
+        return module.InferenceServerClient(endpoint.address, ssl=endpoint.ssl, **tls_options)
+
+    def metadata(self) -> dict[str, str] | None:
+        return dict(self.headers or {}) or None
+
+    def answer(self, result: Any, error: Any) -> EverythingResult | None:
+        """One answer on the stream: its error raised, progress reported (None), or the
+        final result."""
+        if error is not None:
+            raise stream_error(error.message() if hasattr(error, "message") else str(error))
+        text = result.as_numpy(protocol.INSTANCES)
+        if text is not None:
+            return parse_answer(text.reshape(-1)[0])
+        step = result.as_numpy(protocol.PROGRESS)
+        if step is not None and self.progress is not None:
+            self.progress(int(step[0]), int(step[1]))
+        return None
 
 
 async def agenerate(
     endpoint: Endpoint,
     model: str,
     inputs: Mapping[str, np.ndarray],
-    *,
-    progress: Progress | None = None,
-    timeout_s: float | None = None,
-    tls: TlsOptions | None = None,
-    headers: Mapping[str, str] | None = None,
+    **options: Unpack[StreamOptions],
 ) -> EverythingResult:
     """:func:`generate` over ``grpc.aio``; cancelling the awaiting task cancels the job on
     the server (the stream is closed, Triton cancels the request)."""
     import tritonclient.grpc.aio as aioclient
 
-    tls_options = (tls or TlsOptions()).grpc_options() if endpoint.ssl else {}
-    client = aioclient.InferenceServerClient(endpoint.address, ssl=endpoint.ssl, **tls_options)
-    request = {"model_name": model, "inputs": _infer_inputs(aioclient, inputs)}
+    opts = _Stream(**options)
+    client = opts.connect(aioclient, endpoint)
+    request = {"model_name": model, "inputs": build_infer_inputs(aioclient, inputs, http=False)}
 
     async def requests():
         yield request
 
-    stream = client.stream_infer(
-        requests(), stream_timeout=timeout_s, headers=dict(headers or {}) or None
-    )
+    stream = client.stream_infer(requests(), stream_timeout=opts.timeout_s, headers=opts.metadata())
     try:
         async for result, error in stream:
-            if error is not None:
-                raise stream_error(error.message() if hasattr(error, "message") else str(error))
-            done = _handle(result, progress)
+            done = opts.answer(result, error)
             if done is not None:
                 return done
         raise ServerError("segment everything: the stream ended without an answer")

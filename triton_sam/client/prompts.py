@@ -9,6 +9,7 @@ SAM2, box corners (labels 2, 3) first, then clicks, then one padding point (labe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -102,6 +103,16 @@ def validate_mask_input(mask_input: Any, mask_size: int) -> np.ndarray | None:
     return array.reshape(1, 1, mask_size, mask_size)
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """Prompts that passed validation, each None when not given: clicks (coords [N, 2],
+    labels [N]) and a box [4] in original pixels, previous low-res logits [1, 1, S, S]."""
+
+    points: tuple[np.ndarray, np.ndarray] | None
+    box_xyxy: np.ndarray | None
+    mask: np.ndarray | None
+
+
 def _check_inside(coords: np.ndarray, orig_hw: tuple[int, int], field: str) -> None:
     h, w = orig_hw
     outside = (coords[:, 0] < 0) | (coords[:, 0] > w) | (coords[:, 1] < 0) | (coords[:, 1] > h)
@@ -131,15 +142,16 @@ def build_decoder_prompts(
     Raises:
         InputValidationError: naming the offending argument.
     """
-    pre = family.preprocessing
-    points = validate_points(point_coords, point_labels, orig_hw)
-    box_xyxy = validate_box(box, orig_hw)
-    mask = validate_mask_input(mask_input, pre.mask_size)
-    if points is None and box_xyxy is None:
+    checked = _Checked(
+        validate_points(point_coords, point_labels, orig_hw),
+        validate_box(box, orig_hw),
+        validate_mask_input(mask_input, family.preprocessing.mask_size),
+    )
+    if checked.points is None and checked.box_xyxy is None:
         raise InputValidationError(
             "point_coords", "no prompt: give point_coords with point_labels, a box, or both"
         )
-    built = _LAYOUTS[family.prompt_layout].build(points, box_xyxy, mask, orig_hw, family)
+    built = _LAYOUTS[family.prompt_layout].build(checked, orig_hw, family)
     # The server's bounds (one definition: triton_sam.serving.bounds), checked before sending.
     try:
         bounds.check_prompts(built)
@@ -149,23 +161,20 @@ def build_decoder_prompts(
 
 
 def _point_list_prompts(
-    points: tuple[np.ndarray, np.ndarray] | None,
-    box_xyxy: np.ndarray | None,
-    mask: np.ndarray | None,
-    orig_hw: tuple[int, int],
-    family: FamilySpec,
+    checked: _Checked, orig_hw: tuple[int, int], family: FamilySpec
 ) -> dict[str, np.ndarray]:
     """``point_list`` layout: point_coords/point_labels (box as corners 2/3), mask_input."""
     pre = family.preprocessing
     # One builder for both sides: the session model builds original-pixel prompts with it.
     point_coords, point_labels = prompt_frame.point_list(
-        points,
-        box_xyxy,
+        checked.points,
+        checked.box_xyxy,
         orig_hw,
         pre,
         box_before_points=family.box_before_points,
         pad_with_box=family.pad_with_box,
     )
+    mask = checked.mask
     has_mask = mask is not None
     size = pre.mask_size
     return {
@@ -177,11 +186,7 @@ def _point_list_prompts(
 
 
 def _hf_points_boxes_prompts(
-    points: tuple[np.ndarray, np.ndarray] | None,
-    box_xyxy: np.ndarray | None,
-    mask: np.ndarray | None,
-    orig_hw: tuple[int, int],
-    family: FamilySpec,
+    checked: _Checked, orig_hw: tuple[int, int], family: FamilySpec
 ) -> dict[str, np.ndarray]:
     """``hf_points_boxes`` layout (transformers' prompt tensors; the graph pads).
 
@@ -191,7 +196,7 @@ def _hf_points_boxes_prompts(
     Raises:
         InputValidationError: ``mask_input`` was given (this decoder has no mask input).
     """
-    if mask is not None:
+    if checked.mask is not None:
         raise InputValidationError(
             "mask_input",
             f"the {family.family!r} decoder (pre-exported onnx-community layout) takes no mask "
@@ -199,11 +204,12 @@ def _hf_points_boxes_prompts(
         )
     pre = family.preprocessing
     coords, labels = np.zeros((0, 2)), np.zeros((0,))
-    if points is not None:
-        coords, labels = model_frame.transform_coords(points[0], orig_hw, pre), points[1]
+    if checked.points is not None:
+        clicks, labels = checked.points
+        coords = model_frame.transform_coords(clicks, orig_hw, pre)
     boxes = np.zeros((0, 4))
-    if box_xyxy is not None:
-        boxes = model_frame.transform_boxes(box_xyxy[None], orig_hw, pre).reshape(1, 4)
+    if checked.box_xyxy is not None:
+        boxes = model_frame.transform_boxes(checked.box_xyxy[None], orig_hw, pre).reshape(1, 4)
     return {
         "input_points": coords.astype(np.float32).reshape(1, 1, -1, 2),
         "input_labels": labels.astype(np.int64).reshape(1, 1, -1),

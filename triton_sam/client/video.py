@@ -25,12 +25,14 @@ from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
+from triton_sam.client.video_api import Masks, PointsPrompt, Propagation, VideoPredictorAPI
 from triton_sam.client.video_errors import typed_error
 from triton_sam.client.video_source import open_video
 from triton_sam.client.video_state import (
     IDEMPOTENT,
     LOGGED,
     NEEDS_FRAME,
+    TrackerRequest,
     VideoState,
     int32,
     payload_bytes,
@@ -47,7 +49,7 @@ from triton_sam.serving.resample import bilinear
 _MASK_OUTPUTS = (p.OUT_FRAME_INDEX, p.OUT_OBJECT_IDS, p.OUT_MASKS, p.OUT_OBJECT_SCORES)
 
 
-class SAM2VideoTritonClient(ClosesOnExit):
+class SAM2VideoTritonClient(VideoPredictorAPI[VideoState], ClosesOnExit):
     """Track objects through a video or a 3-D volume with SAM2.1 on a Triton server.
 
     Args:
@@ -93,6 +95,8 @@ class SAM2VideoTritonClient(ClosesOnExit):
             raise
 
     # -- API mirroring SAM2VideoPredictor -----------------------------------------------------
+    # add_new_points_or_box and propagate_in_video: VideoPredictorAPI, run by _add_points and
+    # _propagate below
     def init_state(self, video: object) -> VideoState:
         """Open ``video`` (a folder of frames, an mp4, a list of images, a TIFF stack, or a
         numpy volume (Z, Y, X) / (Z, Y, X, C)) as a session on the server; frame 0 is sent
@@ -109,44 +113,9 @@ class SAM2VideoTritonClient(ClosesOnExit):
         self._ensure_frame(state, 0)
         return state
 
-    def add_new_points_or_box(
-        self,
-        state: VideoState,
-        frame_idx: int,
-        obj_id: int,
-        points: object = None,
-        labels: object = None,
-        clear_old_points: bool = True,
-        normalize_coords: bool = True,
-        box: object = None,
-    ) -> tuple[int, list[int], np.ndarray]:
-        """Clicks ((X, Y) pixels, labels 1 = object / 0 = background) and/or a box
-        (X0, Y0, X1, Y1) for one object on one frame.
-
-        Returns:
-            (frame_idx, obj_ids, float32 logits [K, 1, H, W] of every object at the video's
-            resolution; > 0 is the mask).
-
-        Raises:
-            FrameIndexError, InputValidationError (naming the field), TrackingLimitError.
-        """
-        tensors: dict[str, np.ndarray] = {
-            p.FRAME_INDEX: int32(frame_idx),
-            p.OBJECT_ID: int32(obj_id),
-            p.CLEAR_OLD_POINTS: np.array([bool(clear_old_points)]),
-            p.NORMALIZE_COORDS: np.array([bool(normalize_coords)]),
-        }
-        if points is not None:
-            tensors[p.POINTS] = np.asarray(points, np.float32).reshape(-1, 2)
-        if labels is not None:
-            tensors[p.LABELS] = np.asarray(labels).astype(np.int32).reshape(-1)
-        if box is not None:
-            tensors[p.BOX] = np.asarray(box, np.float32).reshape(-1)
-        return self._masks(state, self._command(state, p.CMD_ADD_POINTS, tensors, _MASK_OUTPUTS))
-
     def add_new_mask(
         self, state: VideoState, frame_idx: int, obj_id: int, mask: np.ndarray
-    ) -> tuple[int, list[int], np.ndarray]:
+    ) -> Masks:
         """A binary mask [H, W] (the video's size) for one object on one frame; returns as
         :meth:`add_new_points_or_box`."""
         tensors = {
@@ -154,47 +123,7 @@ class SAM2VideoTritonClient(ClosesOnExit):
             p.OBJECT_ID: int32(obj_id),
             p.MASK: np.asarray(mask).astype(bool),
         }
-        return self._masks(state, self._command(state, p.CMD_ADD_MASK, tensors, _MASK_OUTPUTS))
-
-    def propagate_in_video(
-        self,
-        state: VideoState,
-        start_frame_idx: int | None = None,
-        max_frame_num_to_track: int | None = None,
-        reverse: bool = False,
-    ) -> Iterator[tuple[int, list[int], np.ndarray]]:
-        """Track every object through the video; yields (frame_idx, obj_ids, logits
-        [K, 1, H, W] at the video's resolution) frame by frame, in upstream's order.
-
-        One request per frame: stop iterating (or call :meth:`cancel_propagation` from
-        another thread) and nothing past the frame in flight runs on the server; over gRPC
-        the request in flight is cancelled too.
-
-        Raises:
-            NoPromptsError: no object has prompts. FrameIndexError: a bad start frame.
-        """
-        order = self._command(
-            state,
-            p.CMD_PREFLIGHT,
-            {
-                p.START_FRAME: int32(-1 if start_frame_idx is None else start_frame_idx),
-                p.MAX_FRAMES: int32(
-                    -1 if max_frame_num_to_track is None else max_frame_num_to_track
-                ),
-                p.REVERSE: np.array([bool(reverse)]),
-            },
-            (p.OUT_FRAMES,),
-        )[p.OUT_FRAMES]
-        state._cancel.clear()
-        for frame_idx in order.tolist():
-            if state._cancel.is_set():
-                return
-            tensors = {p.FRAME_INDEX: int32(frame_idx), p.REVERSE: np.array([bool(reverse)])}
-            try:
-                out = self._command(state, p.CMD_TRACK, tensors, _MASK_OUTPUTS, cancellable=True)
-            except RequestCancelledError:
-                return
-            yield self._masks(state, out)
+        return self._masks(state, self._command(state, _masks_request(p.CMD_ADD_MASK, tensors)))
 
     def cancel_propagation(self, state: VideoState) -> None:
         """Stop a running :meth:`propagate_in_video` (from any thread): no further frame is
@@ -204,20 +133,18 @@ class SAM2VideoTritonClient(ClosesOnExit):
         if pending is not None:
             pending.cancel()
 
-    def get_frame_masks(
-        self, state: VideoState, frame_idx: int
-    ) -> tuple[int, list[int], np.ndarray]:
+    def get_frame_masks(self, state: VideoState, frame_idx: int) -> Masks:
         """The masks the server holds for a frame (nothing is recomputed, nothing but the
         frame's masks crosses the wire); as :meth:`add_new_points_or_box` returns them."""
-        out = self._command(state, p.CMD_GET, {p.FRAME_INDEX: int32(frame_idx)}, _MASK_OUTPUTS)
-        return self._masks(state, out)
+        request = _masks_request(p.CMD_GET, {p.FRAME_INDEX: int32(frame_idx)})
+        return self._masks(state, self._command(state, request))
 
-    def clear_all_prompts_in_frame(
-        self, state: VideoState, frame_idx: int, obj_id: int
-    ) -> tuple[int, list[int], np.ndarray]:
+    def clear_all_prompts_in_frame(self, state: VideoState, frame_idx: int, obj_id: int) -> Masks:
         """Remove one object's prompts on a frame (``clear_all_prompts_in_frame``)."""
         tensors = {p.FRAME_INDEX: int32(frame_idx), p.OBJECT_ID: int32(obj_id)}
-        return self._masks(state, self._command(state, p.CMD_CLEAR_PROMPTS, tensors, _MASK_OUTPUTS))
+        return self._masks(
+            state, self._command(state, _masks_request(p.CMD_CLEAR_PROMPTS, tensors))
+        )
 
     def remove_object(
         self, state: VideoState, obj_id: int, strict: bool = False
@@ -229,82 +156,108 @@ class SAM2VideoTritonClient(ClosesOnExit):
             ObjectNotFoundError: ``strict`` and the object was never added.
         """
         tensors = {p.OBJECT_ID: int32(obj_id), p.STRICT: np.array([bool(strict)])}
-        out = self._command(state, p.CMD_REMOVE_OBJECT, tensors, (p.OUT_OBJECT_IDS, p.OUT_FRAMES))
+        request = TrackerRequest(p.CMD_REMOVE_OBJECT, tensors, (p.OUT_OBJECT_IDS, p.OUT_FRAMES))
+        out = self._command(state, request)
         state.obj_ids = out[p.OUT_OBJECT_IDS].tolist()
         updated = [(t, self.get_frame_masks(state, t)[2]) for t in out[p.OUT_FRAMES].tolist()]
         return state.obj_ids, updated
 
     def reset_state(self, state: VideoState) -> None:
         """Remove every object, prompt and result (the frames stay on the server)."""
-        self._command(state, p.CMD_RESET, {}, (p.OUT_STATUS,))
+        self._command(state, TrackerRequest(p.CMD_RESET, {}))
         state.obj_ids = []
         state.log = []
 
     def close_state(self, state: VideoState) -> None:
         """Free the session on the server (frames, features, memory bank)."""
         with contextlib.suppress(TritonSamError):
-            self._send(state, p.CMD_CLOSE, {}, (p.OUT_STATUS,))
+            self._send(state, TrackerRequest(p.CMD_CLOSE, {}))
 
     def session_info(self, state: VideoState) -> dict[str, Any]:
         """This session as the server holds it: ``{"session": {"bytes", "frames_tracked",
         "frames_uploaded", "num_frames", "objects"}}`` (nothing about other sessions)."""
         import json
 
-        out = self._command(state, p.CMD_INFO, {}, (p.OUT_STATUS,))
+        out = self._command(state, TrackerRequest(p.CMD_INFO, {}))
         return json.loads(out[p.OUT_STATUS].reshape(-1)[0])
 
     def close(self) -> None:
         """Close the connections (idempotent)."""
         self.transport.close()
 
+    # -- the two calls of VideoPredictorAPI ---------------------------------------------------
+    def _add_points(self, state: VideoState, prompt: PointsPrompt) -> Masks:
+        tensors: dict[str, np.ndarray] = {
+            p.FRAME_INDEX: int32(prompt.frame_idx),
+            p.OBJECT_ID: int32(prompt.obj_id),
+            p.CLEAR_OLD_POINTS: np.array([bool(prompt.clear_old_points)]),
+            p.NORMALIZE_COORDS: np.array([bool(prompt.normalize_coords)]),
+        }
+        if prompt.points is not None:
+            tensors[p.POINTS] = np.asarray(prompt.points, np.float32).reshape(-1, 2)
+        if prompt.labels is not None:
+            tensors[p.LABELS] = np.asarray(prompt.labels).astype(np.int32).reshape(-1)
+        if prompt.box is not None:
+            tensors[p.BOX] = np.asarray(prompt.box, np.float32).reshape(-1)
+        return self._masks(state, self._command(state, _masks_request(p.CMD_ADD_POINTS, tensors)))
+
+    def _propagate(self, state: VideoState, run: Propagation) -> Iterator[Masks]:
+        reverse = np.array([bool(run.reverse)])
+        tensors = {
+            p.START_FRAME: int32(-1 if run.start_frame_idx is None else run.start_frame_idx),
+            p.MAX_FRAMES: int32(
+                -1 if run.max_frame_num_to_track is None else run.max_frame_num_to_track
+            ),
+            p.REVERSE: reverse,
+        }
+        request = TrackerRequest(p.CMD_PREFLIGHT, tensors, (p.OUT_FRAMES,))
+        order = self._command(state, request)[p.OUT_FRAMES]
+        state._cancel.clear()
+        for frame_idx in order.tolist():
+            if state._cancel.is_set():
+                return
+            tensors = {p.FRAME_INDEX: int32(frame_idx), p.REVERSE: reverse}
+            request = TrackerRequest(p.CMD_TRACK, tensors, _MASK_OUTPUTS, cancellable=True)
+            try:
+                out = self._command(state, request)
+            except RequestCancelledError:
+                return
+            yield self._masks(state, out)
+
     # -- requests ------------------------------------------------------------------------------
-    def _command(
-        self,
-        state: VideoState,
-        command: str,
-        tensors: dict[str, np.ndarray],
-        outputs: tuple[str, ...],
-        *,
-        cancellable: bool = False,
-    ) -> dict[str, np.ndarray]:
+    def _command(self, state: VideoState, request: TrackerRequest) -> dict[str, np.ndarray]:
         """Send a command, sending frames first when it needs them, re-creating the session
         once if the server lost it."""
         for attempt in range(2):
             try:
-                self._prepare(state, command, tensors)
-                out = self._send(state, command, tensors, outputs, cancellable=cancellable)
+                self._prepare(state, request)
+                out = self._send(state, request)
             except TrackingSessionNotFoundError:
-                if attempt or command == p.CMD_CLOSE:
+                if attempt or request.command == p.CMD_CLOSE:
                     raise
                 self._recreate(state)
                 continue
-            if command in LOGGED:
-                state.log.append((command, tensors))
+            if request.command in LOGGED:
+                state.log.append((request.command, request.tensors))
             if p.OUT_OBJECT_IDS in out:
                 state.obj_ids = out[p.OUT_OBJECT_IDS].tolist()
             return out
         raise AssertionError("unreachable")
 
-    def _prepare(self, state: VideoState, command: str, tensors: dict[str, np.ndarray]) -> None:
-        if command in NEEDS_FRAME:
-            self._ensure_frame(state, int(tensors[p.FRAME_INDEX][0]))
+    def _prepare(self, state: VideoState, request: TrackerRequest) -> None:
+        if request.command in NEEDS_FRAME:
+            self._ensure_frame(state, int(request.tensors[p.FRAME_INDEX][0]))
 
-    def _send(
-        self,
-        state: VideoState,
-        command: str,
-        tensors: dict[str, np.ndarray],
-        outputs: tuple[str, ...],
-        *,
-        cancellable: bool = False,
-    ) -> dict[str, np.ndarray]:
-        inputs = {p.COMMAND: np.array([[command.encode()]], dtype=object)}
-        if command != p.CMD_INIT:  # init is answered the id
+    def _send(self, state: VideoState, request: TrackerRequest) -> dict[str, np.ndarray]:
+        inputs = {p.COMMAND: np.array([[request.command.encode()]], dtype=object)}
+        if request.command != p.CMD_INIT:  # init is answered the id
             inputs[p.SESSION_ID] = np.array([[state.session_id.encode()]], dtype=object)
-        inputs |= {name: value[None] for name, value in tensors.items()}  # Triton's batch dim
+        # Triton's batch dimension
+        inputs |= {name: value[None] for name, value in request.tensors.items()}
         self.bytes_sent += sum(payload_bytes(v) for v in inputs.values())
+        outputs = request.outputs
         try:
-            if cancellable:
+            if request.cancellable:
                 state._pending = self.transport.start_infer(
                     self.model, inputs, outputs, routing_key=state.routing_key
                 )
@@ -313,7 +266,7 @@ class SAM2VideoTritonClient(ClosesOnExit):
                 finally:
                     state._pending = None
             else:
-                idempotent = command in IDEMPOTENT
+                idempotent = request.command in IDEMPOTENT
                 result = self.transport.infer(
                     self.model,
                     inputs,
@@ -332,7 +285,7 @@ class SAM2VideoTritonClient(ClosesOnExit):
             p.NUM_FRAMES: int32(state.num_frames),
             p.VIDEO_HW: np.array(state.video_hw, np.int32),
         }
-        out = self._send(state, p.CMD_INIT, tensors, (p.OUT_SESSION_ID,))
+        out = self._send(state, TrackerRequest(p.CMD_INIT, tensors, (p.OUT_SESSION_ID,)))
         state.session_id = out[p.OUT_SESSION_ID].reshape(-1)[0].decode()
         state.uploaded.clear()
 
@@ -347,7 +300,7 @@ class SAM2VideoTritonClient(ClosesOnExit):
         else:
             pixels = state.source.pixels(frame_idx)
             tensors[p.FRAME] = pixels[..., None] if pixels.ndim == 2 else pixels
-        self._send(state, p.CMD_ADD_FRAME, tensors, (p.OUT_STATUS,))
+        self._send(state, TrackerRequest(p.CMD_ADD_FRAME, tensors))
         state.uploaded.add(frame_idx)
 
     def _recreate(self, state: VideoState) -> None:
@@ -356,12 +309,11 @@ class SAM2VideoTritonClient(ClosesOnExit):
         self._init_session(state)
         self._ensure_frame(state, 0)
         for command, tensors in state.log:
-            self._prepare(state, command, tensors)
-            self._send(state, command, tensors, (p.OUT_STATUS,))
+            request = TrackerRequest(command, tensors)
+            self._prepare(state, request)
+            self._send(state, request)
 
-    def _masks(
-        self, state: VideoState, out: dict[str, np.ndarray]
-    ) -> tuple[int, list[int], np.ndarray]:
+    def _masks(self, state: VideoState, out: dict[str, np.ndarray]) -> Masks:
         masks = out[p.OUT_MASKS]
         ids = out[p.OUT_OBJECT_IDS].tolist()
         frame = int(out[p.OUT_FRAME_INDEX].reshape(-1)[0])
@@ -384,3 +336,8 @@ class SAM2VideoTritonClient(ClosesOnExit):
                 f"model: {self.model!r} is not ready on {address}; write the video models with "
                 "`triton-sam setup-video` and check the server log"
             )
+
+
+def _masks_request(command: str, tensors: dict[str, np.ndarray]) -> TrackerRequest:
+    """A command answered with masks (``_masks`` reads them)."""
+    return TrackerRequest(command, tensors, _MASK_OUTPUTS)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from triton_sam.client.video_api import Masks, PointsPrompt, Propagation, VideoPredictorAPI
 from triton_sam.client.video_source import VideoSource, open_video
 from triton_sam.serving.protocol.tracker import TrackingError
 from triton_sam.serving.resample import bilinear
@@ -50,7 +51,7 @@ class LocalVideoState:
         return self.session.video_hw
 
 
-class OnnxVideoPredictor:
+class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
     """Track objects through a video or volume with the exported SAM2 graphs, in-process.
 
     Args:
@@ -78,6 +79,8 @@ class OnnxVideoPredictor:
         self.tracker = Tracker(OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads), config)
         self.feature_cache_frames = feature_cache_frames
 
+    # add_new_points_or_box and propagate_in_video: VideoPredictorAPI, run by _add_points and
+    # _propagate below
     def init_state(self, video: object) -> LocalVideoState:
         """Load every frame of ``video`` (see :func:`open_video`) and encode frame 0."""
         source = open_video(video)
@@ -89,62 +92,14 @@ class OnnxVideoPredictor:
         self.tracker.features(session, 0)  # upstream warms the backbone on frame 0
         return LocalVideoState(session, source)
 
-    def add_new_points_or_box(
-        self,
-        state: LocalVideoState,
-        frame_idx: int,
-        obj_id: int,
-        points: object = None,
-        labels: object = None,
-        clear_old_points: bool = True,
-        normalize_coords: bool = True,
-        box: object = None,
-    ) -> tuple[int, list[int], np.ndarray]:
-        """Clicks (X, Y pixels; labels 1/0) and/or a box (X0, Y0, X1, Y1) on a frame.
-
-        Returns:
-            (frame_idx, obj_ids, float32 logits [K, 1, H, W] at the video's resolution).
-        """
-        frame_idx, ids, low_res = _call(
-            self.tracker.add_new_points_or_box,
-            state.session,
-            frame_idx,
-            obj_id,
-            None if points is None else np.asarray(points, np.float32),
-            None if labels is None else np.asarray(labels),
-            clear_old_points=clear_old_points,
-            normalize_coords=normalize_coords,
-            box=None if box is None else np.asarray(box, np.float32),
-        )
-        return frame_idx, ids, self._video_res(state, low_res)
-
     def add_new_mask(
         self, state: LocalVideoState, frame_idx: int, obj_id: int, mask: np.ndarray
-    ) -> tuple[int, list[int], np.ndarray]:
+    ) -> Masks:
         """A binary mask [H, W] on a frame; returns as :meth:`add_new_points_or_box`."""
         frame_idx, ids, low_res = _call(
             self.tracker.add_new_mask, state.session, frame_idx, obj_id, mask
         )
         return frame_idx, ids, self._video_res(state, low_res)
-
-    def propagate_in_video(
-        self,
-        state: LocalVideoState,
-        start_frame_idx: int | None = None,
-        max_frame_num_to_track: int | None = None,
-        reverse: bool = False,
-    ) -> Iterator[tuple[int, list[int], np.ndarray]]:
-        """Yields (frame_idx, obj_ids, logits [K, 1, H, W] at the video's resolution)."""
-        order = _call(
-            self.tracker.processing_order,
-            state.session,
-            start_frame_idx,
-            max_frame_num_to_track,
-            reverse,
-        )
-        for frame_idx in order:
-            ids, low_res, _ = _call(self.tracker.track, state.session, frame_idx, reverse)
-            yield frame_idx, ids, self._video_res(state, low_res)
 
     def remove_object(
         self, state: LocalVideoState, obj_id: int, strict: bool = False
@@ -161,6 +116,33 @@ class OnnxVideoPredictor:
         """Free the video's frames and features (the client's method of the same name)."""
         state.session.frames.clear()
         state.session.features.clear()
+
+    # -- the two calls of VideoPredictorAPI ---------------------------------------------------
+    def _add_points(self, state: LocalVideoState, prompt: PointsPrompt) -> Masks:
+        frame_idx, ids, low_res = _call(
+            self.tracker.add_new_points_or_box,
+            state.session,
+            prompt.frame_idx,
+            prompt.obj_id,
+            None if prompt.points is None else np.asarray(prompt.points, np.float32),
+            None if prompt.labels is None else np.asarray(prompt.labels),
+            clear_old_points=prompt.clear_old_points,
+            normalize_coords=prompt.normalize_coords,
+            box=None if prompt.box is None else np.asarray(prompt.box, np.float32),
+        )
+        return frame_idx, ids, self._video_res(state, low_res)
+
+    def _propagate(self, state: LocalVideoState, run: Propagation) -> Iterator[Masks]:
+        order = _call(
+            self.tracker.processing_order,
+            state.session,
+            run.start_frame_idx,
+            run.max_frame_num_to_track,
+            run.reverse,
+        )
+        for frame_idx in order:
+            ids, low_res, _ = _call(self.tracker.track, state.session, frame_idx, run.reverse)
+            yield frame_idx, ids, self._video_res(state, low_res)
 
     @staticmethod
     def _video_res(state: LocalVideoState, low_res: np.ndarray) -> np.ndarray:

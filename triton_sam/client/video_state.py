@@ -1,9 +1,9 @@
 """One video on the tracker, from the client's side, and the tracker's commands (no I/O).
 
 :class:`VideoState` is what :meth:`SAM2VideoTritonClient.init_state
-<triton_sam.client.video.SAM2VideoTritonClient.init_state>` returns; the sets below say which
-commands the server keeps (replayed after a lost session), which need their frame, and which
-are safe to retry.
+<triton_sam.client.video.SAM2VideoTritonClient.init_state>` returns; a
+:class:`TrackerRequest` is one command to send; the sets below say which commands the server
+keeps (replayed after a lost session), which need their frame, and which are safe to retry.
 """
 
 from __future__ import annotations
@@ -55,6 +55,25 @@ class VideoState:
     @property
     def video_hw(self) -> tuple[int, int]:
         return self.source.height, self.source.width
+
+
+@dataclass(frozen=True)
+class TrackerRequest:
+    """One command for the tracker model.
+
+    Attributes:
+        command: one of the protocol's ``CMD_*`` names.
+        tensors: its inputs, without Triton's batch dimension.
+        outputs: the outputs to ask for (only those cross the wire).
+        cancellable: :meth:`SAM2VideoTritonClient.cancel_propagation
+            <triton_sam.client.video.SAM2VideoTritonClient.cancel_propagation>` may cancel it
+            in flight (sent without retries).
+    """
+
+    command: str
+    tensors: dict[str, np.ndarray]
+    outputs: tuple[str, ...] = (p.OUT_STATUS,)
+    cancellable: bool = False
 
 
 # commands whose effect the server keeps (replayed after a lost session), those that need

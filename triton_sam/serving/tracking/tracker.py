@@ -14,8 +14,6 @@ no output on that frame.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
 from ..protocol import tracker as protocol
@@ -236,20 +234,6 @@ class Tracker(FrameSteps):
             masks.append(out.pred_masks)
             scores.append(out.object_score_logits.reshape(-1))
         return session.obj_ids, np.concatenate(masks), np.concatenate(scores)
-
-    def propagate_in_video(
-        self,
-        session: Session,
-        start_frame_idx: int | None = None,
-        max_frame_num_to_track: int | None = None,
-        reverse: bool = False,
-    ) -> Iterator[tuple[int, list[int], np.ndarray]]:
-        """``SAM2VideoPredictor.propagate_in_video``: yields (frame_idx, obj_ids, low-res
-        logits [K, 1, 256, 256])."""
-        order = self.processing_order(session, start_frame_idx, max_frame_num_to_track, reverse)
-        for frame_idx in order:
-            obj_ids, masks, _ = self.track(session, frame_idx, reverse)
-            yield frame_idx, obj_ids, masks
 
     def consolidate(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
         """Every object's latest low-res logits on a frame, NO_OBJ_SCORE where it has none
