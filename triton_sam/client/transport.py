@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from triton_sam.client.endpoint import (  # re-exported: their home before the s
     TlsOptions,
     resolve_endpoint,
 )
-from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
+from triton_sam.client.retry import DEFAULT_RETRY, Backoff, RetryPolicy
 from triton_sam.client.routing import routing_headers
 from triton_sam.client.wire import NUMPY_TO_TRITON as _NUMPY_TO_TRITON
 from triton_sam.client.wire import SentRequest, build_infer_inputs
@@ -140,13 +141,19 @@ class Transport:
 
     def _idempotent(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """``self._client.<method>(...)``, retried per :attr:`retry` (looked up anew after a
-        reconnect)."""
-        return call_with_retry(
-            lambda: self._call(what, getattr(self._client, method), *args, **kwargs),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
-        )
+        reconnect). The loop is here, and :class:`~triton_sam.client.retry.Backoff` only
+        decides, so the retry policy never calls the wire back."""
+        backoff = Backoff(self.retry, deadline_s=self.timeout_s)
+        while True:
+            try:
+                return self._call(what, getattr(self._client, method), *args, **kwargs)
+            except Exception as e:
+                wait = backoff.after(e)
+                if wait is None:
+                    raise
+            time.sleep(wait)
+            if backoff.reconnect:
+                self._reconnect_quietly()
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(Exception):  # the next attempt reports what is wrong

@@ -3,7 +3,8 @@
 
 The transports build their requests here; :class:`SentRequest` is what they hand to their
 ``on_request`` hook for each inference request, so a client counts the bytes it sent by
-watching the wire instead of rebuilding the request itself.
+watching the wire instead of rebuilding the request itself. :class:`SentBytes` is such a hook
+that keeps the count as a value the client reads after its call (nothing calls the client).
 """
 
 from __future__ import annotations
@@ -128,3 +129,17 @@ class SentRequest:
     ) -> SentRequest:
         """The record of sending ``inputs`` to ``model`` asking for ``outputs``."""
         return cls(protocol, model, request_bytes(protocol, model, inputs, outputs))
+
+
+@dataclass
+class SentBytes:
+    """A transport's ``on_request`` hook keeping the size of the last request sent.
+
+    Attributes:
+        last: :attr:`SentRequest.wire_bytes` of the last inference request (0 before any).
+    """
+
+    last: int = 0
+
+    def __call__(self, request: SentRequest) -> None:
+        self.last = request.wire_bytes
