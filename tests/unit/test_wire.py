@@ -82,6 +82,26 @@ def test_the_transport_hands_each_request_to_its_hook(protocol, monkeypatch):
     assert seen == [SentRequest(protocol, "sam2_session", size)]
 
 
+def test_both_transports_send_their_headers_with_the_routing_header(monkeypatch):
+    """Both transports are one :class:`wire.Link`: the same settings, headers and hook."""
+    sent: list[dict] = []
+
+    class Conn(_Conn):
+        def infer(self, *args, **kwargs):
+            sent.append(kwargs["headers"])
+            return _Result()
+
+    monkeypatch.setattr(Transport, "_connect", lambda self: Conn())
+    counter = wire.SentBytes()
+    endpoint = resolve_endpoint("h", "grpc")
+    transport = Transport(endpoint, headers={"x-tenant": "a"}, on_request=counter)
+    transport.infer("sam2_session", INPUTS, OUTPUTS)
+    assert sent == [{"x-tenant": "a", "x-sam-image-id": "ab" * 16}]
+    assert counter.last == wire.request_bytes("grpc", "sam2_session", INPUTS, OUTPUTS)
+    assert transport.request_headers({}) == {"x-tenant": "a"}
+    assert Transport(endpoint).request_headers({}) is None
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("scheme, ssl", [("grpc://", False), ("grpcs://", True)])
 def test_a_grpc_scheme_selects_grpc_whatever_the_protocol_argument(protocol, scheme, ssl):

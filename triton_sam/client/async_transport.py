@@ -27,10 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client.endpoint import Endpoint, TlsOptions
-from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, acall_with_retry
-from triton_sam.client.routing import routing_headers
-from triton_sam.client.wire import build_infer_inputs, encode_infer_request
+from triton_sam.client.retry import acall_with_retry
+from triton_sam.client.wire import Link, build_infer_inputs, encode_infer_request
 from triton_sam.client.wire_errors import translate_error
 
 __all__ = ["AsyncTransport", "PreparedInputs", "encode_infer_request"]
@@ -53,36 +51,17 @@ class PreparedInputs:
     wire: bytes | None = None
 
 
-class AsyncTransport:
+class AsyncTransport(Link):
     """Asynchronous inference over gRPC (default) or HTTP with numpy in and out.
 
     Create it inside a running event loop (the gRPC channel binds to it); use it from that
     loop only; :meth:`close` it there.
 
-    Args:
-        endpoint: where the server is.
-        timeout_s: per-request timeout (gRPC deadline; HTTP connection and read timeout).
-        retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
-            uses ``DEFAULT_RETRY``.
-        tls: certificates for an ``https://`` / ``grpcs://`` endpoint.
-        headers: sent with every inference request (HTTP headers / gRPC metadata), e.g. the
-            tenant a gateway that speaks for many tenants forwards.
+    Its arguments (endpoint, timeout, retry policy, TLS, headers, ``on_request`` hook) are
+    :class:`~triton_sam.client.wire.Link`'s.
     """
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        *,
-        timeout_s: float = 60.0,
-        retry: RetryPolicy | None = None,
-        tls: TlsOptions | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self.headers = dict(headers or {})
-        self.timeout_s = timeout_s
-        self.retry = DEFAULT_RETRY if retry is None else retry
-        self.tls = tls or TlsOptions()
+    def _open_connection(self) -> None:
         self._client, self._module = self._connect()
         self._raw_infer = self._raw_infer_call()
 
@@ -129,11 +108,6 @@ class AsyncTransport:
             request_serializer=None,  # bytes go out as they are
             response_deserializer=service_pb2.ModelInferResponse.FromString,
         )
-
-    @property
-    def is_http(self) -> bool:
-        """True for the HTTP fallback (no server-side cancellation)."""
-        return self.endpoint.protocol == "http"
 
     async def _call(self, what: str, awaitable: Awaitable[Any]) -> Any:
         # Exception, never BaseException: asyncio.CancelledError must pass untouched.
@@ -223,6 +197,7 @@ class AsyncTransport:
         request_id: str,
     ) -> dict[str, np.ndarray]:
         what = f"infer on {model}"
+        self.sending(model, inputs, outputs)  # the request's own inputs, not the prepared
         if prepared is not None and prepared.wire is not None and self._raw_infer is not None:
             body = prepared.wire + encode_infer_request(
                 inputs, model=model, outputs=outputs, request_id=request_id
@@ -247,8 +222,7 @@ class AsyncTransport:
                 infer_inputs,
                 outputs=requested,
                 request_id=request_id,
-                # image affinity behind a proxy
-                headers={**self.headers, **(routing_headers(inputs) or {})} or None,
+                headers=self.request_headers(inputs),
                 **kwargs,
             ),
         )
