@@ -20,20 +20,22 @@ embeddings anew costs ~70 ms of event-loop time per request on a 2-core CPU mach
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam.client.retry import acall_with_retry
+from triton_sam.client.retry import Backoff
 from triton_sam.client.wire import Link, build_infer_inputs, encode_infer_request
 from triton_sam.client.wire_errors import translate_error
 
 __all__ = ["AsyncTransport", "PreparedInputs", "encode_infer_request"]
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -125,24 +127,16 @@ class AsyncTransport(Link):
 
     async def is_model_ready(self, model: str) -> bool:
         """True when ``model`` is loaded and ready (retried per :attr:`retry`)."""
-        ready = await acall_with_retry(
-            lambda: self._call(f"readiness of {model}", self._client.is_model_ready(model)),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
-        )
+        what = f"readiness of {model}"
+        ready = await self._retried(lambda: self._call(what, self._client.is_model_ready(model)))
         return bool(ready)
 
     async def model_metadata(self, model: str) -> dict[str, Any]:
         """The model's metadata (inputs/outputs with shapes and datatypes) as a dict."""
         kwargs = {} if self.is_http else {"as_json": True}
-        meta = await acall_with_retry(
-            lambda: self._call(
-                f"metadata of {model}", self._client.get_model_metadata(model, **kwargs)
-            ),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
+        what = f"metadata of {model}"
+        meta = await self._retried(
+            lambda: self._call(what, self._client.get_model_metadata(model, **kwargs))
         )
         return dict(meta)
 
@@ -181,12 +175,24 @@ class AsyncTransport(Link):
         """
         if not idempotent:
             return await self._infer_once(model, inputs, outputs, prepared, request_id)
-        return await acall_with_retry(
-            lambda: self._infer_once(model, inputs, outputs, prepared, request_id),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
+        return await self._retried(
+            lambda: self._infer_once(model, inputs, outputs, prepared, request_id)
         )
+
+    async def _retried(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``await attempt()``, retried per :attr:`retry`; the loop is here and
+        :class:`~triton_sam.client.retry.Backoff` only decides (as ``Transport``'s)."""
+        backoff = Backoff(self.retry, deadline_s=self.timeout_s)
+        while True:
+            try:
+                return await attempt()
+            except Exception as e:  # never BaseException: CancelledError passes
+                wait = backoff.after(e)
+                if wait is None:
+                    raise
+            await asyncio.sleep(wait)
+            if backoff.reconnect:
+                await self._reconnect_quietly()
 
     async def _infer_once(
         self,

@@ -19,16 +19,16 @@ Policy:
   not after an overloaded answer, whose server is up and whose connection other requests
   are still using.
   No retry starts once the total time would exceed ``deadline_s``.
+- **Who**: each transport runs its attempts itself and asks a :class:`Backoff` what to do
+  after a failure, so nothing here calls the transport back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from triton_sam.errors import (
     InputValidationError,
@@ -36,8 +36,6 @@ from triton_sam.errors import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -128,61 +126,3 @@ class Backoff:
             return None
         self.reconnect = needs_reconnect(error)
         return wait
-
-
-def call_with_retry(
-    fn: Callable[[], _T],
-    policy: RetryPolicy,
-    *,
-    deadline_s: float | None = None,
-    before_retry: Callable[[], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> _T:
-    """Call ``fn``; on a retryable error, wait, call ``before_retry`` and try again (the
-    transports loop over a :class:`Backoff` themselves, so the wire is never called back).
-
-    Args:
-        fn: the idempotent call.
-        policy: attempts and backoff.
-        deadline_s: default for ``policy.deadline_s`` (the transport's timeout).
-        before_retry: e.g. reconnect (not after an overloaded answer, see
-            :func:`needs_reconnect`); its own errors are left to the next attempt.
-        sleep: injectable for tests.
-
-    Raises:
-        The last error of ``fn`` (unchanged) once attempts or time run out, or at once for a
-        non-retryable error.
-    """
-    backoff = Backoff(policy, deadline_s)
-    while True:
-        try:
-            return fn()
-        except Exception as e:
-            wait = backoff.after(e)
-            if wait is None:
-                raise
-        sleep(wait)
-        if before_retry is not None and backoff.reconnect:
-            before_retry()
-
-
-async def acall_with_retry(
-    fn: Callable[[], Awaitable[_T]],
-    policy: RetryPolicy,
-    *,
-    deadline_s: float | None = None,
-    before_retry: Callable[[], Awaitable[None]] | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> _T:
-    """The asyncio twin of :func:`call_with_retry`; cancellation propagates untouched."""
-    backoff = Backoff(policy, deadline_s)
-    while True:
-        try:
-            return await fn()
-        except Exception as e:  # never BaseException: CancelledError passes
-            wait = backoff.after(e)
-            if wait is None:
-                raise
-        await sleep(wait)
-        if before_retry is not None and backoff.reconnect:
-            await before_retry()

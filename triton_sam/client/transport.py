@@ -1,11 +1,12 @@
 """A thin, protocol-neutral layer over tritonclient's HTTP and gRPC clients (the blocking wire).
 
-Everything that touches ``tritonclient`` lives in the wire modules: this one (I/O, retries,
-routing headers), :mod:`~triton_sam.client.wire` (requests as tritonclient builds them, and
-their size) and :mod:`~triton_sam.client.wire_errors` (the one function that turns the
-library's exceptions into ours), so the SAM clients above deal in numpy arrays and
-TritonSamErrors. Observation is a hook: :attr:`Transport.on_request` sees every inference
-request sent (a :class:`~triton_sam.client.wire.SentRequest`).
+Everything that touches ``tritonclient`` lives in the wire modules: this one (I/O and the
+retry loop), :mod:`~triton_sam.client.wire` (requests as tritonclient builds them, their
+size and headers, and :class:`~triton_sam.client.wire.Link`, the settings both transports
+share) and :mod:`~triton_sam.client.wire_errors` (the one function that turns the library's
+exceptions into ours), so the SAM clients above deal in numpy arrays and TritonSamErrors.
+Observation is a hook: :attr:`Transport.on_request` sees every inference request sent (a
+:class:`~triton_sam.client.wire.SentRequest`); nothing here calls a client back otherwise.
 """
 
 from __future__ import annotations
