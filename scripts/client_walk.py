@@ -28,6 +28,8 @@ Definitions (what is printed):
   counts; nor does a file calling again into a file it called before (a flow asking the
   request builders for its second request).
 - **opens** (mode ``path``): how many times the image file is opened.
+- **layers**: the files' layers (:data:`LAYERS`) in the order the walk first enters them; a
+  walk that reads one way passes each layer once, top down.
 
 Usage::
 
@@ -54,6 +56,14 @@ import triton_sam.client
 
 CLIENT_DIR = os.path.realpath(os.path.dirname(triton_sam.client.__file__)) + os.sep
 MODELS = ("sam2_encoder", "sam2_decoder", "sam2_session")
+# docs/architecture.md's client layers, top down, and the files of each the walk may enter.
+LAYERS = {
+    "api": ("sync.py", "speculative.py", "connection.py"),
+    "core": ("image_session.py",),
+    "flows": ("flow.py", "startup.py"),
+    "requests": ("image_io.py", "embedding_path.py", "decode_request.py", "prompts.py"),
+    "wire": ("transport.py", "wire.py", "routing.py", "retry.py", "wire_errors.py"),
+}
 
 
 @dataclass
@@ -68,6 +78,12 @@ class Walk:
     @property
     def hops(self) -> int:
         return len(self.stops) - 1
+
+    @property
+    def layers(self) -> list[str]:
+        """The layer of each file entered, in order, repeats folded (``?``: no layer)."""
+        named = [next((k for k, v in LAYERS.items() if f in v), "?") for f in self.files]
+        return [layer for i, layer in enumerate(named) if i == 0 or named[i - 1] != layer]
 
 
 # -- the stand-in server ---------------------------------------------------------------------
@@ -213,6 +229,7 @@ def report(mode: str, result: Walk) -> str:
     if mode == "path":
         counts += f", file opened {result.opens}x"
     lines.append(counts)
+    lines.append(f"  layers {' -> '.join(result.layers)}")
     return "\n".join(lines)
 
 

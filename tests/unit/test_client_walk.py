@@ -33,6 +33,7 @@ def test_set_image_reads_one_way(mode):
     assert walk.files[: len(LAYERS)] == LAYERS, walk.stops
     assert set(walk.files[len(LAYERS) :]) <= WIRE, walk.stops
     assert walk.returns == [], walk.returns  # no hook or helper calls an upper file back
+    assert walk.layers == ["api", "core", "flows", "requests", "wire"], walk.stops
     assert len(walk.stops) <= MOST_STOPS and walk.hops == len(walk.stops) - 1, walk.stops
     if mode == "path":
         assert walk.opens == 1
