@@ -117,3 +117,35 @@ def test_raw_grpc_errors_go_through_the_one_translator(code, expected):
 
 def test_asyncio_timeouts_are_timeouts():
     assert isinstance(translate_error(asyncio.TimeoutError(), what="w"), InferenceTimeoutError)
+
+
+def test_the_asyncio_transport_shows_each_request_to_its_hook_and_sends_its_headers():
+    """Both transports are one ``wire.Link``: the asyncio one counts bytes as the blocking one."""
+    from triton_sam.client import wire
+
+    sent: list[dict] = []
+
+    class Result:
+        def as_numpy(self, name):
+            return np.zeros(1, np.float32)
+
+    class Client:
+        async def infer(self, model, inputs, **kwargs):
+            sent.append(kwargs["headers"])
+            return Result()
+
+        async def close(self):
+            pass
+
+    async def main():
+        counter = wire.SentBytes()
+        endpoint = Endpoint("localhost:1", "http", False)
+        transport = AsyncTransport(endpoint, headers={"x-tenant": "a"}, on_request=counter)
+        await transport.close()  # the aiohttp session it opened; requests go to Client
+        transport._client = Client()
+        await transport.infer("sam2_decoder", PROMPTS, ["masks"])
+        await transport.close()
+        return counter.last
+
+    assert asyncio.run(main()) == wire.request_bytes("http", "sam2_decoder", PROMPTS, ["masks"])
+    assert sent == [{"x-tenant": "a"}]

@@ -8,13 +8,9 @@ import numpy as np
 import pytest
 
 from triton_sam.client import retry as retry_module
-from triton_sam.client.retry import (
-    NO_RETRY,
-    RetryPolicy,
-    acall_with_retry,
-    call_with_retry,
-    is_retryable,
-)
+from triton_sam.client.async_transport import AsyncTransport
+from triton_sam.client.endpoint import Endpoint
+from triton_sam.client.retry import NO_RETRY, Backoff, RetryPolicy, is_retryable
 from triton_sam.client.transport import Transport, resolve_endpoint
 from triton_sam.errors import (
     InferenceTimeoutError,
@@ -32,43 +28,24 @@ POLICY = RetryPolicy(
 )
 
 
-class Flaky:
-    """Fails with ``errors`` in order, then answers ``"ok"``."""
-
-    def __init__(self, *errors: Exception) -> None:
-        self.errors = list(errors)
-        self.calls = 0
-
-    def __call__(self) -> str:
-        self.calls += 1
-        if self.errors:
-            raise self.errors.pop(0)
-        return "ok"
+def _waits(backoff: Backoff, *errors: Exception) -> list[tuple[float | None, bool]]:
+    """What ``backoff`` says after each error: (wait or None, reconnect first)."""
+    return [(backoff.after(e), backoff.reconnect) for e in errors]
 
 
 def test_backoff_is_exponential_and_capped():
     assert [POLICY.backoff_s(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.25, 0.25]
 
 
-def test_connection_errors_are_retried_with_backoff_then_succeed():
-    sleeps: list[float] = []
-    reconnects = []
-    fn = Flaky(ServerUnavailableError("down"), ServerOverloadedError("queue full"))
-    result = call_with_retry(
-        fn, POLICY, sleep=sleeps.append, before_retry=lambda: reconnects.append(1)
-    )
-    assert result == "ok" and fn.calls == 3
-    assert sleeps == [0.1, 0.2]
+def test_connection_errors_are_retried_with_backoff_and_a_reconnect():
+    said = _waits(Backoff(POLICY), ServerUnavailableError("down"), ServerOverloadedError("full"))
     # a fresh connection after the connection error; not after the overloaded answer
-    assert len(reconnects) == 1
+    assert said == [(0.1, True), (0.2, False)]
 
 
-def test_attempts_are_bounded_and_the_last_error_is_raised():
-    errors = [ServerUnavailableError(f"down {i}") for i in range(5)]
-    fn = Flaky(*errors)
-    with pytest.raises(ServerUnavailableError, match="down 3"):
-        call_with_retry(fn, POLICY, sleep=lambda s: None)
-    assert fn.calls == 4
+def test_attempts_are_bounded():
+    down = ServerUnavailableError("down")
+    assert [wait for wait, _ in _waits(Backoff(POLICY), *[down] * 4)] == [0.1, 0.2, 0.25, None]
 
 
 @pytest.mark.parametrize(
@@ -85,50 +62,19 @@ def test_attempts_are_bounded_and_the_last_error_is_raised():
     ids=lambda e: type(e).__name__,
 )
 def test_other_errors_are_never_retried(error):
-    fn = Flaky(error)
-    with pytest.raises(type(error)):
-        call_with_retry(fn, POLICY, sleep=lambda s: pytest.fail("must not wait"))
-    assert fn.calls == 1
+    assert Backoff(POLICY).after(error) is None
     assert not is_retryable(error)
 
 
 def test_no_retry_policy_tries_once():
-    fn = Flaky(ServerUnavailableError("down"))
-    with pytest.raises(ServerUnavailableError):
-        call_with_retry(fn, NO_RETRY, sleep=lambda s: None)
-    assert fn.calls == 1
+    assert Backoff(NO_RETRY).after(ServerUnavailableError("down")) is None
 
 
-def test_no_retry_starts_past_the_deadline(monkeypatch):
-    clock = iter([0.0, 0.05, 10.0, 10.0])  # start, first failure, second failure
-    monkeypatch.setattr(retry_module.time, "monotonic", lambda: next(clock))
-    fn = Flaky(*[ServerUnavailableError("down")] * 3)
-    with pytest.raises(ServerUnavailableError):
-        call_with_retry(fn, POLICY, deadline_s=1.0, sleep=lambda s: None)
-    assert fn.calls == 2
-
-
-def test_async_retry_retries_and_lets_cancellation_through():
-    async def main() -> None:
-        fn = Flaky(ServerUnavailableError("down"))
-        sleeps: list[float] = []
-
-        async def sleep(s: float) -> None:
-            sleeps.append(s)
-
-        async def call() -> str:
-            return fn()
-
-        assert await acall_with_retry(call, POLICY, sleep=sleep) == "ok"
-        assert sleeps == [0.1]
-
-        async def cancelled() -> str:
-            raise asyncio.CancelledError
-
-        with pytest.raises(asyncio.CancelledError):
-            await acall_with_retry(cancelled, POLICY, sleep=sleep)
-
-    asyncio.run(main())
+def test_no_retry_starts_past_the_deadline():
+    clock = iter([0.0, 0.05, 10.0])  # start, first failure, second failure
+    backoff = Backoff(POLICY, deadline_s=1.0, clock=lambda: next(clock))
+    down = ServerUnavailableError("down")
+    assert [wait for wait, _ in _waits(backoff, down, down)] == [0.1, None]
 
 
 @pytest.mark.parametrize(
@@ -190,6 +136,12 @@ def _refused() -> Exception:
     return ConnectionRefusedError(111, "Connection refused")
 
 
+def _overloaded() -> Exception:
+    from tritonclient.utils import InferenceServerException
+
+    return InferenceServerException("request exceeds maximum queue size", status="503")
+
+
 def test_idempotent_infer_is_retried_after_reconnecting(monkeypatch):
     transport, client, connects = _transport(monkeypatch, [_refused(), _refused()])
     out = transport.infer("m", {"x": np.zeros((1, 4), np.float32)}, ["t"], idempotent=True)
@@ -221,34 +173,55 @@ def test_server_rejections_are_not_retried(monkeypatch):
     assert client.calls == ["infer"]
 
 
-def test_an_overloaded_answer_is_retried_on_the_same_connection():
+def test_an_overloaded_answer_is_retried_on_the_same_connection(monkeypatch):
     """Reconnecting closes the shared channel, which cancels every other request in flight
     on it: a stress run with four sessions lost all of them to one session's overload."""
-    errors = [ServerOverloadedError("full"), ServerUnavailableError("down")]
-    reconnects = []
+    transport, client, connects = _transport(monkeypatch, [_overloaded(), _refused()])
+    assert transport.is_model_ready("m") is True
+    assert client.calls == ["is_model_ready"] * 3
+    assert len(connects) == 2  # the first connection, and one after the connection error
 
-    def fn():
-        if errors:
-            raise errors.pop(0)
-        return "ok"
 
-    out = call_with_retry(fn, POLICY, before_retry=lambda: reconnects.append(1), sleep=lambda s: 0)
-    assert out == "ok" and reconnects == [1]  # only after the connection error
+class FakeAsyncClient:
+    """tritonclient.grpc.aio stand-in whose calls fail with ``errors`` first."""
 
-    async def main():
-        errors[:] = [ServerOverloadedError("full"), ServerOverloadedError("full")]
+    def __init__(self, errors: list[BaseException]) -> None:
+        self.errors = errors
+        self.calls = 0
 
-        async def afn():
-            if errors:
-                raise errors.pop(0)
-            return "ok"
+    async def is_model_ready(self, model: str) -> bool:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return True
 
-        async def reconnect():
-            reconnects.append(2)
+    async def close(self) -> None:
+        pass
 
-        async def no_sleep(_):
-            return None
 
-        return await acall_with_retry(afn, POLICY, before_retry=reconnect, sleep=no_sleep)
+def _async_transport(monkeypatch, errors: list[BaseException]):
+    client = FakeAsyncClient(errors)
+    connects: list[int] = []
 
-    assert asyncio.run(main()) == "ok" and reconnects == [1]
+    def connect(self):
+        connects.append(1)
+        return client, None
+
+    monkeypatch.setattr(AsyncTransport, "_connect", connect)
+    transport = AsyncTransport(Endpoint("localhost:1", "grpc", False), retry=POLICY)
+    return transport, client, connects
+
+
+def test_the_async_transport_retries_the_same_way_and_lets_cancellation_through(monkeypatch):
+    async def main() -> None:
+        errors = [_overloaded(), _refused()]
+        transport, client, connects = _async_transport(monkeypatch, errors)
+        assert await transport.is_model_ready("m") is True
+        assert client.calls == 3 and len(connects) == 2  # no reconnect after "full"
+
+        transport, client, _ = _async_transport(monkeypatch, [asyncio.CancelledError()])
+        with pytest.raises(asyncio.CancelledError):
+            await transport.is_model_ready("m")
+        assert client.calls == 1
+
+    asyncio.run(main())

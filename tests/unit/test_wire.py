@@ -1,18 +1,13 @@
 """The wire layer without a server: request sizes as tritonclient builds the requests, the
-transport's ``on_request`` hook, URLs whose scheme names the protocol, and the walk of an
-image from ``set_image`` down to the wire."""
+transport's ``on_request`` hook, and URLs whose scheme names the protocol (the walk of an
+image from ``set_image`` down to the wire: test_client_walk.py)."""
 
 from __future__ import annotations
-
-import inspect
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-import triton_sam.client
 from triton_sam.client import SAM2TritonClient, wire
 from triton_sam.client.endpoint import resolve_endpoint
 from triton_sam.client.transport import Transport
@@ -87,6 +82,26 @@ def test_the_transport_hands_each_request_to_its_hook(protocol, monkeypatch):
     assert seen == [SentRequest(protocol, "sam2_session", size)]
 
 
+def test_both_transports_send_their_headers_with_the_routing_header(monkeypatch):
+    """Both transports are one :class:`wire.Link`: the same settings, headers and hook."""
+    sent: list[dict] = []
+
+    class Conn(_Conn):
+        def infer(self, *args, **kwargs):
+            sent.append(kwargs["headers"])
+            return _Result()
+
+    monkeypatch.setattr(Transport, "_connect", lambda self: Conn())
+    counter = wire.SentBytes()
+    endpoint = resolve_endpoint("h", "grpc")
+    transport = Transport(endpoint, headers={"x-tenant": "a"}, on_request=counter)
+    transport.infer("sam2_session", INPUTS, OUTPUTS)
+    assert sent == [{"x-tenant": "a", "x-sam-image-id": "ab" * 16}]
+    assert counter.last == wire.request_bytes("grpc", "sam2_session", INPUTS, OUTPUTS)
+    assert transport.request_headers({}) == {"x-tenant": "a"}
+    assert Transport(endpoint).request_headers({}) is None
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("scheme, ssl", [("grpc://", False), ("grpcs://", True)])
 def test_a_grpc_scheme_selects_grpc_whatever_the_protocol_argument(protocol, scheme, ssl):
@@ -116,7 +131,7 @@ class _ReadyConn(_Conn):
 
 
 def test_every_client_takes_grpc_from_the_url(monkeypatch):
-    from triton_sam.client import SAM2TritonClient, SAM2VideoTritonClient, SpeculativeSAM2Client
+    from triton_sam.client import SAM2VideoTritonClient, SpeculativeSAM2Client
 
     monkeypatch.setattr(Transport, "_connect", lambda self: _ReadyConn())
     with SAM2TritonClient("grpc://host:8001", use_server_embeddings=False) as client:
@@ -153,8 +168,6 @@ class _SessionConn(_ReadyConn):
 def test_set_image_reads_the_file_once_and_counts_the_bytes_on_the_wire(monkeypatch, tmp_path):
     import builtins
 
-    from PIL import Image
-
     from triton_sam.client import SAM2TritonClient
 
     path = tmp_path / "a.png"
@@ -175,56 +188,3 @@ def test_set_image_reads_the_file_once_and_counts_the_bytes_on_the_wire(monkeypa
         assert [sorted(t) for t in conn.sent] == [["image_id"], ["image_bytes", "image_id"]]
         assert path.stat().st_size < client.last_request_bytes <= path.stat().st_size + 512
         assert set(client.last_timings_ms) == {"probe", "preprocess", "encode"}
-
-
-# -- the walk of an image from set_image ----------------------------------------------------------
-# The walk of an image from ``SAM2TritonClient.set_image``, measured: every call into a
-# ``triton_sam/client`` module during one set_image of a PNG file on a server that keeps
-# features (the probe misses, the image is embedded), with the real transport over a stand-in
-# connection. The path reads one way: each module is entered from above, except the wire's
-# hook (the client's byte counter) and the retry helper calling the transport's attempt; the
-# flow runner resuming a flow is the runner handing a value back, not a call up.
-CLIENT = str(Path(triton_sam.client.__file__).parent) + "/"
-EXPECTED_UPWARD = {("transport.py", "sync.py"), ("retry.py", "transport.py")}  # hook, retry
-
-
-def _walk(client: SAM2TritonClient, image: Path) -> tuple[list[str], set[tuple[str, str]]]:
-    order: list[str] = []
-    upward: set[tuple[str, str]] = set()
-
-    def ours(frame) -> bool:
-        return frame.f_code.co_filename.startswith(CLIENT)
-
-    def profile(frame, event, arg) -> None:
-        if event != "call" or not ours(frame):
-            return
-        callee = frame.f_code.co_filename.removeprefix(CLIENT)
-        caller = frame.f_back
-        while caller is not None and not ours(caller):
-            caller = caller.f_back
-        if callee not in order:
-            order.append(callee)
-        if caller is None or (frame.f_code.co_flags & inspect.CO_GENERATOR):
-            return  # the runner resuming a flow
-        source = caller.f_code.co_filename.removeprefix(CLIENT)
-        if source != callee and order.index(callee) < order.index(source):
-            upward.add((source, callee))
-
-    sys.setprofile(profile)
-    try:
-        client.set_image(image)
-    finally:
-        sys.setprofile(None)
-    return order, upward
-
-
-def test_set_image_passes_each_layer_once(monkeypatch, tmp_path):
-    path = tmp_path / "a.png"
-    Image.fromarray(np.zeros((60, 100, 3), np.uint8)).save(path)
-    monkeypatch.setattr(Transport, "_connect", lambda self: _SessionConn())
-    with SAM2TritonClient("grpc://h:8001") as client:
-        order, upward = _walk(client, path)
-    layers = ["sync.py", "image_session.py", "flow.py", "image_io.py", "embedding_path.py"]
-    assert order[: len(layers)] == layers, order
-    assert order[len(layers)] == "transport.py", order  # then the wire's own modules
-    assert upward <= EXPECTED_UPWARD, upward

@@ -261,22 +261,18 @@ class _Sam3Predictor:
         self.sizes = inputs["original_sizes"]
         self.embeddings = self.model.get_image_embeddings(inputs["pixel_values"])
 
-    def predict(
-        self,
-        point_coords: Any = None,
-        point_labels: Any = None,
-        box: Any = None,
-        mask_input: Any = None,
-    ) -> tuple[Any, Any, Any]:
+    def predict(self, **prompt: np.ndarray) -> tuple[Any, Any, Any]:
+        """The official predictors' ``predict`` keywords (``point_coords`` with
+        ``point_labels``, ``box``, ``mask_input``), as ``_run`` passes them to either."""
         import torch
 
         kw: dict[str, Any] = {}
-        if point_coords is not None:
-            kw.update(
-                input_points=[[point_coords.tolist()]], input_labels=[[point_labels.tolist()]]
-            )
-        if box is not None:
-            kw.update(input_boxes=[[box.tolist()]])
+        if "point_coords" in prompt:
+            points, labels = prompt["point_coords"], prompt["point_labels"]
+            kw.update(input_points=[[points.tolist()]], input_labels=[[labels.tolist()]])
+        if "box" in prompt:
+            kw.update(input_boxes=[[prompt["box"].tolist()]])
+        mask_input = prompt.get("mask_input")
         inputs = self.processor(original_sizes=self.sizes, return_tensors="pt", **kw)
         out = self.model(
             image_embeddings=self.embeddings,

@@ -20,22 +20,22 @@ embeddings anew costs ~70 ms of event-loop time per request on a 2-core CPU mach
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from triton_sam.client.endpoint import Endpoint, TlsOptions
-from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, acall_with_retry
-from triton_sam.client.routing import routing_headers
-from triton_sam.client.wire import build_infer_inputs, encode_infer_request
+from triton_sam.client.retry import Backoff
+from triton_sam.client.wire import Link, build_infer_inputs, encode_infer_request
 from triton_sam.client.wire_errors import translate_error
 
 __all__ = ["AsyncTransport", "PreparedInputs", "encode_infer_request"]
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -53,36 +53,17 @@ class PreparedInputs:
     wire: bytes | None = None
 
 
-class AsyncTransport:
+class AsyncTransport(Link):
     """Asynchronous inference over gRPC (default) or HTTP with numpy in and out.
 
     Create it inside a running event loop (the gRPC channel binds to it); use it from that
     loop only; :meth:`close` it there.
 
-    Args:
-        endpoint: where the server is.
-        timeout_s: per-request timeout (gRPC deadline; HTTP connection and read timeout).
-        retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
-            uses ``DEFAULT_RETRY``.
-        tls: certificates for an ``https://`` / ``grpcs://`` endpoint.
-        headers: sent with every inference request (HTTP headers / gRPC metadata), e.g. the
-            tenant a gateway that speaks for many tenants forwards.
+    Its arguments (endpoint, timeout, retry policy, TLS, headers, ``on_request`` hook) are
+    :class:`~triton_sam.client.wire.Link`'s.
     """
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        *,
-        timeout_s: float = 60.0,
-        retry: RetryPolicy | None = None,
-        tls: TlsOptions | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self.headers = dict(headers or {})
-        self.timeout_s = timeout_s
-        self.retry = DEFAULT_RETRY if retry is None else retry
-        self.tls = tls or TlsOptions()
+    def _open_connection(self) -> None:
         self._client, self._module = self._connect()
         self._raw_infer = self._raw_infer_call()
 
@@ -130,11 +111,6 @@ class AsyncTransport:
             response_deserializer=service_pb2.ModelInferResponse.FromString,
         )
 
-    @property
-    def is_http(self) -> bool:
-        """True for the HTTP fallback (no server-side cancellation)."""
-        return self.endpoint.protocol == "http"
-
     async def _call(self, what: str, awaitable: Awaitable[Any]) -> Any:
         # Exception, never BaseException: asyncio.CancelledError must pass untouched.
         try:
@@ -151,24 +127,16 @@ class AsyncTransport:
 
     async def is_model_ready(self, model: str) -> bool:
         """True when ``model`` is loaded and ready (retried per :attr:`retry`)."""
-        ready = await acall_with_retry(
-            lambda: self._call(f"readiness of {model}", self._client.is_model_ready(model)),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
-        )
+        what = f"readiness of {model}"
+        ready = await self._retried(lambda: self._call(what, self._client.is_model_ready(model)))
         return bool(ready)
 
     async def model_metadata(self, model: str) -> dict[str, Any]:
         """The model's metadata (inputs/outputs with shapes and datatypes) as a dict."""
         kwargs = {} if self.is_http else {"as_json": True}
-        meta = await acall_with_retry(
-            lambda: self._call(
-                f"metadata of {model}", self._client.get_model_metadata(model, **kwargs)
-            ),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
+        what = f"metadata of {model}"
+        meta = await self._retried(
+            lambda: self._call(what, self._client.get_model_metadata(model, **kwargs))
         )
         return dict(meta)
 
@@ -207,12 +175,24 @@ class AsyncTransport:
         """
         if not idempotent:
             return await self._infer_once(model, inputs, outputs, prepared, request_id)
-        return await acall_with_retry(
-            lambda: self._infer_once(model, inputs, outputs, prepared, request_id),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
+        return await self._retried(
+            lambda: self._infer_once(model, inputs, outputs, prepared, request_id)
         )
+
+    async def _retried(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``await attempt()``, retried per :attr:`retry`; the loop is here and
+        :class:`~triton_sam.client.retry.Backoff` only decides (as ``Transport``'s)."""
+        backoff = Backoff(self.retry, deadline_s=self.timeout_s)
+        while True:
+            try:
+                return await attempt()
+            except Exception as e:  # never BaseException: CancelledError passes
+                wait = backoff.after(e)
+                if wait is None:
+                    raise
+            await asyncio.sleep(wait)
+            if backoff.reconnect:
+                await self._reconnect_quietly()
 
     async def _infer_once(
         self,
@@ -223,6 +203,7 @@ class AsyncTransport:
         request_id: str,
     ) -> dict[str, np.ndarray]:
         what = f"infer on {model}"
+        self.sending(model, inputs, outputs)  # the request's own inputs, not the prepared
         if prepared is not None and prepared.wire is not None and self._raw_infer is not None:
             body = prepared.wire + encode_infer_request(
                 inputs, model=model, outputs=outputs, request_id=request_id
@@ -247,8 +228,7 @@ class AsyncTransport:
                 infer_inputs,
                 outputs=requested,
                 request_id=request_id,
-                # image affinity behind a proxy
-                headers={**self.headers, **(routing_headers(inputs) or {})} or None,
+                headers=self.request_headers(inputs),
                 **kwargs,
             ),
         )

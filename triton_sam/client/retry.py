@@ -19,16 +19,16 @@ Policy:
   not after an overloaded answer, whose server is up and whose connection other requests
   are still using.
   No retry starts once the total time would exceed ``deadline_s``.
+- **Who**: each transport runs its attempts itself and asks a :class:`Backoff` what to do
+  after a failure, so nothing here calls the transport back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from triton_sam.errors import (
     InputValidationError,
@@ -36,8 +36,6 @@ from triton_sam.errors import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -93,71 +91,38 @@ def needs_reconnect(error: BaseException) -> bool:
     return not isinstance(error, ServerOverloadedError)
 
 
-def _wait_s(policy: RetryPolicy, retry: int, started: float, deadline_s: float | None) -> float:
-    """Seconds to wait before ``retry``, or -1 when no retry may start."""
-    wait = policy.backoff_s(retry) * (1 + policy.jitter * random.random())
-    limit = policy.deadline_s if policy.deadline_s is not None else deadline_s
-    if limit is not None and time.monotonic() - started + wait > limit:
-        return -1.0
-    return wait
-
-
-def call_with_retry(
-    fn: Callable[[], _T],
-    policy: RetryPolicy,
-    *,
-    deadline_s: float | None = None,
-    before_retry: Callable[[], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> _T:
-    """Call ``fn``; on a retryable error, wait, call ``before_retry`` and try again.
+class Backoff:
+    """The attempts of one idempotent call under ``policy``, decided without calling anything:
+    the caller makes each attempt and asks :meth:`after` what to do when it fails.
 
     Args:
-        fn: the idempotent call.
         policy: attempts and backoff.
         deadline_s: default for ``policy.deadline_s`` (the transport's timeout).
-        before_retry: e.g. reconnect (not after an overloaded answer, see
-            :func:`needs_reconnect`); its own errors are left to the next attempt.
-        sleep: injectable for tests.
-
-    Raises:
-        The last error of ``fn`` (unchanged) once attempts or time run out, or at once for a
-        non-retryable error.
+        clock: seconds, monotonic (default ``time.monotonic``).
     """
-    started = time.monotonic()
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            return fn()
-        except Exception as e:
-            wait = _wait_s(policy, attempt, started, deadline_s)
-            if not is_retryable(e) or attempt == policy.max_attempts or wait < 0:
-                raise
-            reconnect = needs_reconnect(e)
-        sleep(wait)
-        if before_retry is not None and reconnect:
-            before_retry()
-    raise AssertionError("unreachable")  # pragma: no cover
 
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        deadline_s: float | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.limit_s = policy.deadline_s if policy.deadline_s is not None else deadline_s
+        self._clock = clock or time.monotonic
+        self._started = self._clock()
+        self.attempts = 0
+        self.reconnect = False  # the next attempt wants a fresh connection
 
-async def acall_with_retry(
-    fn: Callable[[], Awaitable[_T]],
-    policy: RetryPolicy,
-    *,
-    deadline_s: float | None = None,
-    before_retry: Callable[[], Awaitable[None]] | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> _T:
-    """The asyncio twin of :func:`call_with_retry`; cancellation propagates untouched."""
-    started = time.monotonic()
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            return await fn()
-        except Exception as e:  # never BaseException: CancelledError passes
-            wait = _wait_s(policy, attempt, started, deadline_s)
-            if not is_retryable(e) or attempt == policy.max_attempts or wait < 0:
-                raise
-            reconnect = needs_reconnect(e)
-        await sleep(wait)
-        if before_retry is not None and reconnect:
-            await before_retry()
-    raise AssertionError("unreachable")  # pragma: no cover
+    def after(self, error: BaseException) -> float | None:
+        """Seconds to wait before the next attempt after ``error``, or None: re-raise it (not
+        retryable, attempts spent, or the wait would pass the deadline). Sets
+        :attr:`reconnect` (see :func:`needs_reconnect`)."""
+        self.attempts += 1
+        if not is_retryable(error) or self.attempts >= self.policy.max_attempts:
+            return None
+        wait = self.policy.backoff_s(self.attempts) * (1 + self.policy.jitter * random.random())
+        if self.limit_s is not None and self._clock() - self._started + wait > self.limit_s:
+            return None
+        self.reconnect = needs_reconnect(error)
+        return wait

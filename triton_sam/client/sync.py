@@ -19,7 +19,7 @@ from triton_sam.client.image_session import ImageSession, model_properties
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
-from triton_sam.client.wire import SentRequest
+from triton_sam.client.wire import SentBytes
 from triton_sam.errors import ImageNotSetError, UnsupportedModelError
 from triton_sam.models.registry import get_family, is_concept_family
 
@@ -92,14 +92,14 @@ class SAM2TritonClient(ClosesOnExit):
             session_model=session_model or default_session,
         )
         self.uses_server_embeddings = self._concepts
-        self.last_request_bytes = 0
         self.last_timings_ms: dict[str, float] = {}
+        self._sent = SentBytes()  # the transport's byte counter, read after each call
         self._transport = Transport(
             resolve_endpoint(url, protocol),
             timeout_s=timeout_s,
             retry=retry,
             tls=tls,
-            on_request=self._count,
+            on_request=self._sent,
         )
         self._concept = ConceptSession(self._transport, self.session_model)
         try:
@@ -116,10 +116,11 @@ class SAM2TritonClient(ClosesOnExit):
     # The models, as the core resolved them against the server.
     family, model_type, encoder_model, decoder_model, session_model = model_properties("_core")[:5]
 
-    def _count(self, request: SentRequest) -> None:
-        """The transport's hook: each request's bytes in ``last_request_bytes`` (the
-        serialised request, or its tensor bytes above 1 MiB: ``wire.request_bytes``)."""
-        self.last_request_bytes = request.wire_bytes
+    @property
+    def last_request_bytes(self) -> int:
+        """Bytes of the last inference request sent (the serialised request, or its tensor
+        bytes above 1 MiB: ``wire.request_bytes``); 0 before any."""
+        return self._sent.last
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> None:

@@ -1,18 +1,20 @@
 """A thin, protocol-neutral layer over tritonclient's HTTP and gRPC clients (the blocking wire).
 
-Everything that touches ``tritonclient`` lives in the wire modules: this one (I/O, retries,
-routing headers), :mod:`~triton_sam.client.wire` (requests as tritonclient builds them, and
-their size) and :mod:`~triton_sam.client.wire_errors` (the one function that turns the
-library's exceptions into ours), so the SAM clients above deal in numpy arrays and
-TritonSamErrors. Observation is a hook: :attr:`Transport.on_request` sees every inference
-request sent (a :class:`~triton_sam.client.wire.SentRequest`).
+Everything that touches ``tritonclient`` lives in the wire modules: this one (I/O and the
+retry loop), :mod:`~triton_sam.client.wire` (requests as tritonclient builds them, their
+size and headers, and :class:`~triton_sam.client.wire.Link`, the settings both transports
+share) and :mod:`~triton_sam.client.wire_errors` (the one function that turns the library's
+exceptions into ours), so the SAM clients above deal in numpy arrays and TritonSamErrors.
+Observation is a hook: :attr:`Transport.on_request` sees every inference request sent (a
+:class:`~triton_sam.client.wire.SentRequest`); nothing here calls a client back otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,10 +26,9 @@ from triton_sam.client.endpoint import (  # re-exported: their home before the s
     TlsOptions,
     resolve_endpoint,
 )
-from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy, call_with_retry
-from triton_sam.client.routing import routing_headers
+from triton_sam.client.retry import Backoff
 from triton_sam.client.wire import NUMPY_TO_TRITON as _NUMPY_TO_TRITON
-from triton_sam.client.wire import SentRequest, build_infer_inputs
+from triton_sam.client.wire import Link, build_infer_inputs
 from triton_sam.client.wire_errors import translate_error
 from triton_sam.errors import InferenceTimeoutError, RequestCancelledError
 
@@ -43,10 +44,9 @@ __all__ = [
     "translate_error",
 ]
 _ = _NUMPY_TO_TRITON  # kept importable from here
-RequestHook = Callable[[SentRequest], None]
 
 
-class Transport:
+class Transport(Link):
     """Synchronous inference over HTTP or gRPC with numpy in and out; safe to share between
     threads.
 
@@ -54,30 +54,12 @@ class Transport:
     thread-safe, and the HTTP one (gevent) hangs when called from another thread than the
     one that made it (triton-inference-server/server#4223).
 
-    Args:
-        endpoint: where the server is.
-        timeout_s: per-request timeout (connect + network for HTTP, deadline for gRPC).
-        retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
-            uses ``DEFAULT_RETRY``, ``NO_RETRY`` turns retries off.
-        tls: certificates for an ``https://`` endpoint (None: the system's trust store).
-        on_request: called with each inference request before it is sent (byte counters).
+    Its arguments (endpoint, timeout, retry policy, TLS, headers, ``on_request`` hook) are
+    :class:`~triton_sam.client.wire.Link`'s.
     """
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        *,
-        timeout_s: float = 60.0,
-        retry: RetryPolicy | None = None,
-        tls: TlsOptions | None = None,
-        on_request: RequestHook | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self.on_request = on_request
-        self.timeout_s = timeout_s
-        self.retry = DEFAULT_RETRY if retry is None else retry
-        self.tls = tls or TlsOptions()
-        if endpoint.protocol == "http":
+    def _open_connection(self) -> None:
+        if self.endpoint.protocol == "http":
             import tritonclient.http as module
         else:
             import tritonclient.grpc as module
@@ -140,13 +122,19 @@ class Transport:
 
     def _idempotent(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """``self._client.<method>(...)``, retried per :attr:`retry` (looked up anew after a
-        reconnect)."""
-        return call_with_retry(
-            lambda: self._call(what, getattr(self._client, method), *args, **kwargs),
-            self.retry,
-            deadline_s=self.timeout_s,
-            before_retry=self._reconnect_quietly,
-        )
+        reconnect). The loop is here, and :class:`~triton_sam.client.retry.Backoff` only
+        decides, so the retry policy never calls the wire back."""
+        backoff = Backoff(self.retry, deadline_s=self.timeout_s)
+        while True:
+            try:
+                return self._call(what, getattr(self._client, method), *args, **kwargs)
+            except Exception as e:
+                wait = backoff.after(e)
+                if wait is None:
+                    raise
+            time.sleep(wait)
+            if backoff.reconnect:
+                self._reconnect_quietly()
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(Exception):  # the next attempt reports what is wrong
@@ -195,15 +183,14 @@ class Transport:
         Raises:
             TritonSamError: the translated error (see :func:`translate_error`).
         """
-        if self.on_request is not None:
-            self.on_request(SentRequest.of(self.endpoint.protocol, model, inputs, outputs))
-        infer_inputs = build_infer_inputs(self._module, inputs, http=self._is_http)
+        self.sending(model, inputs, outputs)
+        infer_inputs = build_infer_inputs(self._module, inputs, http=self.is_http)
         requested = [
-            self._module.InferRequestedOutput(n, **({"binary_data": True} if self._is_http else {}))
+            self._module.InferRequestedOutput(n, **({"binary_data": True} if self.is_http else {}))
             for n in outputs
         ]
-        kwargs: dict[str, Any] = {} if self._is_http else {"client_timeout": self.timeout_s}
-        kwargs["headers"] = routing_headers(inputs, routing_key)  # affinity behind a proxy
+        kwargs: dict[str, Any] = {} if self.is_http else {"client_timeout": self.timeout_s}
+        kwargs["headers"] = self.request_headers(inputs, routing_key)
         what = f"infer on {model}"
         if idempotent:
             result = self._idempotent(
@@ -231,7 +218,7 @@ class Transport:
         discards the answer.
         """
         what = f"infer on {model}"
-        if self._is_http:
+        if self.is_http:
             try:
                 result = self.infer(model, inputs, outputs, routing_key=routing_key)
                 return PendingInfer(result=result)
@@ -254,15 +241,11 @@ class Transport:
                 done,
                 outputs=requested,
                 client_timeout=self.timeout_s,
-                headers=routing_headers(inputs, routing_key),  # affinity behind a proxy
+                headers=self.request_headers(inputs, routing_key),
             )
         except Exception as e:
             raise translate_error(e, what=what) from e
         return pending
-
-    @property
-    def _is_http(self) -> bool:
-        return self.endpoint.protocol == "http"
 
     def close(self) -> None:
         """Close every thread's connection (idempotent)."""

@@ -3,16 +3,23 @@
 
 The transports build their requests here; :class:`SentRequest` is what they hand to their
 ``on_request`` hook for each inference request, so a client counts the bytes it sent by
-watching the wire instead of rebuilding the request itself.
+watching the wire instead of rebuilding the request itself. :class:`SentBytes` is such a hook
+that keeps the count as a value the client reads after its call (nothing calls the client).
+:class:`Link` is what both transports are told about reaching the server, and the headers
+their requests carry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from triton_sam.client.endpoint import Endpoint, TlsOptions
+from triton_sam.client.retry import DEFAULT_RETRY, RetryPolicy
+from triton_sam.client.routing import routing_headers
 
 NUMPY_TO_TRITON = {
     "float32": "FP32",
@@ -128,3 +135,76 @@ class SentRequest:
     ) -> SentRequest:
         """The record of sending ``inputs`` to ``model`` asking for ``outputs``."""
         return cls(protocol, model, request_bytes(protocol, model, inputs, outputs))
+
+
+@dataclass
+class SentBytes:
+    """A transport's ``on_request`` hook keeping the size of the last request sent.
+
+    Attributes:
+        last: :attr:`SentRequest.wire_bytes` of the last inference request (0 before any).
+    """
+
+    last: int = 0
+
+    def __call__(self, request: SentRequest) -> None:
+        self.last = request.wire_bytes
+
+
+RequestHook = Callable[[SentRequest], None]
+
+
+class Link:
+    """What both transports (blocking and asyncio) know about reaching the server; each
+    opens its connection in ``_open_connection``, called last by the constructor.
+
+    Args:
+        endpoint: where the server is.
+        timeout_s: per-request timeout (HTTP: connect and network; gRPC: the deadline).
+        retry: backoff for idempotent calls (see :mod:`triton_sam.client.retry`); None
+            uses ``DEFAULT_RETRY``, ``NO_RETRY`` turns retries off.
+        tls: certificates for an ``https://`` / ``grpcs://`` endpoint (None: the system's
+            trust store).
+        headers: sent with every inference request (HTTP headers / gRPC metadata), e.g. the
+            tenant a gateway that speaks for many tenants forwards.
+        on_request: called with each inference request before it is sent (byte counters,
+            such as :class:`SentBytes`).
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        tls: TlsOptions | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_request: RequestHook | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.retry = DEFAULT_RETRY if retry is None else retry
+        self.tls = tls or TlsOptions()
+        self.headers = dict(headers or {})
+        self.on_request = on_request
+        self._open_connection()
+
+    def _open_connection(self) -> None:  # pragma: no cover - each transport opens its own
+        raise NotImplementedError
+
+    @property
+    def is_http(self) -> bool:
+        """True over HTTP (no server-side cancellation), False over gRPC."""
+        return self.endpoint.protocol == "http"
+
+    def request_headers(
+        self, inputs: Mapping[str, np.ndarray], routing_key: str | None = None
+    ) -> dict[str, str] | None:
+        """The headers of one inference request: :attr:`headers` and the routing header
+        (image affinity behind a proxy, :mod:`~triton_sam.client.routing`), or None."""
+        return {**self.headers, **(routing_headers(inputs, routing_key) or {})} or None
+
+    def sending(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> None:
+        """Show the request about to be sent to :attr:`on_request`, if set."""
+        if self.on_request is not None:
+            self.on_request(SentRequest.of(self.endpoint.protocol, model, inputs, outputs))
