@@ -1,14 +1,13 @@
 """The tile grid and the prompt-to-tile rules of large images (serving/tiles.py).
 
-micro-sam's rule is checked against its own grid (``bioimage_cpp.utils.Blocking``, which
-``micro_sam/prompt_based_segmentation.py::_points_to_tile`` and
-``micro_sam/util.py::_compute_tiled_features_2d`` use) where that package is installed, and
-against hand-computed blocks everywhere.
+The expected blocks are computed by hand from micro-sam's rule
+(``micro_sam/prompt_based_segmentation.py::_points_to_tile`` on the grid of
+``bioimage_cpp.utils.Blocking``, as ``micro_sam/util.py::_compute_tiled_features_2d`` embeds
+it). Those packages are not in the lock yet; the parity tests of tiled masks will run
+micro-sam itself.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 import pytest
@@ -75,19 +74,3 @@ def test_bad_grids_are_refused_naming_the_field(bad):
     args = dict(shape=(10, 10), tile=(4, 4), halo=(0, 0)) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
         TileGrid(**args)
-
-
-def test_the_grid_is_micro_sams():
-    blocking = pytest.importorskip("bioimage_cpp.utils").Blocking
-    for shape, tile, halo in itertools.product(
-        [(900, 1300), (1024, 1024), (77, 1500)], [(512, 512), (256, 384)], [(0, 0), (64, 32)]
-    ):
-        ours, theirs = TileGrid(shape, tile, halo), blocking([0, 0], list(shape), list(tile))
-        assert len(ours) == theirs.number_of_blocks
-        for i in range(len(ours)):
-            outer = theirs.get_block_with_halo(i, list(halo)).outer_block
-            assert ours.outer(i) == Block(tuple(outer.begin), tuple(outer.end)), (shape, tile, i)
-        rng = np.random.default_rng(len(ours))
-        rows, cols = rng.integers(0, shape[0], 20), rng.integers(0, shape[1], 20)
-        for row, col in zip(rows, cols, strict=True):
-            assert ours.tile_at(int(row), int(col)) == theirs.coordinates_to_block_id([row, col])
