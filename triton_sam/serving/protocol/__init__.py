@@ -41,7 +41,15 @@ KIND_CONCEPT = "concept"  # sam3_concept
 KIND_TRACKER = "tracker"  # sam2_tracker
 KIND_LAMBDA_JSON = "lambda_json"  # sam2: the Lambda seed's JSON contract
 KIND_EVERYTHING = "everything"  # <family>_everything: segment everything
-KINDS = (KIND_EMBEDDING_CACHE, KIND_CONCEPT, KIND_TRACKER, KIND_LAMBDA_JSON, KIND_EVERYTHING)
+KIND_LARGE_IMAGE = "large_image"  # <family>_large: images larger than SAM's input, tiled
+KINDS = (
+    KIND_EMBEDDING_CACHE,
+    KIND_CONCEPT,
+    KIND_TRACKER,
+    KIND_LAMBDA_JSON,
+    KIND_EVERYTHING,
+    KIND_LARGE_IMAGE,
+)
 KIND_RUNNER = "onnx_runner"  # an ONNX graph on the python target (runner_model.py)
 # The top-level name the package is shipped under beside model.py: unique, so nothing on the
 # stub's sys.path (which holds the server interpreter's site-packages) can shadow it.
@@ -61,6 +69,7 @@ ERR_CANCELLED = "Cancelled"  # cancelled while queued: answered unrun
 # a full queue: retry later (its message says "exceeds maximum queue size", as Triton's does)
 ERR_OVERLOADED = "Overloaded"
 ERR_INTERNAL = "Internal"
+ERR_HANDLE_NOT_FOUND = "HandleNotFound"  # a large image's handle unknown, evicted or another's
 # code -> the python backend's TritonError code it is answered with
 ERROR_STATUS = {
     ERR_INVALID_INPUT: "INVALID_ARG",
@@ -74,6 +83,7 @@ ERROR_STATUS = {
     ERR_CANCELLED: "CANCELLED",
     ERR_OVERLOADED: "UNAVAILABLE",
     ERR_INTERNAL: "INTERNAL",
+    ERR_HANDLE_NOT_FOUND: "NOT_FOUND",
 }
 # how a client library reports each TritonError code (tritonclient's status(): the HTTP status
 # code, or str(grpc.StatusCode))
