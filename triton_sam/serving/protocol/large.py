@@ -21,12 +21,14 @@ Ops (``field``: meaning; every request may carry ``"op"`` only once):
 
 - ``open``: ``dataset`` (``"<root>/<path inside it>"``, a data root the operator configured,
   ``data_roots``), optional ``key`` (an array inside a zarr/N5 group, or an OME-Zarr
-  multiscale level as ``"0"``), ``mapping`` (:data:`MAPPING_KINDS`, below). Nothing is
+  multiscale level as ``"0"``), ``mapping`` (:data:`MAPPING_KINDS`, below), ``tile`` and
+  ``halo`` ([rows, cols]: the server's defaults when absent; a tile at least
+  :data:`MIN_TILE`, a tile plus twice its halo at most ``max_block`` a side). Nothing is
   embedded. Answers :data:`IMAGE_FIELDS`.
 - ``create``: an image the client holds, sent once in pieces: ``shape`` ([rows, cols] or
   [rows, cols, channels], or [z, rows, cols(, channels)]), ``dtype`` (:data:`DTYPES`),
-  ``mapping``. Answers :data:`IMAGE_FIELDS`; ``complete`` stays false until every pixel
-  has been put.
+  ``mapping``, ``tile``, ``halo``. Answers :data:`IMAGE_FIELDS`; ``complete`` stays false
+  until every pixel has been put.
 - ``put``: ``handle``, ``offset`` ([row, col] or [z, row, col]) + the ``pixels`` input: one
   piece, inside the shape, at most ``max_piece_pixels`` pixels. Answers ``received`` (pixels
   written so far) and ``complete``.
@@ -121,6 +123,8 @@ PARAM_KIND = KIND_PARAM
 DEFAULT_TILE = 768  # core; with the halo the outer block is 1024: SAM's input, no resampling
 DEFAULT_HALO = 128
 DEFAULT_WINDOW = 1024
+MIN_TILE = 64
+DEFAULT_MAX_BLOCK = 2048  # a tile with its halo, or a window: pixels a side read per embed
 DEFAULT_MAX_HANDLES = 64  # per tenant; the least recently used goes first
 DEFAULT_MAX_UPLOAD_BYTES = 8 * 2**30  # per tenant, on disk (the spool)
 DEFAULT_MAX_PIECE_PIXELS = 4096 * 4096
@@ -142,7 +146,8 @@ class LargeSettings:
             without ``tenants`` is every tenant's. Empty: no dataset can be opened.
         spool_dir: where created images' pixels are written (empty: a private temporary
             directory, removed at shutdown).
-        tile, halo, window: pixels a side (core, context, window).
+        tile, halo, window: pixels a side (core, context, window), the defaults.
+        max_block: the largest tile-plus-halo or window a request may ask for, a side.
         max_handles: open images per tenant.
         max_upload_bytes: created images' pixels per tenant, on disk.
         max_piece_pixels: pixels of one ``put``.
@@ -159,6 +164,7 @@ class LargeSettings:
     tile: int = DEFAULT_TILE
     halo: int = DEFAULT_HALO
     window: int = DEFAULT_WINDOW
+    max_block: int = DEFAULT_MAX_BLOCK
     max_handles: int = DEFAULT_MAX_HANDLES
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     max_piece_pixels: int = DEFAULT_MAX_PIECE_PIXELS
