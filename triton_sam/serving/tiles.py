@@ -44,6 +44,19 @@ class Block:
         """The block as numpy slices of the full image."""
         return (slice(self.begin[0], self.end[0]), slice(self.begin[1], self.end[1]))
 
+    def slices_in(self, outer: Block) -> tuple[slice, slice]:
+        """The block as numpy slices of an array that holds ``outer`` (which contains it)."""
+        top, left = self.begin[0] - outer.begin[0], self.begin[1] - outer.begin[1]
+        return (slice(top, top + self.shape[0]), slice(left, left + self.shape[1]))
+
+    def intersect(self, other: Block) -> Block | None:
+        """The pixels both blocks cover, or None when they share none."""
+        begin = (max(self.begin[0], other.begin[0]), max(self.begin[1], other.begin[1]))
+        end = (min(self.end[0], other.end[0]), min(self.end[1], other.end[1]))
+        if begin[0] >= end[0] or begin[1] >= end[1]:
+            return None
+        return Block(begin, end)
+
     def contains(self, rc: np.ndarray) -> np.ndarray:
         """Which of the (row, column) points ``rc`` [N, 2] lie inside the block."""
         rc = np.asarray(rc)
