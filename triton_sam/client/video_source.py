@@ -69,6 +69,8 @@ def open_video(video: object) -> VideoSource:
         InputValidationError: (field ``video``) an unsupported type, a missing path, an empty
             folder, frames of different sizes, or a volume of the wrong rank.
     """
+    if isinstance(video, VideoSource):  # frames someone already reads lazily (a volume's windows)
+        return video
     if isinstance(video, np.ndarray):
         return _from_volume(video)
     if isinstance(video, (str, os.PathLike)):

@@ -15,7 +15,8 @@ Inputs (no batch dimension):
 - ``pixels`` (UINT8 / UINT16 / FLOAT32 [h, w] or [h, w, c], optional): the piece a ``put``
   writes; refused with any other op.
 
-Output: ``answer`` (BYTES [1]): a UTF-8 JSON object, fields by op below.
+Outputs: ``answer`` (BYTES [1]): a UTF-8 JSON object, fields by op below; ``rgb`` (UINT8
+[h, w, 3]): the pixels a ``read`` answers (asked for by name; absent otherwise).
 
 Ops (``field``: meaning; every request may carry ``"op"`` only once):
 
@@ -44,6 +45,12 @@ Ops (``field``: meaning; every request may carry ``"op"`` only once):
   the encoder ran for) and ``held`` (ids already cached).
 - ``status``: ``handle``, optional ``z``: answers :data:`IMAGE_FIELDS` plus ``held`` (the tile
   ids whose features the session model holds now: a precompute resumes from them).
+- ``read``: ``handle``, optional ``z``, ``block`` ([row0, col0, row1, col1] full-image
+  pixels), optional ``level`` (a pyramid level of the source, default 0; ``block`` stays in
+  level-0 pixels): answers the block's pixels as SAM sees them (the mapping applied), in the
+  ``rgb`` output (UINT8 [h, w, 3]), and ``size`` [h, w] in the JSON. At most ``max_block``
+  pixels a side are read: what the everything model reads a tile by, and the page's tile
+  pyramid.
 - ``close``: ``handle``: forgets it (its uploaded pixels are deleted).
 
 Modes of a prediction:
@@ -88,8 +95,9 @@ KIND = KIND_LARGE_IMAGE
 REQUEST = "request"  # BYTES [1] input: the JSON request
 PIXELS = "pixels"  # UINT8 / UINT16 / FLOAT32 input: one piece of a put
 ANSWER = "answer"  # BYTES [1] output: the JSON answer
+RGB = "rgb"  # UINT8 [h, w, 3] output: the pixels of a read
 
-OPS = ("open", "create", "put", "predict", "embed", "status", "close")
+OPS = ("open", "create", "put", "predict", "embed", "status", "read", "close")
 MODES = ("auto", "tile", "window")
 MAPPING_KINDS = ("none", "range", "percentile", "tile_minmax")
 DTYPES = ("uint8", "uint16", "float32")
