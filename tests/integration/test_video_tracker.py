@@ -292,6 +292,47 @@ def test_a_grayscale_volume_is_tracked_slice_by_slice(video_server):
     assert info["session"]["frames_uploaded"] == 3  # each slice sent once, as uint8 pixels
 
 
+def test_a_volume_of_small_slices_tracks_as_the_video_client_does(video_server):
+    """VolumeTracker on slices that fit a window: the same masks as today's calls, exactly."""
+    from triton_sam.client.volume import VolumeTracker
+
+    z, y, x = 4, 40, 52
+    zz, yy, xx = np.mgrid[0:z, 0:y, 0:x]
+    volume = np.where((xx - 18 - 3 * zz) ** 2 + (yy - 20) ** 2 < 64, 210, 25).astype(np.uint8)
+    with SAM2VideoTritonClient(video_server.grpc_url) as client:
+        state = client.init_state(volume)
+        client.add_new_points_or_box(state, 1, 2, points=[[21, 20]], labels=[1])
+        expected = {}
+        for reverse in (False, True):
+            for f, _, m in client.propagate_in_video(state, start_frame_idx=1, reverse=reverse):
+                expected[f] = m[0, 0] > 0
+        client.close_state(state)
+        tracker = VolumeTracker(client, volume, window=(64, 64), margin=8)
+        found = list(tracker.track(1, points=[[21, 20]], labels=[1], obj_id=2))
+    assert tracker.sessions == 1
+    assert [m.z for m in found] == [1, 2, 3, 0]
+    for m in found:
+        assert m.window.shape == (y, x)
+        np.testing.assert_array_equal(m.mask, expected[m.z])
+
+
+def test_a_volume_of_large_slices_is_tracked_on_windows(video_server):
+    """Slices larger than the window: every frame the server receives is a window."""
+    from triton_sam.client.volume import VolumeTracker, write_labels
+
+    z, y, x = 3, 200, 260
+    zz, yy, xx = np.mgrid[0:z, 0:y, 0:x]
+    volume = np.where((xx - 120 - 20 * zz) ** 2 + (yy - 90) ** 2 < 400, 220, 30).astype(np.uint8)
+    labels = np.zeros(volume.shape, np.uint8)
+    with SAM2VideoTritonClient(video_server.grpc_url) as client:
+        tracker = VolumeTracker(client, volume, window=(96, 96), margin=16)
+        for found in tracker.track(0, points=[[120, 90]], labels=[1], obj_id=1):
+            assert found.window.shape == (96, 96)
+            write_labels(labels, found, 1)
+    assert set(np.unique(labels)) <= {0, 1}
+    assert tracker.sessions >= 1
+
+
 def test_track_command_writes_a_label_stack_for_a_volume(video_server, tmp_path):
     from typer.testing import CliRunner
 
