@@ -75,6 +75,23 @@ def test_rle_round_trips_random_masks_of_any_size():
         np.testing.assert_array_equal(masks.decode_rle(masks.encode_rle(mask), (h, w)), mask)
 
 
+def test_a_placed_crop_has_the_rle_of_the_whole_mask_it_is_part_of():
+    """Crops at every kind of offset (touching the top, the bottom, the image's last pixel:
+    runs joined across columns, a run to the end) against the full mask's own RLE."""
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        h, w = rng.integers(1, 12, 2)
+        rows, cols = rng.integers(0, h + 1), rng.integers(0, w + 1)
+        r0, c0 = rng.integers(0, h - rows + 1), rng.integers(0, w - cols + 1)
+        crop = rng.random((rows, cols)) < rng.random()
+        full = np.zeros((h, w), bool)
+        full[r0 : r0 + rows, c0 : c0 + cols] = crop
+        placed = masks.placed_rle_counts(crop, (r0, c0), (h, w))
+        np.testing.assert_array_equal(placed, masks.rle_counts(full))
+    with pytest.raises(ValueError, match="offset"):
+        masks.placed_rle_counts(np.ones((2, 2), bool), (9, 0), (10, 10))
+
+
 def test_decode_rle_refuses_counts_of_another_size_or_garbage():
     counts = masks.encode_rle(_shape_6x5())
     with pytest.raises(ValueError, match="cover 30 pixels, expected 5x5"):

@@ -48,6 +48,9 @@ def test_config_is_a_decoupled_one_job_per_request_model_over_the_session_model(
         protocol.IMAGE_RGB,
         protocol.IMAGE_ID,
         protocol.PARAMS,
+        protocol.HANDLE,  # a large image's block, read from the large model
+        protocol.BLOCK,
+        protocol.Z,
     ]
     assert [t.name for t in config.output] == [protocol.PROGRESS, protocol.INSTANCES]
     params = {k: v.string_value for k, v in config.parameters.items()}
@@ -57,6 +60,7 @@ def test_config_is_a_decoupled_one_job_per_request_model_over_the_session_model(
     assert params[protocol.PARAM_DECODER_MODEL] == f"{family}_everything_decoder"
     assert params[protocol.PARAM_EMBEDDING_NAMES] == ",".join(spec.embedding_names)
     assert params[protocol.PARAM_MAX_CONCURRENT_JOBS] == "1"
+    assert params[protocol.PARAM_LARGE_MODEL] == f"{family}_large"
 
 
 def test_only_the_families_with_an_official_generator_get_one():

@@ -31,6 +31,7 @@ from triton_sam.repository.shipping import shipped_files
 from triton_sam.repository.writer import SERVING_DIR, ModelFiles
 from triton_sam.serving import everything
 from triton_sam.serving.protocol import everything as protocol
+from triton_sam.serving.protocol import large
 
 EVERYTHING_SOURCE = SERVING_DIR / "everything_model.py"
 
@@ -84,6 +85,9 @@ def build_everything_config(
         (protocol.IMAGE_RGB, uint8, [-1, -1, 3]),
         (protocol.IMAGE_ID, string, [1]),
         (protocol.PARAMS, string, [1]),
+        (protocol.HANDLE, string, [1]),
+        (protocol.BLOCK, model_config_pb2.TYPE_INT32, [4]),
+        (protocol.Z, model_config_pb2.TYPE_INT32, [1]),
     ):
         config.input.append(
             model_config_pb2.ModelInput(name=tensor, data_type=dtype, dims=dims, optional=True)
@@ -106,6 +110,8 @@ def build_everything_config(
         max_image_pixels=session.max_image_pixels,
         max_concurrent_jobs=options.max_concurrent_jobs,
         max_waiting_jobs=options.max_waiting_jobs,
+        # written beside this model for the same families (setup/pipeline.py)
+        large_model=large.model_name(family.session_model),
     )
     set_parameters(config, job, kind=protocol.KIND)
     return config

@@ -43,7 +43,7 @@ from triton_sam_serving import bounds, everything, intake, model_io
 from triton_sam_serving import protocol as envelope
 from triton_sam_serving.protocol import embedding_cache as session
 from triton_sam_serving.protocol import everything as protocol
-from triton_sam_serving.protocol import settings, tenancy
+from triton_sam_serving.protocol import large, settings, tenancy
 from triton_sam_serving.session_call import SessionCall, checked, preferred_memory
 
 
@@ -145,7 +145,7 @@ class TritonPythonModel:
             raise everything.Cancelled("cancelled before it started")
         tenant = tenancy.request_tenant(request)  # a forged second value: refused
         params = everything.parse_params(self.family, self._params_text(request))
-        kind, value = self._image(request)
+        kind, value = self._image(request, tenant)
         if kind == "id" and params.crop_n_layers > 0:
             raise bounds.RequestError(
                 f"{everything.FIELD}.crop_n_layers",
@@ -217,9 +217,12 @@ class TritonPythonModel:
         except UnicodeDecodeError as e:
             raise bounds.RequestError(protocol.PARAMS, "expected UTF-8 JSON text") from e
 
-    def _image(self, request):
-        """("bytes" | "rgb" | "id", value) of the one image source the request carries."""
+    def _image(self, request, tenant):
+        """("bytes" | "rgb" | "id", value) of the one image source the request carries (a
+        large image's block is read as pixels from the large model)."""
         ((name, array),) = _image_inputs(request).items()
+        if name == protocol.HANDLE:
+            return "rgb", self._block_pixels(request, tenant, array)
         if name == protocol.IMAGE_RGB:
             return "rgb", intake.check_rgb(
                 array, max_pixels=self.settings.max_image_pixels, field=name
@@ -238,6 +241,19 @@ class TritonPythonModel:
             )
         return "bytes", blob
 
+    def _block_pixels(self, request, tenant, handle):
+        """The mapped pixels of a large image's block, read by the large model as ``tenant``
+        (its refusals, such as a handle that is not this tenant's, are relayed)."""
+        if not self.settings.large_model:
+            raise bounds.RequestError(
+                protocol.HANDLE, "this server has no large-image model; send the image instead"
+            )
+        text = large_read(request, handle)
+        inputs = [pb_utils.Tensor(large.REQUEST, np.array([text.encode()], dtype=np.object_))]
+        call = SessionCall(pb_utils, self.settings.large_model)
+        rgb = call.call(tenant, inputs, [large.RGB])[large.RGB].as_numpy()
+        return intake.check_rgb(rgb, max_pixels=self.settings.max_image_pixels, field=large.RGB)
+
     def _decode(self, features, feeds):
         """One run of the everything-decoder graph: output name -> numpy array."""
         inputs = list(features) + [pb_utils.Tensor(n, np.asarray(v)) for n, v in feeds.items()]
@@ -252,6 +268,27 @@ class TritonPythonModel:
             n: pb_utils.get_output_tensor_by_name(response, n).as_numpy()
             for n in everything.GRAPH_OUTPUTS
         }
+
+
+def large_read(request, handle):
+    """The large model's ``read`` request (JSON) for the block a job names."""
+    values = handle.reshape(-1)
+    if values.size != 1:
+        raise bounds.RequestError(protocol.HANDLE, f"got {values.size} elements, expected 1")
+    block = pb_utils.get_input_tensor_by_name(request, protocol.BLOCK)
+    if block is None or block.as_numpy().size != 4:
+        raise bounds.RequestError(
+            protocol.BLOCK, "expected 4 integers (row0, col0, row1, col1) with a handle"
+        )
+    read = {
+        "op": "read",
+        "handle": model_io.as_bytes(values[0]).decode("utf-8", "replace"),
+        "block": [int(v) for v in block.as_numpy().reshape(-1)],
+    }
+    z = pb_utils.get_input_tensor_by_name(request, protocol.Z)
+    if z is not None:
+        read["z"] = int(z.as_numpy().reshape(-1)[0])
+    return json.dumps(read)
 
 
 def _image_inputs(request):

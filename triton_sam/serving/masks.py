@@ -104,6 +104,32 @@ def rle_counts(mask: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], runs]) if flat[0] else runs
 
 
+def placed_rle_counts(
+    crop: np.ndarray, offset: tuple[int, int], image_size: tuple[int, int]
+) -> np.ndarray:
+    """Uncompressed COCO RLE of an ``image_size`` (H, W) mask that is ``crop`` placed at
+    ``offset`` (row, col) and empty elsewhere: what :func:`rle_counts` gives for the whole
+    mask, computed from the crop alone (a 20,000 px image's mask is never allocated)."""
+    crop = np.asarray(crop, dtype=bool)
+    h, w = (int(v) for v in image_size)
+    r0, c0 = (int(v) for v in offset)
+    if r0 < 0 or c0 < 0 or r0 + crop.shape[0] > h or c0 + crop.shape[1] > w:
+        raise ValueError(f"offset: a {crop.shape} crop at {offset} leaves the {image_size} image")
+    padded = np.zeros((crop.shape[0] + 2, crop.shape[1]), np.int8)
+    padded[1:-1] = crop
+    step = np.diff(padded, axis=0).T  # [cols, rows + 1]: +1 a run starts, -1 it ends
+    cols, rows = np.nonzero(step)  # column-major order, as COCO
+    changes = (c0 + cols).astype(np.int64) * h + r0 + rows
+    # a run that ends at the bottom of one column and starts at the top of the next is one run
+    keep = np.ones(len(changes), bool)
+    joined = np.flatnonzero(changes[1:-1:2] == changes[2::2]) * 2 + 1
+    keep[joined] = keep[joined + 1] = False
+    changes = changes[keep]
+    if len(changes) and changes[-1] == h * w:  # a run to the last pixel ends with the image
+        changes = changes[:-1]
+    return np.diff(np.concatenate([[0], changes, [h * w]]))
+
+
 def encode_rle(mask: np.ndarray) -> bytes:
     """COCO compressed RLE ``counts`` of a bool [H, W] mask (pycocotools' ``rleToString``)."""
     return compress_counts(rle_counts(mask))

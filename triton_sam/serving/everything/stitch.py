@@ -112,13 +112,15 @@ def stitch(
     return found
 
 
-def paint(instances: list[Stitched], block: Block) -> np.ndarray:
+def paint(instances: list[Stitched], block: Block, only: list[int] | None = None) -> np.ndarray:
     """The uint32 label image of ``block`` (0 background, instance ``k`` labelled ``k + 1``):
     larger instances first, so a smaller one lying on a larger one stays visible (as the
     official generators' masks are painted by micro-sam and napari). Only ``block`` is
-    allocated, so a label image of any size is written block by block."""
+    allocated, so a label image of any size is written block by block; ``only`` names the
+    instances that may touch it (None: all of them are looked at)."""
     labels = np.zeros(block.shape, np.uint32)
-    order = sorted(range(len(instances)), key=lambda k: -instances[k].area)
+    chosen = range(len(instances)) if only is None else only
+    order = sorted(chosen, key=lambda k: (-instances[k].area, k))
     for k in order:
         inst = instances[k]
         where = _in_block(inst.mask, _block_of(inst), block)

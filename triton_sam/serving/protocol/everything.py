@@ -22,6 +22,13 @@ Inputs (no batch dimension; every input ``optional``, one image source required)
   (``<family>_session``, which caches it: a later ``set_image`` + clicks on it, or a second
   job, reuse the features), and the features are read back from it over BLS. ``image_id``
   alone cannot crop (the pixels are not here): ``crop_n_layers`` > 0 needs the image.
+- or a block of a large image the ``<family>_large`` model holds (:mod:`.large`): ``handle``
+  (BYTES [1]: the handle it issued to this tenant), ``block`` (INT32 [4]: row0, col0, row1,
+  col1 of the full image, at most its ``max_block`` pixels a side; a tile's outer block) and
+  ``z`` (INT32 [1], volumes only). The job runs on that block's pixels as the large model
+  maps them (read over BLS: no pixels travel through the client), and the instances are in
+  the block's pixels: the client places them at ``block``'s corner and joins the pieces of
+  objects that cross tiles (:mod:`triton_sam.serving.everything.stitch`).
 - ``params`` (BYTES [1], optional): a JSON object of the official generator's parameters to
   override (``{"points_per_side": 16, "pred_iou_thresh": 0.7}``); unknown keys, wrong
   types, NaN / infinity and values out of bounds are refused naming ``params.<key>``.
@@ -54,7 +61,11 @@ IMAGE_ID = "image_id"
 PARAMS = "params"
 PROGRESS = "progress"  # INT32 [2] output of every non-final response
 INSTANCES = "instances"  # BYTES [1] output of the final response
-IMAGE_INPUTS = (IMAGE_BYTES, IMAGE_RGB, IMAGE_ID)
+HANDLE = "handle"  # BYTES [1]: a large image's handle (with BLOCK, and Z for volumes)
+BLOCK = "block"  # INT32 [4]: row0, col0, row1, col1
+Z = "z"  # INT32 [1]
+IMAGE_INPUTS = (IMAGE_BYTES, IMAGE_RGB, IMAGE_ID, HANDLE)
+BLOCK_INPUTS = (BLOCK, Z)
 OUTPUTS = (PROGRESS, INSTANCES)
 
 # Config parameters (written by repository/everything_job.py, read by everything_model.py).
@@ -68,6 +79,7 @@ PARAM_MAX_IMAGE_PIXELS = "max_image_pixels"
 PARAM_MAX_PARAMS_BYTES = "max_params_bytes"
 PARAM_MAX_CONCURRENT_JOBS = "max_concurrent_jobs"
 PARAM_MAX_WAITING_JOBS = "max_waiting_jobs"
+PARAM_LARGE_MODEL = "large_model"  # the <prefix>_large model a handle is read from
 PARAM_KEYS = (
     PARAM_KIND,
     PARAM_FAMILY,
@@ -79,6 +91,7 @@ PARAM_KEYS = (
     PARAM_MAX_PARAMS_BYTES,
     PARAM_MAX_CONCURRENT_JOBS,
     PARAM_MAX_WAITING_JOBS,
+    PARAM_LARGE_MODEL,
 )
 # A job holds one image's pixels, one crop's features and one batch's masks at the crop's
 # size (the params bounds of serving/everything.py bound that batch), so one job at a time
@@ -101,6 +114,7 @@ class JobSettings:
         max_image_bytes, max_image_pixels: the session model's image bounds, checked first.
         max_params_bytes: the ``params`` JSON text's bound.
         max_concurrent_jobs, max_waiting_jobs: admission (``Overloaded`` beyond).
+        large_model: the model a ``handle``'s block is read from ("": handles are refused).
     """
 
     family: str
@@ -112,6 +126,7 @@ class JobSettings:
     max_params_bytes: int = DEFAULT_MAX_PARAMS_BYTES
     max_concurrent_jobs: int = DEFAULT_MAX_CONCURRENT_JOBS
     max_waiting_jobs: int = DEFAULT_MAX_WAITING_JOBS
+    large_model: str = ""
 
 
 def model_name(session_model: str) -> str:
