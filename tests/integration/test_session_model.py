@@ -367,6 +367,36 @@ def test_lru_bound_holds_and_evicted_images_are_reencoded(embedded_triton, small
         np.testing.assert_array_equal(after, before)
 
 
+def test_evicted_images_come_back_from_the_feature_store_without_the_encoder(
+    embedded_triton, sam2_tiny_repository, tmp_path
+):
+    """Capacity 2 and a feature store: images evicted from memory are written to disk and a
+    click on one reads it back (no encoder run, no miss), to the same masks."""
+    store = tmp_path / "features"
+    repo = tmp_path / "model_repository"
+    for name in ("sam2_encoder", "sam2_decoder"):
+        shutil.copytree(sam2_tiny_repository / name, repo / name, copy_function=os.symlink)
+    session = SessionOptions(max_images=2, feature_store_dir=str(store))
+    write_session(repo, get_family("sam2"), RepositoryOptions(instance_kind="cpu"), session)
+    server = embedded_triton(repo)
+    url = server.http_url
+    images = [other_image(200 + i) for i in range(4)]
+    with SAM2TritonClient(url) as client:
+        first = []
+        for image in images:  # images 0 and 1 are evicted to the store
+            client.set_image(image)
+            first.append(client.predict_full(**PROMPTS["click"]))
+        encoded = _settled(lambda: _executed(url, "encoder"), 4)
+        assert encoded == 4
+        assert _settled(lambda: len(list(store.rglob("*.npz"))), 2) == 2
+        for i in (0, 1):  # back from disk: the id probe finds them, nothing is encoded
+            client.set_image(images[i])
+            assert_same(client.predict_full(**PROMPTS["click"]), first[i])
+        m = metrics(server)
+        assert m["restored"] == 2 and m.get("misses", 0) == 0
+        assert _executed(url, "encoder") == encoded
+
+
 def test_server_restarted_between_two_clicks(small_repository, tmp_path):
     http, grpc, metrics_port = free_ports(3)
     # exit_timeout_s: the clients' open connections would hold the stop for the full time

@@ -32,7 +32,7 @@ class LruCache:
         evictions: entries dropped to stay within bounds, since creation.
     """
 
-    def __init__(self, max_entries: int, max_bytes: int = 0) -> None:
+    def __init__(self, max_entries: int, max_bytes: int = 0, on_evict=None) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries: got {max_entries}, expected >= 1")
         self.max_entries = int(max_entries)
@@ -41,6 +41,7 @@ class LruCache:
         self._usage: dict[str, list[int]] = {}  # owner -> [entries, bytes]
         self.nbytes = 0
         self.evictions = 0
+        self.on_evict = on_evict  # called (key, value) for each entry evicted (not popped)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -86,8 +87,11 @@ class LruCache:
             or (self.max_bytes and self.nbytes > self.max_bytes)
         ):
             victim = self._victim(key)
+            value = self._entries[victim][0]
             self._drop(victim)
             evicted.append(victim)
+            if self.on_evict is not None:
+                self.on_evict(victim, value)
         self.evictions += len(evicted)
         return evicted
 

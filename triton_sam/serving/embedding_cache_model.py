@@ -239,6 +239,7 @@ class TritonPythonModel:
         else:
             image_id, scoped = hint, store.Scoped(tenant, hint)
             encoded = 0 if await self.embedder.wait(scoped) else None
+            await self.embedder.restore(scoped)  # evicted to the feature store: read back
         outputs = []
         if pixel is not None:
             outputs = await self.predictor.predict_pixels(inputs, scoped, pixel, wanted, clock)

@@ -17,6 +17,8 @@ import numpy as np
 from .. import bounds, images, intake
 from ..click_queue import ClickQueue
 from ..protocol import embedding_cache as protocol
+from . import disk
+from .disk import FeatureStore
 from .store import Scoped
 
 IMAGE_BYTES, IMAGE_RGB = protocol.IMAGE_BYTES, protocol.IMAGE_RGB
@@ -66,6 +68,37 @@ class Embedder:
             max_workers=self.queue.slots or 4, thread_name_prefix="triton_sam_intake"
         )
         self.in_flight = {}  # Scoped -> task of the encoder run in flight for it
+        self.store = None
+        if settings.feature_store_dir:  # evicted features go to disk and come back from it
+            self.store = FeatureStore(
+                settings.feature_store_dir,
+                settings.feature_store_bytes,
+                settings.embedding_names,
+                self.pool,
+            )
+            cache.on_evict(self.spill)
+
+    def spill(self, scoped, entry):
+        """The cache evicted ``scoped``: its features go to the feature store (in the
+        background: the request that caused the eviction does not wait for the disk)."""
+        arrays = disk.host_arrays(entry.features)
+        if arrays is not None:
+            asyncio.ensure_future(self.store.spill(scoped, arrays, entry.hw))
+
+    async def restore(self, scoped, *, crop=False):
+        """The entry of ``scoped`` read back from the feature store into the cache (counted as
+        ``restored``), or None: not in the cache and not on disk (or no store)."""
+        if self.store is None or scoped in self.cache:
+            return None
+        found = await self.store.restore(scoped)
+        if found is None or scoped in self.cache:  # an embed may have put it meanwhile
+            return None
+        features, hw = found
+        nbytes = self.settings.embedding_bytes or sum(v.nbytes for v in features.values())
+        evicted = self.cache.put(scoped, features, nbytes, hw, crop=crop)
+        self.metrics.count("evictions", len(evicted))
+        self.metrics.count("restored")
+        return self.cache.entry(scoped)
 
     def close(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -172,6 +205,9 @@ class Embedder:
         if entry is not None:
             self.metrics.count("evictions", len(evicted))
             return 0, entry
+        entry = await self.restore(scoped, crop=crop)
+        if entry is not None:  # embedded before and spilled to disk: no encoder run
+            return 0, entry
         features = await self._features(kind, value)
         nbytes = self.settings.embedding_bytes or sum(
             v.nbytes if isinstance(v, np.ndarray) else v.as_numpy().nbytes
@@ -193,11 +229,13 @@ class Embedder:
             feeds = [pb_utils.Tensor(self.settings.encoder_inputs[0], tensor)]
         else:
             feeds = value
+        # with a feature store the features stay in host memory: they must reach the disk
+        gpu = self.on_gpu and self.store is None
         request = pb_utils.InferenceRequest(
             model_name=encoder,
             inputs=feeds,
             requested_output_names=list(self.settings.embedding_names),
-            **preferred_memory(pb_utils, gpu=self.on_gpu, device_id=self.device_id),
+            **preferred_memory(pb_utils, gpu=gpu, device_id=self.device_id),
         )
         response = await request.async_exec()
         if response.has_error():

@@ -18,6 +18,7 @@ SPECS = (
     ("hits", "COUNTER", "Predictions answered from cached features"),
     ("misses", "COUNTER", "Requests for an image id (or logits key) not cached"),
     ("evictions", "COUNTER", "Images evicted by the LRU bound"),
+    ("restored", "COUNTER", "Images read back from the feature store instead of encoded"),
     ("cancelled_clicks", "COUNTER", "Clicks cancelled while waiting for the decoder"),
     ("decodes_in_flight", "GAUGE", "Clicks at the decoder (sent, not come back)"),
     ("embeds_in_flight", "GAUGE", "Embeds being decoded, preprocessed or encoded"),

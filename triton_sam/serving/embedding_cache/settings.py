@@ -43,6 +43,12 @@ class SessionOptions:
         max_waiting_embeds: embeds that wait for a slot; one more is refused at once with
             the ``Overloaded`` answer (``ServerOverloadedError`` in the clients). Clicks never
             wait in this line.
+        feature_store_dir: a directory where the features the cache evicts are written and
+            read back instead of encoding the image again (``serving/embedding_cache/
+            disk.py``; a volume replicas share works). "" (the default): none. With a store,
+            a GPU instance keeps features in host memory (they must reach the disk), so each
+            click copies them to the device.
+        feature_store_bytes: the store's bound, shared fairly by tenants.
 
     Raises:
         ParameterError: a value out of its type or range, naming the field.
@@ -58,9 +64,18 @@ class SessionOptions:
     cpu_features: str = protocol.CPU_FEATURES[0]
     max_concurrent_embeds: int = protocol.DEFAULT_MAX_CONCURRENT_EMBEDS
     max_waiting_embeds: int = protocol.DEFAULT_MAX_WAITING_EMBEDS
+    feature_store_dir: str = ""
+    feature_store_bytes: int = protocol.DEFAULT_FEATURE_STORE_BYTES
 
     def __post_init__(self) -> None:
         _check_int("max_images", self.max_images, minimum=1)
+        _check_int("feature_store_bytes", self.feature_store_bytes, minimum=1)
+        if self.feature_store_dir and not self.feature_store_dir.startswith("/"):
+            raise ParameterError(
+                "feature_store_dir",
+                f"got {self.feature_store_dir!r}, expected an absolute path (the server's "
+                "working directory is not yours)",
+            )
         _check_int("max_bytes", self.max_bytes, minimum=0)
         _check_int("logits_per_image", self.logits_per_image, minimum=0)
         _check_int("max_points", self.max_points, minimum=1)

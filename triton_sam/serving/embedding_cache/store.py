@@ -67,17 +67,28 @@ class EmbeddingCache:
     """
 
     def __init__(
-        self, max_images, max_bytes=0, logits_per_image=4, crop_images=protocol.CROP_AREA_IMAGES
+        self,
+        max_images,
+        max_bytes=0,
+        logits_per_image=4,
+        crop_images=protocol.CROP_AREA_IMAGES,
     ):
         if max_images < 1:
             raise ValueError(f"max_images: got {max_images}, expected >= 1")
         self.max_images = int(max_images)
         self.max_bytes = int(max_bytes)  # 0 = no byte bound
         self.logits_per_image = int(logits_per_image)
+        # an image evicted from the image area can go to the feature store (on_evict, disk.py);
+        # crops are used once per job and are not kept past their area
         self._lru = cache.LruCache(self.max_images, self.max_bytes)
         self._crops = cache.LruCache(max(1, int(crop_images)))
 
     nbytes = property(lambda self: self._lru.nbytes + self._crops.nbytes)
+
+    def on_evict(self, callback):
+        """Call ``callback(scoped, entry)`` for each image the image area evicts."""
+        self._lru.on_evict = callback
+
     evictions = property(lambda self: self._lru.evictions + self._crops.evictions)
 
     def __len__(self):

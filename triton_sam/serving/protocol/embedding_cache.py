@@ -159,6 +159,11 @@ DEFAULT_MAX_WAITING_CLICKS = 64  # as the decoder's own queue bound (max_queue_s
 # (configs written before): the defaults below.
 PARAM_MAX_CONCURRENT_EMBEDS = "max_concurrent_embeds"
 PARAM_MAX_WAITING_EMBEDS = "max_waiting_embeds"
+# The feature store (serving/embedding_cache/disk.py): a directory where images the cache
+# evicts are written, and its byte bound ("" = none: evicted features are dropped).
+PARAM_FEATURE_STORE_DIR = "feature_store_dir"
+PARAM_FEATURE_STORE_BYTES = "feature_store_bytes"
+DEFAULT_FEATURE_STORE_BYTES = 64 * 2**30
 DEFAULT_MAX_CONCURRENT_EMBEDS = 4  # one encoder batch (RepositoryOptions.encoder_max_batch_size)
 DEFAULT_MAX_WAITING_EMBEDS = 16  # as the encoder's own queue bound (encoder_max_queue_size)
 PARAM_KEYS = (
@@ -182,6 +187,8 @@ PARAM_KEYS = (
     PARAM_CPU_FEATURES,
     PARAM_MAX_CONCURRENT_EMBEDS,
     PARAM_MAX_WAITING_EMBEDS,
+    PARAM_FEATURE_STORE_DIR,
+    PARAM_FEATURE_STORE_BYTES,
 )
 
 
