@@ -185,3 +185,17 @@ def test_a_region_of_a_40000_px_slide_does_not_allocate_the_slide(tmp_path):
         tracemalloc.stop()
     assert source.shape == (side, side) and block.shape == (1024, 1024) and not block.any()
     assert peak < 16 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_a_plain_page_stack_is_a_volume_and_a_time_series_is_refused(tmp_path):
+    volume = _image((4, 20, 30))
+    tifffile.imwrite(tmp_path / "stack.tif", volume, photometric="minisblack")
+    assert tifffile.TiffFile(tmp_path / "stack.tif").series[0].axes[0] not in "ZYXSC"
+    with open_source(tmp_path / "stack.tif") as source:
+        assert (source.axes, source.shape) == ("zyx", (4, 20, 30))
+        np.testing.assert_array_equal(
+            source.read(slice(0, 20), slice(9, 30), z=2), volume[2, :, 9:]
+        )
+    tifffile.imwrite(tmp_path / "t.ome.tif", _image((2, 3, 8, 8)), metadata={"axes": "TZYX"})
+    with pytest.raises(RequestError, match=r"got TIFF axes TZYX .* save one per file"):
+        open_source(tmp_path / "t.ome.tif")

@@ -183,3 +183,23 @@ def test_a_chunk_above_the_bound_is_refused_before_any_read(tmp_path):
     )
     with pytest.raises(RequestError, match=r"64 MiB each; expected at most 64 MiB"):
         open_source(tmp_path / "bigger.zarr")
+
+
+def test_a_sharded_v3_array_reads_and_bounds_its_inner_chunks(tmp_path):
+    # OME-Zarr 0.5 writers shard: a read decodes the inner chunks it touches, so the bound
+    # applies to them, not to the shard (here 128 MiB, inner chunks of 32 KiB)
+    data = RNG.integers(0, 60000, (300, 200)).astype(np.uint16)
+    array = zarr.create_array(
+        store=str(tmp_path / "s.zarr"), shape=data.shape, chunks=(100, 100), shards=(300, 200),
+        dtype=data.dtype,
+    )  # fmt: skip
+    array[...] = data
+    with open_source(tmp_path / "s.zarr") as source:
+        np.testing.assert_array_equal(
+            source.read(slice(50, 290), slice(7, 199)), data[50:290, 7:199]
+        )
+    zarr.create_array(
+        store=str(tmp_path / "big.zarr"), shape=(8192, 8192), chunks=(128, 128),
+        shards=(8192, 8192), dtype="uint16",
+    )  # fmt: skip
+    open_source(tmp_path / "big.zarr").close()
