@@ -9,12 +9,13 @@ exist. Anything that is not zarr, N5 or TIFF is refused before a reader parses i
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 from triton_sam.serving.bounds import RequestError
-from triton_sam.serving.datasets import DataRoots, open_source
+from triton_sam.serving.datasets import DataRoots, formats, open_source
 
 
 @pytest.fixture
@@ -120,6 +121,21 @@ def test_unknown_formats_are_refused_naming_the_field(tmp_path):
         open_source(tmp_path / "folder", field="image")
     with pytest.raises(RequestError, match=r"^request\.dataset: no such dataset"):
         open_source(tmp_path / "missing")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(RequestError, match=r"^request\.dataset: neither a file nor a folder"):
+        open_source(tmp_path / "fifo")
+
+
+def test_an_unreadable_file_is_refused_without_its_path(tmp_path, monkeypatch):
+    (tmp_path / "a.tif").write_bytes(b"II*\0")
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(formats, "is_tiff", denied)  # root reads any file: simulate a denial
+    with pytest.raises(RequestError) as refused:
+        open_source(tmp_path / "a.tif")
+    assert str(refused.value) == "request.dataset: cannot be read (Permission denied)"
 
 
 def test_a_broken_file_with_a_tiff_header_is_refused(tmp_path):

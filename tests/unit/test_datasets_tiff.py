@@ -87,6 +87,13 @@ def test_an_ome_tiff_volume_reads_slice_by_slice(tmp_path, compression):
             source.read(slice(0, 1), slice(0, 1), z=5)
         with pytest.raises(RequestError, match=r"request\.z: got None"):
             source.read(slice(0, 1), slice(0, 1))
+        # numpy integers (a grid's arithmetic) are integers; bools and floats are not
+        block = source.read(slice(np.int64(2), np.int32(9)), slice(0, np.int64(70)), z=np.int64(1))
+        np.testing.assert_array_equal(block, volume[1, 2:9])
+        with pytest.raises(RequestError, match=r"request\.z: got True"):
+            source.read(slice(0, 1), slice(0, 1), z=True)
+        with pytest.raises(RequestError, match=r"^region: rows: got"):
+            source.read(slice(0.0, 1), slice(0, 1), z=0)
 
 
 def test_an_ome_tiff_with_channels_first_reads_channels_last(tmp_path):

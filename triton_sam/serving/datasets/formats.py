@@ -41,6 +41,13 @@ def open_source(path: Path, key: str | None = None, *, field: str = "request.dat
     path = Path(path)
     if key is not None:
         _check_key(key)
+    try:
+        return _open(path, key, field)
+    except OSError as e:  # unreadable (permissions, a vanished file): no path in the message
+        raise RequestError(field, f"cannot be read ({e.strerror or type(e).__name__})") from None
+
+
+def _open(path: Path, key: str | None, field: str) -> Source:
     if path.is_dir():
         if any((path / name).is_file() for name in ZARR_MARKERS):
             return open_zarr(path, key, field)
@@ -51,6 +58,8 @@ def open_source(path: Path, key: str | None = None, *, field: str = "request.dat
         if is_tiff(path):
             return open_tiff(path, key, field)
         raise RequestError(field, f"a file of an unknown format; expected {FORMATS}")
+    if path.exists():
+        raise RequestError(field, f"neither a file nor a folder; expected {FORMATS}")
     raise RequestError(field, "no such dataset")
 
 

@@ -19,6 +19,7 @@ Standard library and numpy only at import: shipped into Triton's stub with the l
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -183,9 +184,16 @@ def _index_axes(native: str, shape: tuple[int, ...], field: str) -> dict[str, ob
     return index
 
 
+def _integer(value: object) -> int | None:
+    """``value`` as an int when it is one (numpy integers too, bool not), else None."""
+    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
+        return None
+    return operator.index(value)
+
+
 def _span(region: slice, size: int, name: str) -> slice:
-    start, stop, step = region.start, region.stop, region.step
-    if not (isinstance(start, int) and isinstance(stop, int)) or step not in (None, 1):
+    start, stop = _integer(region.start), _integer(region.stop)
+    if start is None or stop is None or region.step not in (None, 1):
         raise RequestError(REGION_FIELD, f"{name}: got {region}, expected [start, stop) ints")
     if not 0 <= start < stop <= size:
         raise RequestError(
@@ -199,9 +207,10 @@ def _slice_index(z: int | None, depth: int | None) -> int | None:
         if z is not None:
             raise RequestError("request.z", f"got {z}, expected none: the image is 2-d")
         return None
-    if z is None or isinstance(z, bool) or not isinstance(z, int) or not 0 <= z < depth:
+    index = _integer(z)
+    if index is None or not 0 <= index < depth:
         raise RequestError("request.z", f"got {z!r}, expected a slice in [0, {depth})")
-    return z
+    return index
 
 
 def infer_axes(shape: tuple[int, ...], field: str) -> str:
