@@ -177,3 +177,21 @@ def test_other_kinds_resolve_to_themselves(tmp_path):
         "low": 1.0,
         "high": 99.0,
     }
+
+
+def test_percentiles_ignore_nan_infinities_and_channels_sam_does_not_see(tmp_path):
+    image = np.array([[np.nan, 1.0, 2.0, np.inf, -np.inf, 3.0]], np.float32)
+    with _tiff(tmp_path / "f.tif", image) as source:
+        resolved = resolve_mapping(Mapping("percentile", 0.0, 100.0), source, 100)
+    assert (resolved.min, resolved.max) == (1.0, 3.0)
+    with _tiff(tmp_path / "n.tif", np.full((2, 2), np.nan, np.float32)) as source:
+        resolved = resolve_mapping(Mapping("percentile", 1.0, 99.0), source, 100)
+    assert (resolved.min, resolved.max) == (0.0, 1.0)
+    rgba = np.zeros((4, 4, 4), np.uint16)
+    rgba[..., :3] = 100
+    rgba[0, 0, :3] = 200
+    rgba[..., 3] = 65535  # alpha: not one of the channels SAM sees
+    with _tiff(tmp_path / "a.tif", rgba, photometric="rgb", extrasamples=["unassalpha"]) as source:
+        assert source.axes == "yxc"
+        resolved = resolve_mapping(Mapping("percentile", 0.0, 100.0), source, 100)
+    assert (resolved.min, resolved.max) == (100.0, 200.0)

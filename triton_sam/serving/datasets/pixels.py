@@ -119,7 +119,8 @@ def resolve_mapping(
     The sample: the coarsest pyramid level when it holds at most ``sample_pixels`` pixels
     (read whole), else patches of ``SAMPLE_PATCH`` px spread evenly over that level, at most
     ``sample_pixels`` pixels in all. A volume is sampled on slice ``z`` (its middle slice
-    when None). A constant sample gives ``max = min + 1`` (every pixel maps to 0).
+    when None). Channels past the third, NaN and infinities are left out. A constant
+    sample gives ``max = min + 1`` (every pixel maps to 0), an empty one ``0..1``.
 
     Args:
         mapping: from :func:`parse_mapping`.
@@ -129,7 +130,10 @@ def resolve_mapping(
     """
     if mapping.kind != "percentile":
         return mapping
-    values = _sample(source, sample_pixels, z).astype(np.float64).ravel()
+    sample = _sample(source, sample_pixels, z)
+    if "c" in source.axes:
+        sample = sample[..., :3]  # the channels SAM sees (to_rgb drops the rest)
+    values = sample.astype(np.float64).ravel()
     values = values[np.isfinite(values)]
     if values.size == 0:
         return Mapping("range", min=0.0, max=1.0)
