@@ -82,6 +82,8 @@ def test_another_tenants_root_is_refused_as_an_unknown_one(roots):
 def test_a_missing_path_and_a_custom_field(roots):
     with pytest.raises(RequestError, match=r"^dataset: no dataset 'em/sub/b.tif'"):
         roots.resolve("em/sub/b.tif", "alice", field="dataset")
+    with pytest.raises(RequestError, match=r"^request\.dataset: no dataset 'em/sub/aaa"):
+        roots.resolve("em/sub/" + "a" * 300, "alice")  # ENAMETOOLONG: refused, not raised
 
 
 def test_no_roots_configured_opens_nothing():

@@ -86,9 +86,16 @@ class DataRoots:
         target = Path(os.path.realpath(base.joinpath(*rel.split("/"))))
         if not target.is_relative_to(base):
             raise RequestError(field, f"{dataset!r} leaves its data root (a link out of it)")
-        if not target.exists():
+        if not _exists(target):
             raise RequestError(field, f"no dataset {dataset!r} (the path does not exist)")
         return target
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long, a permission denied on the way: none to read
+        return False
 
 
 def _root(name: object, entry: object) -> Root:
