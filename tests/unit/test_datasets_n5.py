@@ -98,3 +98,22 @@ def test_unreadable_n5_metadata_is_refused(tmp_path):
     (tmp_path / "bad.n5" / "attributes.json").write_text("[1, 2]")
     with pytest.raises(RequestError, match=r"^request\.dataset: not an N5 container"):
         open_source(tmp_path / "bad.n5")
+
+
+def test_a_scale_pyramid_group_is_one_image_with_its_levels(tmp_path):
+    # Paintera's layout: volumes/raw/s0 (full), s1 (half), each an N5 dataset
+    root = tmp_path / "p.n5"
+    root.mkdir()
+    (root / "attributes.json").write_text('{"n5": "4.0.0"}')
+    full = RNG.integers(0, 255, (4, 64, 48)).astype(np.uint8)
+    raw = root / "volumes" / "raw"
+    _write_n5(raw / "s0", full, (2, 16, 16))
+    _write_n5(raw / "s1", full[:, ::2, ::2], (2, 16, 16))
+    (raw / "attributes.json").write_text('{"multiScale": true}')
+    for source in (open_source(root, key="volumes/raw"), open_source(raw)):
+        with source:
+            assert (source.axes, source.levels) == ("zyx", ((4, 64, 48), (4, 32, 24)))
+            block = source.read(slice(3, 30), slice(5, 20), z=2, level=1)
+            np.testing.assert_array_equal(block, full[2, ::2, ::2][3:30, 5:20])
+    with open_source(root, key="volumes/raw/s1") as source:  # one level alone
+        assert source.levels == ((4, 32, 24),)

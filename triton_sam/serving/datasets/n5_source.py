@@ -5,8 +5,10 @@ other way round (``"dimensions": [x, y, z]`` in ``attributes.json``, the first o
 fastest in a block, as the Java library writes them); tensorstore exposes them in that
 order, so a dataset is reversed here into (z, y, x) before its axes are read
 (:func:`~.source.infer_axes` on the reversed shape, or the dataset's ``axes`` attribute
-when it has one, e.g. ``["x", "y", "z"]``). An N5 group (``attributes.json`` without
-``dimensions``) needs ``key``, the path of a dataset inside it.
+when it has one, e.g. ``["x", "y", "z"]``). A group holding ``s0``, ``s1``, ... (a scale
+pyramid as Paintera, BigDataViewer and z5py write it) is one image whose levels those are;
+any other group (``attributes.json`` without ``dimensions``) needs ``key``, the path of a
+dataset or pyramid inside it.
 
 tensorstore is imported only when an N5 dataset is opened.
 """
@@ -25,6 +27,7 @@ from .source import Source, infer_axes
 ATTRIBUTES = "attributes.json"
 MAX_LISTED = 20
 MAX_WALKED = 1000  # folders a listing visits
+MAX_LEVELS = 32  # s0..s31: a 2^31 downsampling is past any image
 # Chunk cache and decode threads per open dataset: reads are served block by block, so no
 # cache beyond the chunks of the read in flight (tensorstore's default is none either).
 CONTEXT = {"cache_pool": {"total_bytes_limit": 0}, "data_copy_concurrency": {"limit": 2}}
@@ -46,19 +49,18 @@ class _Dataset:
 
 
 def open_n5(path: Path, key: str | None, field: str) -> Source:
-    """Opens an N5 dataset, or the dataset ``key`` inside an N5 group.
+    """Opens an N5 dataset, a scale pyramid, or the dataset or pyramid ``key`` in a group.
 
     Raises:
-        RequestError: a group without ``key``, a ``key`` that names no dataset, or a
-            dataset tensorstore cannot read.
+        RequestError: a group (not a pyramid) without ``key``, a ``key`` that names no
+            dataset, or a dataset tensorstore cannot read.
     """
     attributes = _attributes(path, field)
-    if "dimensions" not in attributes:
-        if key is None:
-            raise RequestError(
-                "request.key",
-                f"{field} is an N5 group: name one of its datasets as the key ({_datasets(path)})",
-            )
+    if "dimensions" in attributes:
+        if key is not None:
+            raise RequestError("request.key", f"got {key!r}, expected none: {field} is a dataset")
+        return _open_levels([path], attributes, field)
+    if key is not None:
         dataset = path.joinpath(*key.split("/"))
         inside = dataset.resolve().is_relative_to(path.resolve())
         if not inside or not (dataset / ATTRIBUTES).is_file():
@@ -66,15 +68,33 @@ def open_n5(path: Path, key: str | None, field: str) -> Source:
                 "request.key", f"got {key!r}, no such dataset in the group ({_datasets(path)})"
             )
         return open_n5(dataset, None, field)
-    if key is not None:
-        raise RequestError("request.key", f"got {key!r}, expected none: {field} is a dataset")
-    array = _Dataset(_open(path, field))
+    scales = _scales(path)
+    if scales:
+        return _open_levels(scales, _attributes(scales[0], field), field)
+    raise RequestError(
+        "request.key",
+        f"{field} is an N5 group: name one of its datasets as the key ({_datasets(path)})",
+    )
+
+
+def _scales(group: Path) -> list[Path]:
+    """A scale pyramid's datasets ``s0``, ``s1``, ... (Paintera's, BigDataViewer's and
+    z5py's layout), consecutive from ``s0``; empty when the group has no ``s0``."""
+    levels: list[Path] = []
+    while len(levels) < MAX_LEVELS and (group / f"s{len(levels)}" / ATTRIBUTES).is_file():
+        levels.append(group / f"s{len(levels)}")
+    return levels
+
+
+def _open_levels(paths: list[Path], attributes: dict, field: str) -> Source:
+    """The datasets ``paths`` (full resolution first) as one source, axes from the first."""
+    arrays = [_Dataset(_open(p, field)) for p in paths]
     axes = attributes.get("axes")
     if isinstance(axes, list) and all(isinstance(a, str) for a in axes):
         native = "".join(a.lower()[:1] for a in reversed(axes))
     else:
-        native = infer_axes(array.shape, field)
-    return Source([array], native, field=field)
+        native = infer_axes(arrays[0].shape, field)
+    return Source(arrays, native, field=field)
 
 
 def _attributes(path: Path, field: str) -> dict:
