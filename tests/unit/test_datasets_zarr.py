@@ -7,6 +7,8 @@ refused (a group without a key, a key naming nothing, a time series, unknown axe
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 import zarr
@@ -203,3 +205,24 @@ def test_a_sharded_v3_array_reads_and_bounds_its_inner_chunks(tmp_path):
         shards=(8192, 8192), dtype="uint16",
     )  # fmt: skip
     open_source(tmp_path / "big.zarr").close()
+
+
+def test_a_region_of_a_40000_px_array_decodes_only_its_chunks(tmp_path):
+    """The zarr twin of the TIFF slide test: 40,000 x 40,000 uint8 chunked 512 (1.6 GB
+    decoded), only the 3 x 3 chunks under the region stored. The read may allocate the
+    region (1 MiB) and those chunks (256 KiB each); 16 MiB is 1% of the array."""
+    array = zarr.create_array(
+        store=str(tmp_path / "big.zarr"), shape=(40_000, 40_000), chunks=(512, 512), dtype="uint8"
+    )
+    rows, cols = slice(20_000, 21_024), slice(30_100, 31_124)
+    array[rows, cols] = 7
+    assert array.nchunks_initialized == 9
+    tracemalloc.start()
+    try:
+        with open_source(tmp_path / "big.zarr") as source:
+            block = source.read(rows, cols)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert block.shape == (1024, 1024) and (block == 7).all()
+    assert peak < 16 * 2**20, f"peak {peak / 2**20:.1f} MiB"
