@@ -10,10 +10,17 @@ FROM ${TRITON_BASE}
 
 # Pillow: the <family>_session model decodes image files itself (serving/intake.py).
 # tokenizers: the sam3_concept model tokenises its phrases. numpy<2: the python backend stub.
+# zarr (+ numcodecs, its codecs), tensorstore, tifffile (+ imagecodecs, its LZW/JPEG tiles):
+# the <family>_large model reads datasets under the data roots (serving/datasets/).
 RUN python3 -m pip install --no-cache-dir \
         "numpy==1.26.4" \
         "pillow==13.0.0" \
-        "tokenizers==0.23.3"
+        "tokenizers==0.23.3" \
+        "zarr==3.1.5" \
+        "numcodecs==0.16.6" \
+        "tensorstore==0.1.86" \
+        "tifffile==2026.3.3" \
+        "imagecodecs==2026.1.14"
 
 # Liveness (compose healthcheck / Kubernetes probe): ready AND every session model's stub
 # alive; Triton 2.51 keeps a model READY after its stub died (triton_sam/server/health.py).
