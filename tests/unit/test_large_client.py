@@ -49,6 +49,13 @@ def test_open_dataset_sends_one_open_to_the_familys_large_model():
     assert image.image_size == (10, 7) and image.depth is None
 
 
+def test_a_halo_of_zero_is_sent_not_taken_for_the_default():
+    server = FakeLargeServer()
+    client_over(server).open_dataset("em/a.zarr", halo=0)
+    client_over(server).open_dataset("em/a.zarr")
+    assert server.calls[0].body["halo"] == [0, 0] and "halo" not in server.calls[1].body
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
@@ -56,6 +63,7 @@ def test_open_dataset_sends_one_open_to_the_familys_large_model():
         ({"dataset": "em/a.zarr", "mapping": {"kind": "gamma"}}, "mapping"),
         ({"dataset": "em/a.zarr", "tile": 0}, "tile"),
         ({"dataset": "em/a.zarr", "halo": (1, 2, 3)}, "halo"),
+        ({"dataset": "em/a.zarr", "halo": -1}, "halo"),
     ],
 )
 def test_bad_open_arguments_are_named_before_anything_is_sent(kwargs, field):

@@ -262,8 +262,9 @@ class LargeImage(ClosesOnExit):
         if box_xyxy is not None:
             fields["box"] = box_xyxy.tolist()
         answer = self.request("predict", **fields)
+        size = answer.get("image_size") or self.image_size
         self.last_answer = PredictAnswer(
-            image_size=(int(answer["image_size"][0]), int(answer["image_size"][1])),
+            image_size=(int(size[0]), int(size[1])),
             tiles=tuple(int(t) for t in answer.get("tiles", ())),
             embedded=int(answer.get("embedded", 0)),
             mode=str(answer.get("mode", "")),

@@ -1,4 +1,5 @@
-"""The long-running parts of a large image: sending an array in pieces, and precomputing tiles.
+"""A large image's requests beyond one click: the options of ``open``/``create``, sending an
+array in pieces, and precomputing tiles.
 
 Both read and send a bounded amount at a time, whatever the image's size: an upload reads one
 piece of the caller's array (``piece`` x ``piece`` pixels of one slice) per ``put``, so a
@@ -111,13 +112,15 @@ def create_body(array: Any) -> dict[str, Any]:
     return {"op": "create", "shape": [int(v) for v in shape], "dtype": wire_dtype(array.dtype)}
 
 
-def _pair(value: int | tuple[int, int] | None, field: str) -> list[int] | None:
-    """A side (int) or (rows, cols) as the wire's [rows, cols]."""
+def _pair(value: Any, field: str, least: int) -> list[int] | None:
+    """A side (int) or (rows, cols) as the wire's [rows, cols], each at least ``least``."""
     if value is None:
         return None
     sides = [value, value] if isinstance(value, (int, np.integer)) else list(value)
-    if len(sides) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in sides):
-        raise InputValidationError(field, f"got {value!r}, expected a side or (rows, cols) > 0")
+    if len(sides) != 2 or not all(isinstance(v, (int, np.integer)) and v >= least for v in sides):
+        raise InputValidationError(
+            field, f"got {value!r}, expected a side or (rows, cols), each >= {least}"
+        )
     return [int(v) for v in sides]
 
 
@@ -142,12 +145,10 @@ def image_options(
                 "'high': 99}",
             )
         body["mapping"] = dict(mapping)
-    if halo is not None and isinstance(halo, (int, np.integer)) and halo == 0:
-        body["halo"] = [0, 0]  # no context is a valid choice, not "the server's default"
-    elif (pair := _pair(halo, "halo")) is not None:
-        body["halo"] = pair
-    if (pair := _pair(tile, "tile")) is not None:
-        body["tile"] = pair
+    # A halo of 0 (no context) is a choice of its own, not "the server's default".
+    for field, value, least in (("tile", tile, 1), ("halo", halo, 0)):
+        if (pair := _pair(value, field, least)) is not None:
+            body[field] = pair
     return body
 
 

@@ -390,7 +390,7 @@ class SAM2TritonClient(ClosesOnExit):
         Raises:
             InputValidationError: an argument (named) is malformed, before sending.
             InvalidRequestError: the server refused it (a path outside its data roots, an
-                unknown format), naming ``request.<field>``.
+                unknown format, past a bound), naming ``request.<field>``.
         """
         options = {"key": key, "mapping": mapping, "tile": tile, "halo": halo}
         return large_image.open_dataset(self._large_model(), dataset, **options)
@@ -404,24 +404,14 @@ class SAM2TritonClient(ClosesOnExit):
         piece: int = 2048,
         progress: bool = True,
     ) -> LargeImage:
-        """Send an image or volume the client holds to the server, once, in pieces.
+        """Send an image or volume the client holds to the server, once, ``piece`` x
+        ``piece`` pixels at a time (never read whole), with a progress bar when ``progress``.
 
-        Args:
-            array: anything with ``.shape``, ``.dtype`` and slicing: numpy, zarr, dask,
-                tifffile's zarr store; (rows, cols[, channels]) or (z, rows, cols[,
-                channels]); uint8, uint16 or float32 (int8/int16/float16/float64 travel as
-                float32). Read ``piece`` x ``piece`` pixels at a time, never whole.
-            mapping, tile, halo: as :meth:`open_dataset`.
-            piece: pixels a side of each ``put``.
-            progress: show a tqdm progress bar.
-
-        Returns:
-            A :class:`~triton_sam.client.large_image.LargeImage`; closing it deletes the
-            pixels on the server.
-
-        Raises:
-            InputValidationError: ``array`` (shape, dtype), ``piece`` or an option is wrong.
-            InvalidRequestError: past the server's upload bounds (``LimitExceeded``).
+        ``array``: anything with ``.shape``, ``.dtype`` and slicing (numpy, zarr, dask,
+        tifffile's zarr store), (rows, cols[, channels]) or (z, rows, cols[, channels]),
+        uint8, uint16 or float32 (int8/int16/float16/float64 travel as float32). The other
+        arguments, what it returns and raises are :meth:`open_dataset`'s; closing the image
+        deletes its pixels on the server.
         """
         options = {"mapping": mapping, "tile": tile, "halo": halo}
         return large_image.open_array(
