@@ -17,6 +17,9 @@ from triton_sam.client import (
     queue_multiple_requests,
     wait_for_latest_result,
 )
+from triton_sam.client.large_image import LargeImage, PredictAnswer
+from triton_sam.client.large_transfer import PrecomputeResult
+from triton_sam.client.sparse_mask import SparseMask
 from triton_sam.errors import (
     BackendNotFoundError,
     CheckpointError,
@@ -25,6 +28,7 @@ from triton_sam.errors import (
     ExportError,
     ExportValidationError,
     FrameIndexError,
+    HandleNotFoundError,
     ImageNotSetError,
     InferenceTimeoutError,
     InputValidationError,
@@ -60,14 +64,18 @@ __all__ = [
     "ExportError",
     "ExportValidationError",
     "FrameIndexError",
+    "HandleNotFoundError",
     "ImageNotSetError",
     "InferenceTimeoutError",
     "InputValidationError",
     "IntegrityError",
     "InvalidRequestError",
+    "LargeImage",
     "ModelNotReadyError",
     "NoPromptsError",
     "ObjectNotFoundError",
+    "PrecomputeResult",
+    "PredictAnswer",
     "Prediction",
     "RepositoryError",
     "RequestCancelledError",
@@ -78,6 +86,7 @@ __all__ = [
     "ServerOverloadedError",
     "ServerStartError",
     "ServerUnavailableError",
+    "SparseMask",
     "SpeculativeSAM2Client",
     "TlsOptions",
     "TrackingLimitError",

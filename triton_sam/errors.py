@@ -130,6 +130,12 @@ class TrackingSessionNotFoundError(ServerError):
     ``SAM2VideoTritonClient`` re-creates it transparently when it still has the video."""
 
 
+class HandleNotFoundError(ServerError):
+    """The server holds no large image of yours under this handle (never issued, issued to
+    another tenant, closed, evicted as its tenant's least recently used, or the server
+    restarted): open the dataset or send the array again (``open_dataset`` / ``open_array``)."""
+
+
 class FrameIndexError(InputValidationError, IndexError):
     """A frame index outside the video (or a frame the server was never sent)."""
 

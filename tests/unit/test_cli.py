@@ -38,6 +38,8 @@ def test_help_lists_every_command():
         "serve",
         "check",
         "demo",
+        "precompute",
+        "segment-large",
         "bench",
         "proxy",
     ):

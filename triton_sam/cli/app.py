@@ -20,11 +20,9 @@ app = typer.Typer(
     name="triton-sam",
     help=(
         "Serve Segment Anything on NVIDIA Triton.\n\n"
-        "Flow: download -> export (ONNX encoder/decoder, verified against torch) -> model "
-        "repository -> serve (docker compose on GPU, or `triton-sam serve` anywhere) -> "
-        "client (triton_sam.SAM2TritonClient).\n\n"
-        "Commands taking OVERRIDES accept hydra-style key=value pairs, e.g. "
-        "export.fp16=true repository.instance_count=2 (see `triton-sam config`)."
+        "Flow: download -> export (ONNX, verified against torch) -> repository -> serve "
+        "(docker compose or `serve`) -> client (triton_sam.SAM2TritonClient).\n\n"
+        "OVERRIDES: hydra's key=value, e.g. export.fp16=true (see `triton-sam config`)."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -11,6 +11,7 @@ import re
 
 from triton_sam.errors import (
     EmbeddingNotFoundError,
+    HandleNotFoundError,
     InferenceTimeoutError,
     InvalidRequestError,
     ModelNotReadyError,
@@ -59,11 +60,17 @@ def translate_error(e: Exception, *, what: str) -> Exception:
         parsed = protocol.parse_error(status, message)
         if parsed is not None and parsed[0] == protocol.ERR_EMBEDDING_NOT_FOUND:
             return EmbeddingNotFoundError(f"{what}: {message}")
+        if parsed is not None and parsed[0] == protocol.ERR_HANDLE_NOT_FOUND:
+            return HandleNotFoundError(
+                f"{what}: {message}; the image was closed, evicted or the server restarted: "
+                "open it again (open_dataset / open_array)"
+            )
         if "DEADLINE_EXCEEDED" in status or "Deadline Exceeded" in message:
             return InferenceTimeoutError(f"{what}: timed out ({message})")
         if "CANCELLED" in status or "Cancelled" in message:
             return RequestCancelledError(f"{what}: cancelled ({message})")
-        if any(needle in lowered for needle in _OVERLOAD_MESSAGES):
+        overloaded = parsed is not None and parsed[0] == protocol.ERR_OVERLOADED
+        if overloaded or any(needle in lowered for needle in _OVERLOAD_MESSAGES):
             return ServerOverloadedError(
                 f"{what}: the server is overloaded and rejected the request ({message}); "
                 "retry later, lower the request rate, or raise the model's max_queue_size"
