@@ -1,5 +1,5 @@
 """Large images: the server's ``sam1_large`` vs micro-sam 1.8.14's tiled prompts, and vs SAM
-on a window holding an object that crosses tiles (issue 31, parity (a) and (c)).
+on a window holding an object that crosses tiles (parity (a) and (c) of large images).
 
 The same random-init SAM1 ViT-B everywhere: the checkpoint the session exports
 (tests/conftest.py) serves ``sam1_large`` (each tile embedded by ``sam1_session``, onnxruntime)
