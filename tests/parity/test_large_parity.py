@@ -301,11 +301,17 @@ def test_an_object_across_tiles_comes_back_whole(large, predictor, embeddings):
     crossed = [i for i in range(len(GRID)) if reference[GRID.core(i).slices()].any()]
     assert len(crossed) >= 2, crossed  # the object does cross tiles
 
-    answer = large.predict(points=[xy[0].tolist()], labels=[1], multimask_output=True)
+    cut, cut_score = segment_from_points(predictor, embeddings, [list(CROSSING_CLICK)], [1])
+    assert touches_an_inner_edge(cut, GRID.outer(0))  # micro-sam's mask is cut there
+    # tile mode gives micro-sam's cut mask, and says it is cut
+    click = dict(points=[xy[0].tolist()], labels=[1], multimask_output=True)
+    in_tile = tile_answer(large, 0, **click)["masks"][0]
+    assert in_tile["cut"]
+    assert_same_as_micro_sam(in_tile, cut, cut_score, 0)
+
+    answer = large.predict(**click)  # mode auto: the default
     assert answer["mode"] == "window" and not answer["masks"][0]["cut"], answer
     ours = full_mask(answer["masks"][0])
-    cut, _ = segment_from_points(predictor, embeddings, [list(CROSSING_CLICK)], [1])
-    assert touches_an_inner_edge(cut, GRID.outer(0))  # micro-sam's mask is cut there
     ours_iou, micro_sam_iou = iou(ours, reference), iou(cut, reference)
     print(
         f"\n(c) object across tiles {crossed}: IoU with SAM on the window {ours_iou:.4f} "
