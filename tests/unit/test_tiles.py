@@ -3,14 +3,17 @@
 The expected blocks are computed by hand from micro-sam's rule
 (``micro_sam/prompt_based_segmentation.py::_points_to_tile`` on the grid of
 ``bioimage_cpp.utils.Blocking``, as ``micro_sam/util.py::_compute_tiled_features_2d`` embeds
-it). Those packages are not in the lock yet; the parity tests of tiled masks will run
-micro-sam itself.
+it), then checked against micro-sam 1.8.14 itself (``make micro-sam``; tests/micro_sam_support.py)
+on seeded random grids and prompts.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+from micro_sam_support import micro_sam
 
 from triton_sam.serving.tiles import Block, TileGrid, window_around
 
@@ -74,3 +77,72 @@ def test_bad_grids_are_refused_naming_the_field(bad):
     args = dict(shape=(10, 10), tile=(4, 4), halo=(0, 0)) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
         TileGrid(**args)
+
+
+def random_grids(rng: np.random.Generator, count: int):
+    """Seeded grids: images from 1 px to ~3 tiles a side, tiles from 1 px, halos from 0 (also
+    past the tile), so the cut last row/column and the clipped halos all come up."""
+    for _ in range(count):
+        tile = tuple(int(t) for t in rng.integers(1, 300, 2))
+        shape = tuple(int(rng.integers(1, 3 * t + 2)) for t in tile)
+        halo = tuple(int(rng.integers(0, t + 40)) for t in tile)
+        yield TileGrid(shape, tile, halo)
+
+
+def test_the_grid_is_micro_sams_blocking():
+    blocking = micro_sam().Blocking
+    mismatches = []
+    for grid in random_grids(np.random.default_rng(31), 300):
+        theirs = blocking([0, 0], list(grid.shape), list(grid.tile))
+        assert theirs.number_of_blocks == len(grid)
+        for tile_id in range(len(grid)):
+            core = theirs.get_block(tile_id)
+            outer = theirs.get_block_with_halo(tile_id, list(grid.halo)).outer_block
+            ours = (grid.core(tile_id), grid.outer(tile_id))
+            expected = (
+                Block(tuple(core.begin), tuple(core.end)),
+                Block(tuple(outer.begin), tuple(outer.end)),
+            )
+            if ours != expected:
+                mismatches.append((grid, tile_id, ours, expected))
+    assert mismatches == []
+
+
+def test_tile_of_is_micro_sams_points_to_tile():
+    """micro-sam's ``_points_to_tile`` picks the tile and drops the points outside its outer
+    block (warning); ``tile_of`` must pick the same tile and keep the same points, for
+    integer and fractional clicks, one to five of them, anywhere in the image. A centre that
+    rounds onto the image's far edge is refused by both (micro-sam: IndexError)."""
+    points_to_tile = micro_sam().prompts._points_to_tile
+    rng = np.random.default_rng(1031)
+    mismatches, dropped, refused = [], 0, 0
+    for grid in random_grids(rng, 400):
+        n = int(rng.integers(1, 6))
+        rc = rng.uniform(0, grid.shape, (n, 2))
+        rc = np.floor(rc) if rng.random() < 0.5 else rc
+        labels = rng.integers(0, 2, n)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "points were not in the tile"
+                tile_id, block, (kept_rc, kept_labels) = points_to_tile(
+                    (rc, labels), list(grid.shape), list(grid.tile), list(grid.halo)
+                )
+        except IndexError:  # "coordinates must lie inside the half-open ROI"
+            refused += 1
+            with pytest.raises(ValueError, match="outside the image"):
+                grid.tile_of(rc)
+            continue
+        ours_id, kept = grid.tile_of(rc)
+        outer = grid.outer(ours_id)
+        same = (
+            ours_id == tile_id
+            and outer == Block(tuple(block.begin), tuple(block.end))
+            and np.array_equal(rc[kept] - outer.begin, kept_rc)
+            and np.array_equal(labels[kept], kept_labels)
+        )
+        dropped += int((~kept).sum())
+        if not same:
+            mismatches.append((grid, rc.tolist(), tile_id, ours_id))
+    assert mismatches == []
+    # the dropping rule and the refusal were exercised, not only the choice of tile
+    assert dropped > 0 and 0 < refused < 40, (dropped, refused)
