@@ -2,8 +2,8 @@
 
 test_datasets_pixels.py checks the same arithmetic on hand-computed arrays without
 micro-sam; this file runs micro-sam 1.8's own ``micro_sam.util._to_image`` (what it applies
-to each tile before embedding it) once micro-sam is installed. The skip below is temporary:
-it goes once the micro-sam tools lock lands, and the test then runs everywhere.
+to each tile before embedding it), installed beside the venv by ``make micro-sam``
+(``tests/micro_sam_support.py`` puts it on the path).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import warnings
 
 import numpy as np
 import pytest
+from micro_sam_support import micro_sam
 
 from triton_sam.serving.datasets.pixels import Mapping, to_rgb
 
-micro_sam_util = pytest.importorskip("micro_sam.util")
+micro_sam_util = micro_sam().util  # micro-sam's folder on sys.path (it is not in the venv)
 
 RNG = np.random.default_rng(31)
 

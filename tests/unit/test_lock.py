@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements"
-LOCKS = ("lock.txt", "lock-sam2.txt", "lock-tools.txt")
+LOCKS = ("lock.txt", "lock-sam2.txt", "lock-tools.txt", "lock-micro-sam.txt")
 # The interpreter and platform the lock is compiled for (Makefile LOCK_PYTHON/LOCK_PLATFORM).
 LOCK_ENV = default_environment() | {
     "python_version": "3.11",
