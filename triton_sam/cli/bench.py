@@ -226,6 +226,44 @@ def bench_everything_cmd(
     everything.main(argv)
 
 
+@bench_app.command("large", short_help="Large images: open, clicks, precompute vs 1,024².")
+def bench_large_cmd(
+    model: VariantOpt = DEFAULT_MODEL,
+    large: Annotated[int, typer.Option(min=256, help="Side of the large image (pixels).")] = 20_000,
+    small: Annotated[int, typer.Option(min=64, help="Side of the small image.")] = 1024,
+    clicks: Annotated[int, typer.Option(min=1, help="Timed clicks per row.")] = 30,
+    precompute_tiles: Annotated[int, typer.Option(min=1, help="Tiles to precompute.")] = 8,
+    url: Annotated[
+        str | None,
+        typer.Option(help="A running server whose data root `bench` is <work-dir>/data."),
+    ] = None,
+    work_dir: WorkDirOpt = Path(".bench/large"),
+    output: ReportDirOpt = Path("outputs/bench"),
+) -> None:
+    """Large images on one server in one run: open + first mask, click p50/p95 on a held
+    tile against a small image's click, precompute tiles/s against the encoder alone, peak
+    memory of the server and the client (JSON, markdown, PNG). The images are synthetic zarr
+    arrays written once into <work-dir>/data."""
+    from triton_sam.bench import large as bench
+
+    settings = bench.LargeBenchSettings(small, large, clicks, precompute_tiles)
+    data = bench.datasets(work_dir / "data", (small, large))
+    if url:
+        report = bench.run_large_benchmark(url, url, settings, server_pid=None,
+                                           model_type=get_model(model).family.family)  # fmt: skip
+    else:
+        from triton_sam.bench.harness import checkpoints_dir, embedded
+        from triton_sam.tools.demo import build_local_repository
+
+        spec, repo, _ = build_local_repository(model, checkpoints_dir(), work_dir)
+        with embedded(repo, data_roots={bench.ROOT: str(data)}) as server:
+            report = bench.run_large_benchmark(
+                server.http_url, server.http_url, settings,
+                server_pid=server.pid, model_type=spec.family.family,
+            )  # fmt: skip
+    echo_report(bench.write_report(report, output))
+
+
 def _perf_table(rows: list[dict[str, float]]) -> str:
     """perf_analyzer's measurements as a markdown table."""
     lines = [
