@@ -59,6 +59,8 @@ lock:
 	    -c requirements/constraints.txt --no-emit-package sam2 $(UV_FLAGS) -o $(LOCK)
 	$(UV) pip compile requirements/sam2.in --no-deps $(UV_FLAGS) -o $(LOCK_SAM2)
 	$(UV) pip compile requirements/tools.in --no-deps $(UV_FLAGS) -o $(LOCK_TOOLS)
+	# The GPU container's stubs run its system Python 3.10 (Dockerfile): their own lock.
+	$(UV) pip compile requirements/container.in $(subst $(LOCK_PYTHON),3.10,$(UV_FLAGS)) -o requirements/lock-container.txt
 	# The docs tools go into the same venv on top of lock.txt: compiled with lock.txt as a
 	# constraint, so a package both need (jinja2, click, pyyaml...) has lock.txt's pin in both.
 	$(UV) pip compile requirements/docs.in -c $(LOCK) $(UV_FLAGS) -o $(LOCK_DOCS)
