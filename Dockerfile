@@ -3,24 +3,21 @@
 # read-only at /models, never baked in.
 #
 # Pinned: the base image (r24.10 = Triton 2.51, the version the embedded server and the tests
-# run) and every package, at the versions of requirements/lock.txt (tests/unit/test_compose.py
-# checks both).
+# run) and every package the python-backend stubs import, with their hashes, from
+# requirements/lock-container.txt (tests/unit/test_compose.py checks both).
 ARG TRITON_BASE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITON_BASE}
 
+# The stubs run the image's system Python, 3.10 (Ubuntu 22.04), not the project venv's 3.11:
+# lock-container.txt is compiled for it (`make lock`; requirements/container.in says what
+# each package is for) and holds every dependency, so pip resolves nothing here.
 # Pillow: the <family>_session model decodes image files itself (serving/intake.py).
 # tokenizers: the sam3_concept model tokenises its phrases. numpy<2: the python backend stub.
-# zarr (+ numcodecs, its codecs), tensorstore, tifffile (+ imagecodecs, its LZW/JPEG tiles):
-# the <family>_large model reads datasets under the data roots (serving/datasets/).
-RUN python3 -m pip install --no-cache-dir \
-        "numpy==1.26.4" \
-        "pillow==13.0.0" \
-        "tokenizers==0.23.3" \
-        "zarr==3.1.5" \
-        "numcodecs==0.16.6" \
-        "tensorstore==0.1.86" \
-        "tifffile==2026.3.3" \
-        "imagecodecs==2026.1.14"
+# tensorstore (zarr, N5), tifffile with imagecodecs and zarr (TIFF): the <family>_large model
+# reads datasets under the data roots (serving/datasets/).
+COPY requirements/lock-container.txt /opt/triton-sam/lock-container.txt
+RUN python3 -m pip install --no-cache-dir --require-hashes --no-deps \
+        -r /opt/triton-sam/lock-container.txt
 
 # Liveness (compose healthcheck / Kubernetes probe): ready AND every session model's stub
 # alive; Triton 2.51 keeps a model READY after its stub died (triton_sam/server/health.py).

@@ -62,6 +62,8 @@ lock:
 	$(UV) pip compile requirements/tools.in --no-deps $(UV_FLAGS) -o $(LOCK_TOOLS)
 	# micro-sam beside the venv: lock.txt as a constraint, so a package both name has one pin.
 	$(UV) pip compile requirements/micro-sam.in --no-deps -c $(LOCK) $(UV_FLAGS) -o $(LOCK_MICRO_SAM)
+	# The GPU container's stubs run its system Python 3.10 (Dockerfile): their own lock.
+	$(UV) pip compile requirements/container.in $(subst $(LOCK_PYTHON),3.10,$(UV_FLAGS)) -o requirements/lock-container.txt
 	# The docs tools go into the same venv on top of lock.txt: compiled with lock.txt as a
 	# constraint, so a package both need (jinja2, click, pyyaml...) has lock.txt's pin in both.
 	$(UV) pip compile requirements/docs.in -c $(LOCK) $(UV_FLAGS) -o $(LOCK_DOCS)

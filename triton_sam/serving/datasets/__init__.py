@@ -6,8 +6,10 @@
 - :mod:`.pixels`: the one mapping of intensities to SAM's uint8 RGB.
 
 Shipped into Triton's stub with the ``<family>_large`` model: standard library and numpy at
-import; zarr, tensorstore and tifffile (the ``large`` extra) are imported when a dataset of
-their format is opened. docs/datasets.md has the formats, roots and mappings for users.
+import; tensorstore (zarr, N5) and tifffile with zarr (TIFF), the ``large`` extra, are
+imported when a dataset of their format is opened. They run on the project venv's Python 3.11
+and the GPU container's 3.10 (requirements/lock-container.txt). docs/datasets.md has the
+formats, roots and mappings for users.
 """
 
 from .formats import open_source

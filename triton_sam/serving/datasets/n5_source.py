@@ -1,6 +1,6 @@
 """N5 datasets (Paintera, BigDataViewer, webKnossos, z5py), through tensorstore's n5 driver.
 
-zarr 3 has no N5 store; tensorstore reads N5 chunk by chunk. N5 lists its dimensions the
+tensorstore reads N5 chunk by chunk (:mod:`.chunked`). N5 lists its dimensions the
 other way round (``"dimensions": [x, y, z]`` in ``attributes.json``, the first one varying
 fastest in a block, as the Java library writes them); tensorstore exposes them in that
 order, so a dataset is reversed here into (z, y, x) before its axes are read
@@ -9,43 +9,21 @@ when it has one, e.g. ``["x", "y", "z"]``). A group holding ``s0``, ``s1``, ... 
 pyramid as Paintera, BigDataViewer and z5py write it) is one image whose levels those are;
 any other group (``attributes.json`` without ``dimensions``) needs ``key``, the path of a
 dataset or pyramid inside it.
-
-tensorstore is imported only when an N5 dataset is opened.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from ..bounds import RequestError
+from .chunked import inside, open_chunked
 from .source import Source, infer_axes
 
 ATTRIBUTES = "attributes.json"
 MAX_LISTED = 20
 MAX_WALKED = 1000  # folders a listing visits
 MAX_LEVELS = 32  # s0..s31: a 2^31 downsampling is past any image
-# Chunk cache and decode threads per open dataset: reads are served block by block, so no
-# cache beyond the chunks of the read in flight (tensorstore's default is none either).
-CONTEXT = {"cache_pool": {"total_bytes_limit": 0}, "data_copy_concurrency": {"limit": 2}}
-
-
-class _Dataset:
-    """A tensorstore N5 dataset in C order (dims reversed): what :class:`Source` reads."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.shape = tuple(int(n) for n in reversed(store.shape))
-        self.dtype = np.dtype(store.dtype.numpy_dtype)
-        self.chunks = tuple(int(n) for n in reversed(store.chunk_layout.read_chunk.shape))
-
-    def __getitem__(self, index: tuple) -> np.ndarray:
-        # the region in tensorstore's (x-first) order; read() decodes the touched blocks only
-        region = self._store[tuple(reversed(index))].read().result()
-        return np.transpose(region)
 
 
 def open_n5(path: Path, key: str | None, field: str) -> Source:
@@ -62,8 +40,7 @@ def open_n5(path: Path, key: str | None, field: str) -> Source:
         return _open_levels([path], attributes, field)
     if key is not None:
         dataset = path.joinpath(*key.split("/"))
-        inside = dataset.resolve().is_relative_to(path.resolve())
-        if not inside or not (dataset / ATTRIBUTES).is_file():
+        if not inside(dataset, path) or not (dataset / ATTRIBUTES).is_file():
             raise RequestError(
                 "request.key", f"got {key!r}, no such dataset in the group ({_datasets(path)})"
             )
@@ -88,7 +65,7 @@ def _scales(group: Path) -> list[Path]:
 
 def _open_levels(paths: list[Path], attributes: dict, field: str) -> Source:
     """The datasets ``paths`` (full resolution first) as one source, axes from the first."""
-    arrays = [_Dataset(_open(p, field)) for p in paths]
+    arrays = [open_chunked(p, "n5", field) for p in paths]
     axes = attributes.get("axes")
     if isinstance(axes, list) and all(isinstance(a, str) for a in axes):
         native = "".join(a.lower()[:1] for a in reversed(axes))
@@ -105,16 +82,6 @@ def _attributes(path: Path, field: str) -> dict:
     if not isinstance(attributes, dict):
         raise RequestError(field, f"not an N5 container: {ATTRIBUTES} is not an object")
     return attributes
-
-
-def _open(path: Path, field: str) -> Any:
-    import tensorstore as ts
-
-    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(path)}}
-    try:
-        return ts.open(spec, read=True, context=ts.Context(CONTEXT)).result()
-    except Exception as e:  # tensorstore raises ValueError for every metadata problem
-        raise RequestError(field, f"not a readable N5 dataset ({e})") from None
 
 
 def _datasets(group: Path) -> str:

@@ -7,7 +7,11 @@ thumbnail); its ``levels`` are the pyramid (SubIFDs, OME-TIFF or SVS reduced pag
 Each level is read without decoding more than a read touches:
 
 - compressed or tiled data through ``series.aszarr(level=...)`` opened with zarr: a read
-  decodes only the tiles or strips it touches (LZW, JPEG and JPEG 2000 through imagecodecs);
+  decodes only the tiles or strips it touches (LZW, JPEG and JPEG 2000 through imagecodecs).
+  The store is the one the installed tifffile serves, a zarr 3 store from tifffile 2026 (the
+  project venv, Python 3.11, zarr 3), a zarr 2 one from tifffile 2025.5.10 (its last release
+  for Python 3.10, the GPU container's stub: zarr 2, requirements/lock-container.txt);
+  ``zarr.open_array(store, mode="r")`` and the reads are the same calls in both zarrs;
 - uncompressed contiguous data (ImageJ's and most microscopes' plain TIFF, often one strip
   the size of the image) through ``tifffile.memmap``: a read touches only its rows' pages.
 
