@@ -46,7 +46,7 @@ class FakeLargeServer:
 
     # -- the transport's surface ---------------------------------------------------------
     def infer(self, model, inputs, outputs, *, idempotent=False, routing_key=None):
-        assert tuple(outputs) == ("answer",)
+        assert tuple(outputs) in (("answer",), ("answer", "rgb"))
         request = inputs["request"]
         assert request.dtype == np.object_ and request.shape == (1,)
         body = json.loads(request[0].decode("utf-8"))
@@ -57,7 +57,8 @@ class FakeLargeServer:
         if body["op"] not in ("open", "create") and (body["handle"] != HANDLE or self.closed):
             raise HandleNotFoundError("triton_sam.HandleNotFound: request.handle: unknown")
         answer = getattr(self, "op_" + body["op"])(body, pixels)
-        return {"answer": np.array([json.dumps(answer).encode()], dtype=np.object_)}
+        answer, extra = answer if isinstance(answer, tuple) else (answer, {})
+        return {"answer": np.array([json.dumps(answer).encode()], dtype=np.object_), **extra}
 
     def reconnect(self):
         pass
@@ -121,6 +122,15 @@ class FakeLargeServer:
 
     def op_status(self, body, pixels):
         return {**self.image(), "held": sorted(self.held)}
+
+    def op_read(self, body, pixels):
+        """The block's pixels: row + col (mod 256) of the full image, every ``step``-th."""
+        r0, c0, r1, c1 = body["block"]
+        step = body.get("step", 1)
+        rows, cols = np.mgrid[r0:r1:step, c0:c1:step]
+        grey = ((rows + cols + body.get("z", 0)) % 256).astype(np.uint8)
+        rgb = np.repeat(grey[..., None], 3, axis=2)
+        return {"size": list(rgb.shape[:2])}, {"rgb": rgb}
 
     def op_close(self, body, pixels):
         self.closed = True

@@ -141,6 +141,51 @@ def segment_everything_tiled(
     return TiledEverything(grid.shape, stitch(grid, pieces, min_overlap=min_overlap), len(grid))
 
 
+def segment_large(
+    image,
+    *,
+    z: int | None = None,
+    progress: TileProgress | None = None,
+    cancel: threading.Event | None = None,
+    grpc_url: str | None = None,
+    job_timeout_s: float | None = None,
+    min_overlap: float = DEFAULT_MIN_OVERLAP,
+    **params: Any,
+) -> TiledEverything:
+    """Every instance of a :class:`~triton_sam.client.large_image.LargeImage` (slice ``z``
+    of a volume): one job per tile of its grid on the family's everything model, joined.
+
+    Args:
+        image: the large image (its handle, grid and connection).
+        z: the slice of a volume.
+        progress: ``progress(tiles done, tiles)`` after each tile.
+        cancel: set it to stop (the job in work is cancelled on the server).
+        grpc_url: the server's gRPC address (jobs stream over gRPC; default as
+            ``SAM2TritonClient.generate_masks``).
+        job_timeout_s: give up on one tile's job after this long.
+        min_overlap: the join threshold.
+        **params: the official generator's parameters, the same for every tile.
+    """
+    model = image.model
+    prefix = model.model.removesuffix("_large")
+    params_json = job.check_params(model.family, params)
+    endpoint = job.grpc_endpoint(model.transport.endpoint, grpc_url)
+    grid = TileGrid(image.image_size, image.tile, image.halo)
+    return segment_everything_tiled(
+        endpoint,
+        protocol.model_name(f"{prefix}_session"),
+        image.handle,
+        grid,
+        z=image.check_z(z),
+        params_json=params_json,
+        progress=progress,
+        cancel=cancel,
+        min_overlap=min_overlap,
+        timeout_s=job_timeout_s,
+        tls=model.transport.tls,
+    )
+
+
 def tile_inputs(handle: str, outer: Block, z: int | None, params_json: str) -> dict:
     """One tile's job: the handle, its outer block, the slice, the parameters."""
     inputs = {

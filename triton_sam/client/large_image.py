@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client import large_transfer
+from triton_sam.client import large_transfer, large_views
 from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.prompts import validate_box, validate_points
 from triton_sam.client.retry import Backoff, RetryPolicy
@@ -45,7 +45,7 @@ LARGE_RETRY = RetryPolicy(max_attempts=10, initial_backoff_s=0.25, max_backoff_s
                           deadline_s=120.0)  # fmt: skip
 # Ops that change nothing when run twice; ``open``/``create`` issue a handle each time, so
 # they are retried only after Overloaded (the server refused them before doing anything).
-_IDEMPOTENT_OPS = frozenset({"put", "predict", "embed", "status", "close"})
+_IDEMPOTENT_OPS = frozenset({"put", "predict", "embed", "status", "read", "close"})
 
 
 class LargeModel:
@@ -56,6 +56,7 @@ class LargeModel:
         model: the Triton model name (:func:`triton_sam.serving.protocol.large.model_name`).
         routing_key: this image's replica-affinity key (random by default).
         retry: how Overloaded (and, for idempotent ops, unreachable) answers are retried.
+        family: ``"sam1"`` / ``"sam2"`` (the everything parameters a tiled job checks).
     """
 
     def __init__(
@@ -65,8 +66,10 @@ class LargeModel:
         *,
         routing_key: str | None = None,
         retry: RetryPolicy = LARGE_RETRY,
+        family: str = "sam2",
     ) -> None:
         self.transport, self.model, self.retry = transport, model, retry
+        self.family = family
         self.routing_key = routing_key or secrets.token_hex(8)
         self.sleep: Callable[[float], Any] = time.sleep  # a test's recorder replaces it
 
@@ -77,11 +80,18 @@ class LargeModel:
             HandleNotFoundError, InvalidRequestError (naming ``request.<field>``),
             ServerOverloadedError (after the retries), ServerError: the server's answer.
         """
+        return self.call_for(body, pixels)[0]
+
+    def call_for(
+        self, body: dict[str, Any], pixels: np.ndarray | None = None, outputs: tuple = ()
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """:meth:`call`, asking for the tensor ``outputs`` too (a ``read``'s ``rgb``):
+        ``(answer, {name: array})``."""
         backoff = Backoff(self.retry)
         idempotent = body.get("op") in _IDEMPOTENT_OPS
         while True:
             try:
-                return self._once(body, pixels)
+                return self._once(body, pixels, outputs)
             except ServerUnavailableError as e:
                 retryable = idempotent or isinstance(e, ServerOverloadedError)
                 wait = backoff.after(e) if retryable else None
@@ -92,13 +102,13 @@ class LargeModel:
                 with contextlib.suppress(Exception):  # the next attempt says what is wrong
                     self.transport.reconnect()
 
-    def _once(self, body: dict[str, Any], pixels: np.ndarray | None) -> dict[str, Any]:
+    def _once(self, body, pixels, outputs):
         text = json.dumps(body, separators=(",", ":")).encode("utf-8")
         inputs = {protocol.REQUEST: np.array([text], dtype=np.object_)}
         if pixels is not None:
             inputs[protocol.PIXELS] = pixels
         out = self.transport.infer(
-            self.model, inputs, (protocol.ANSWER,), routing_key=self.routing_key
+            self.model, inputs, (protocol.ANSWER, *outputs), routing_key=self.routing_key
         )
         raw = out[protocol.ANSWER].reshape(-1)[0]
         try:
@@ -107,7 +117,7 @@ class LargeModel:
             raise ServerError(f"{self.model}: its answer is not JSON ({e})") from e
         if not isinstance(answer, dict):
             raise ServerError(f"{self.model}: its answer is not a JSON object")
-        return answer
+        return answer, {name: out[name] for name in outputs}
 
 
 @dataclass(frozen=True)
@@ -308,6 +318,19 @@ class LargeImage(ClosesOnExit):
         return large_transfer.precompute(
             self, region, self.check_z(z), progress=progress, batch=batch, cancel=cancel
         )
+
+    def read(self, block, z=None, *, step: int = 1, level: int = 0) -> np.ndarray:
+        """The pixels of ``block`` (row0, col0, row1, col1; full-image pixels) as SAM sees
+        them (the mapping applied), uint8 [h, w, 3]: every ``step``-th pixel, or from a
+        pyramid ``level`` of the source (:func:`~triton_sam.client.large_views.read`)."""
+        return large_views.read(self, block, self.check_z(z), step=step, level=level)
+
+    def segment_everything(self, **options: Any):
+        """Every instance of the image (of slice ``z``), one everything job per tile, objects
+        across tiles joined: :func:`~triton_sam.client.everything_tiled.segment_large`."""
+        from triton_sam.client.everything_tiled import segment_large
+
+        return segment_large(self, **options)
 
     def close(self) -> None:
         """Forget the image on the server (idempotent; a handle the server already lost is

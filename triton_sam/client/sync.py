@@ -364,7 +364,7 @@ class SAM2TritonClient(ClosesOnExit):
     # -- large images (the <family>_large model; docs/large-images.md) --------------------
     def _large_model(self) -> large_image.LargeModel:
         model = large_protocol.model_name(self.session_model)
-        return large_image.LargeModel(self._transport, model)
+        return large_image.LargeModel(self._transport, model, family=self.family.family)
 
     def open_dataset(
         self,
