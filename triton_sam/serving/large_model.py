@@ -64,7 +64,6 @@ from triton_sam_serving.large.service import Service
 from triton_sam_serving.protocol import large as protocol
 from triton_sam_serving.protocol import settings, tenancy
 
-DATA_ROOTS_ENV = "TRITON_SAM_DATA_ROOTS"
 THREADS = 2  # per pool: block reads and RLE are numpy work that releases the GIL
 
 
@@ -74,7 +73,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         found = settings.from_model_config(protocol.LargeSettings, config)
-        roots = os.environ.get(DATA_ROOTS_ENV, "").strip()
+        roots = os.environ.get(protocol.DATA_ROOTS_ENV, "").strip()
         self.settings = replace(found, data_roots=roots) if roots else found
         self.clicks = ThreadPoolExecutor(THREADS, thread_name_prefix="triton_sam_large_click")
         self.background = ThreadPoolExecutor(THREADS, thread_name_prefix="triton_sam_large_bg")

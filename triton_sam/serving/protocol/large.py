@@ -124,6 +124,11 @@ MASK_FIELDS = (
     "cut",  # true when the mask touches its block's edge where the image goes on
 )
 
+# The data roots at serve time: the tritonserver process's environment (JSON as the
+# ``data_roots`` parameter), set by `triton-sam serve --data-root` or compose; it wins over
+# the parameter.
+DATA_ROOTS_ENV = "TRITON_SAM_DATA_ROOTS"
+
 # Config parameters (written by repository/large_config.py, read by large_model.py).
 PARAM_KIND = KIND_PARAM
 DEFAULT_TILE = 768  # core; with the halo the outer block is 1024: SAM's input, no resampling
