@@ -12,7 +12,7 @@ Checked here:
   answers on a window, equal to the session model's mask on that window;
 - hostile requests (another tenant's handle, a forged one, bad fields, a piece outside the
   shape, an upload past the tenant's bound) are typed refusals naming the field, and the
-  server stays ready;
+  server stays ready (the watchdog's probe finds the model alive);
 - a burst of creates and precomputes from one tenant never holds up another tenant's clicks:
   every click is answered, none of them runs the encoder (the server's own ``embedded``
   count), and they are all answered while the burst is still in flight.
@@ -33,8 +33,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from triton_sam.server.health import probe
 from triton_sam.serving import masks
 from triton_sam.serving.large import crop
+from triton_sam.serving.protocol import KIND_LARGE_IMAGE
 from triton_sam.serving.protocol import embedding_cache as session
 from triton_sam.serving.protocol import large as protocol
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
@@ -239,6 +241,7 @@ def test_hostile_requests_are_refused_naming_the_field(sam2_tiny_server):
     assert code == "400" and "triton_sam.LimitExceeded: request.shape" in message
     http = httpclient.InferenceServerClient(server.http_address)
     assert http.is_server_ready() and http.is_model_ready(model)
+    assert probe(http, model, KIND_LARGE_IMAGE) == "alive"  # the watchdog's probe: a miss
     assert ask(server, model, status, tenant="a")["complete"]
 
 

@@ -56,6 +56,11 @@ def test_a_malformed_request_is_refused_naming_the_field(blob, field):
         ({"points": [[1, 2]] * (MAX_POINTS + 1), "labels": [1] * (MAX_POINTS + 1)}, "points"),
         ({"points": [[1, 2]], "labels": [2]}, "request.labels"),
         ({"box": [5, 5, 1, 1]}, "request.box"),
+        (
+            {"points": [[1, 2]] * (MAX_POINTS - 1), "labels": [1] * (MAX_POINTS - 1)}
+            | {"box": [0, 0, 5, 5]},
+            "request.points: got 63 points, expected 1..62",
+        ),
         ({}, "request.points: no prompt"),
     ],
 )

@@ -252,3 +252,14 @@ def test_prompts_outside_the_image_are_refused_naming_the_field(tmp_path, stand_
     ):
         with pytest.raises(RequestError, match=name):
             call(large, {"op": "predict", "handle": handle, **prompt})
+
+
+def test_auto_tries_at_most_two_windows_and_says_when_the_last_still_cuts(tmp_path, stand_ins):
+    large, session = make(tmp_path, tile=TILE, halo=HALO, window=64)
+    image = square((256, 256), (20, 20), 200)  # larger than any window
+    handle = upload(large, image, tile=[TILE, TILE], halo=[HALO, HALO])
+    got = call(large, {"op": "predict", "handle": handle, "points": [[70, 70]], "labels": [1]})
+    assert got["mode"] == "window" and got["masks"][0]["cut"]
+    # the tile, then a window centred on it; the next window, centred on that window's mask,
+    # is the same block again: not run twice
+    assert len(session.predicted) == 2 and got["block"] == [64, 64, 128, 128]

@@ -30,6 +30,7 @@ FIELDS = {
     "close": {"handle"},
 }
 MAX_SIDE = 2**31 - 1  # a shape's side: anything larger is not an image
+BOX_CORNERS = 2  # a box travels to the decoder as two corner points
 
 
 def field(name: str) -> str:
@@ -142,9 +143,11 @@ def prompts(request: dict) -> tuple[np.ndarray | None, np.ndarray | None, np.nda
         raise RequestError(field("points"), "no prompt: send points with labels, a box, or both")
     if points is not None:
         points = _numbers(points, "points", (-1, 2))
-        if not 1 <= len(points) <= bounds.MAX_POINTS:
+        most = bounds.MAX_POINTS - (BOX_CORNERS if box is not None else 0)  # as the session
+        if not 1 <= len(points) <= most:
             raise RequestError(
-                field("points"), f"got {len(points)} points, expected 1..{bounds.MAX_POINTS}"
+                field("points"),
+                f"got {len(points)} points, expected 1..{most} (a box counts as two)",
             )
         if (
             not isinstance(labels, list)
