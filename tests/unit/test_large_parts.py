@@ -174,6 +174,8 @@ def test_uploads_count_each_pixel_once_and_give_their_bytes_back(tmp_path):
     with pytest.raises(envelope.ProtocolError, match="request.shape.*max_upload_bytes") as e:
         spool.create("a", (1, 1), "uint8", "yx")
     assert e.value.code == envelope.ERR_LIMIT
+    with pytest.raises(envelope.ProtocolError, match="max_upload_bytes"):  # no int64 wrap
+        spool.create("c", (2**31 - 1,) * 3 + (3,), "float32", "zyxc")
     spool.create("b", (10, 10, 3), "uint8", "yxc")  # another tenant's budget
     path = upload.path
     upload.close()

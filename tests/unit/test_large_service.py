@@ -263,3 +263,20 @@ def test_auto_tries_at_most_two_windows_and_says_when_the_last_still_cuts(tmp_pa
     # the tile, then a window centred on it; the next window, centred on that window's mask,
     # is the same block again: not run twice
     assert len(session.predicted) == 2 and got["block"] == [64, 64, 128, 128]
+
+
+@pytest.mark.parametrize(("tile", "halo"), [(64, 16), (64, 100), (80, 0)])
+def test_status_finds_every_remembered_tile_whatever_its_halo(tmp_path, stand_ins, tile, halo):
+    large, _ = make(tmp_path, max_block=512)
+    rng = np.random.default_rng(1)
+    image = rng.integers(0, 255, (200, 230), dtype=np.uint8)
+    handle = upload(large, image, tile=[tile, tile], halo=[halo, halo])
+    count = call(large, {"op": "status", "handle": handle})["grid"]
+    ids = list(range(count[0] * count[1]))
+    for start in range(0, len(ids), 16):
+        call(large, {"op": "embed", "handle": handle, "tiles": ids[start : start + 16]})
+    call(
+        large,
+        {"op": "predict", "handle": handle, "points": [[5, 5]], "labels": [1], "mode": "window"},
+    )  # a window is remembered too, and is no tile
+    assert call(large, {"op": "status", "handle": handle})["held"] == ids

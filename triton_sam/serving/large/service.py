@@ -169,11 +169,10 @@ class Service:
         image = self.handles.get(tenant, requests.handle(request))
         z = requests.optional_z(request, image.depth)
         held = []
-        for tile_id in range(len(image.grid)):
-            image_id = image.embedded.get(_key(z, image.grid.outer(tile_id)))
-            if image_id is not None and await self.session.probe(tenant, image_id):
+        for tile_id, image_id in _remembered_tiles(image, z):  # never a walk of the grid
+            if await self.session.probe(tenant, image_id):
                 held.append(tile_id)
-        return {**self._describe(request["handle"], image), "held": held}
+        return {**self._describe(request["handle"], image), "held": sorted(held)}
 
     def _block_sides(self, request):
         s = self.settings
@@ -364,3 +363,25 @@ class _Run:
 
 def _key(z, block: Block) -> tuple:
     return (z, block.begin, block.end)
+
+
+def _remembered_tiles(image: Image, z) -> list[tuple[int, str]]:
+    """(tile id, image id) of the remembered blocks of slice ``z`` that are tiles' outer
+    blocks. A tile's core starts within ``halo`` of its outer block's start (less where the
+    halo was clipped at 0), so only the tiles starting there are candidates, each checked
+    (tiles whose clipped blocks coincide share the block's features: all are held).
+    """
+    grid, found = image.grid, []
+    rows, cols = grid.blocks_per_axis
+    for (zz, begin, end), image_id in list(image.embedded.items()):
+        if zz != z:
+            continue
+        near = [
+            range(-(-b // t), min((b + h) // t, n - 1) + 1)
+            for b, h, t, n in zip(begin, grid.halo, grid.tile, (rows, cols), strict=True)
+        ]
+        for r in near[0]:
+            for c in near[1]:
+                if grid.outer(r * cols + c) == Block(begin, end):
+                    found.append((r * cols + c, image_id))
+    return found

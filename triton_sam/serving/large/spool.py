@@ -14,6 +14,7 @@ pixels come from.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import shutil
@@ -76,8 +77,9 @@ class Spool:
         Raises:
             ProtocolError: ``LimitExceeded`` (``request.shape``) past the tenant's budget.
         """
-        positions = int(np.prod(shape[:-1] if axes.endswith("c") else shape, dtype=np.int64))
-        need = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize + positions
+        # Python's integers: a hostile shape must not wrap around int64 into a small number
+        positions = math.prod(shape[:-1] if axes.endswith("c") else shape)
+        need = math.prod(shape) * np.dtype(dtype).itemsize + positions
         used = self.used.get(tenant, 0)
         if used + need > self.max_bytes:
             raise envelope.ProtocolError(
@@ -120,7 +122,7 @@ class Upload:
         self._pixels = open_memmap(os.path.join(path, "pixels.npy"), "w+", self.dtype, shape)
         marks = self.shape[:-1] if axes.endswith("c") else self.shape
         self._written = open_memmap(os.path.join(path, "written.npy"), "w+", np.uint8, marks)
-        self.total = int(np.prod(marks, dtype=np.int64))
+        self.total = math.prod(marks)
         self.received = 0
         self._lock = threading.Lock()  # puts run on a thread pool; one at a time per image
 
