@@ -280,3 +280,15 @@ def test_status_finds_every_remembered_tile_whatever_its_halo(tmp_path, stand_in
         {"op": "predict", "handle": handle, "points": [[5, 5]], "labels": [1], "mode": "window"},
     )  # a window is remembered too, and is no tile
     assert call(large, {"op": "status", "handle": handle})["held"] == ids
+
+
+def test_an_evicted_or_closed_upload_leaves_no_file_and_frees_its_bytes(tmp_path, stand_ins):
+    large, _ = make(tmp_path, max_handles=1)
+    first = call(large, {"op": "create", "shape": [16, 16], "dtype": "uint8"})
+    assert len(list(tmp_path.iterdir())) == 1 and large.spool.used[""] == 2 * 16 * 16
+    second = call(large, {"op": "create", "shape": [8, 8], "dtype": "uint8"})  # evicts first
+    assert len(list(tmp_path.iterdir())) == 1 and large.spool.used[""] == 2 * 8 * 8
+    with pytest.raises(envelope.ProtocolError, match="request.handle"):
+        call(large, {"op": "status", "handle": first["handle"]})
+    call(large, {"op": "close", "handle": second["handle"]})
+    assert not list(tmp_path.iterdir()) and "" not in large.spool.used
