@@ -81,8 +81,8 @@ class Source:
     """An in-memory dataset as the readers open one."""
 
     def __init__(self, array: np.ndarray, axes: str = "yx") -> None:
-        self.array, self.axes, self.levels = array, axes, 1
-        self.shape, self.dtype = array.shape, array.dtype
+        self.array, self.axes = array, axes
+        self.shape, self.dtype, self.levels = array.shape, array.dtype, (array.shape,)
         self.closed = False
 
     def read(self, rows, cols, z=None, level=0):

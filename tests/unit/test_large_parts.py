@@ -169,6 +169,7 @@ def test_uploads_count_each_pixel_once_and_give_their_bytes_back(tmp_path):
     piece = np.full((6, 10, 3), 7, np.uint8)
     assert upload.put((0, 0), piece) == 60
     assert upload.put((4, 0), piece) == 100 and upload.complete  # overlap counted once
+    assert upload.levels == ((10, 10, 3),)  # a source of one level, as the readers' are
     assert np.array_equal(upload.read(slice(2, 4), slice(0, 10)), piece[:2])
     spool.create("a", (10, 10, 3), "uint8", "yxc")
     with pytest.raises(envelope.ProtocolError, match="request.shape.*max_upload_bytes") as e:

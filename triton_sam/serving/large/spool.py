@@ -113,10 +113,9 @@ class Spool:
 class Upload:
     """One created image's pixels on disk (a source: see the module doc)."""
 
-    levels = 1
-
     def __init__(self, path: str, shape, dtype: str, axes: str, release) -> None:
         self.path, self.shape, self.axes = path, tuple(shape), axes
+        self.levels = (self.shape,)  # each pyramid level's shape: an upload has one
         self.dtype = np.dtype(dtype)
         self._release = release
         self._pixels = open_memmap(os.path.join(path, "pixels.npy"), "w+", self.dtype, shape)
