@@ -46,6 +46,13 @@ def test_a_malformed_request_is_refused_naming_the_field(blob, field):
         requests.parse(blob, 100)
 
 
+def test_nested_objects_arrive_as_objects_and_keys_are_unique_at_any_depth():
+    blob = b'{"op": "open", "dataset": "a/b", "mapping": {"kind": "range", "min": 0, "max": 9}}'
+    assert requests.parse(blob, 1000)["mapping"] == {"kind": "range", "min": 0, "max": 9}
+    with pytest.raises(RequestError, match="^request.min: given more than once"):
+        requests.parse(b'{"op": "open", "mapping": {"min": 0, "min": 1}}', 1000)
+
+
 @pytest.mark.parametrize(
     ("prompt", "field"),
     [

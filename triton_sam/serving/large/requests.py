@@ -48,16 +48,13 @@ def parse(blob: bytes, max_bytes: int) -> dict[str, Any]:
     if len(blob) > max_bytes:
         raise RequestError(FIELD, f"got {len(blob)} bytes, expected at most {max_bytes}")
     try:
-        pairs = json.loads(blob.decode("utf-8"), object_pairs_hook=list)
+        request = json.loads(blob.decode("utf-8"), object_pairs_hook=_unique)
+    except _Twice as e:
+        raise RequestError(field(e.key), "given more than once") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise RequestError(FIELD, f"not UTF-8 JSON ({e})") from None
-    if not isinstance(pairs, list) or (pairs and not isinstance(pairs[0], tuple)):
+    if not isinstance(request, dict):
         raise RequestError(FIELD, "expected a JSON object")
-    keys = [k for k, _ in pairs]
-    twice = sorted({k for k in keys if keys.count(k) > 1})
-    if twice:
-        raise RequestError(field(twice[0]), "given more than once")
-    request = dict(pairs)
     op = request.get("op")
     if op not in protocol.OPS:
         raise RequestError(field("op"), f"got {_show(op)}, expected one of {list(protocol.OPS)}")
@@ -67,6 +64,22 @@ def parse(blob: bytes, max_bytes: int) -> dict[str, Any]:
             field(extra[0]), f"not a field of {op!r} (it takes {sorted(FIELDS[op])})"
         )
     return request
+
+
+class _Twice(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (at any depth: ``mapping`` too)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
 
 
 def handle(request: dict) -> str:
