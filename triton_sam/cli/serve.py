@@ -80,6 +80,13 @@ def serve_cmd(
         bool, typer.Option("--web", help="Also serve the browser annotator (prints its URL).")
     ] = False,
     web_port: Annotated[int, typer.Option(help="The annotator's port (0 = any free).")] = 8080,
+    data_root: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=PATH: a directory the large-image models may open datasets under, as "
+            "'NAME/<path inside it>' (repeatable; added to serve.data_roots; none by default).",
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded tritonserver (no Docker) until Ctrl-C / SIGTERM.
 
@@ -94,12 +101,14 @@ def serve_cmd(
     from triton_sam.repository.writer import embedded_repository
     from triton_sam.server import EmbeddedTriton
     from triton_sam.server.admin_key import HTTP_HEADER, load_or_create
+    from triton_sam.server.data_roots import parse_options
     from triton_sam.server.health import Watchdog, watched_models
 
     cfg = load_config()
     serve = section(cfg, "serve")  # the configuration's serve: section, options override it
     given = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
     serve.update({k: v for k, v in (*given.items(), ("host", host)) if v is not None})
+    serve["data_roots"] = {**(serve.get("data_roots") or {}), **parse_options(data_root or ())}
     repo = embedded_repository(
         repository or Path(cfg.paths.repository),
         target=target,  # type: ignore[arg-type]

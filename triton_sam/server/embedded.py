@@ -22,9 +22,9 @@ import urllib.error
 import urllib.request
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from triton_sam.errors import (
     InputValidationError,
@@ -41,6 +41,7 @@ from triton_sam.server.backends import (
     required_backends,
     server_env,
 )
+from triton_sam.server.data_roots import environment as data_roots_environment
 from triton_sam.server.lifecycle import Service
 from triton_sam.serving.protocol.tenancy import FORWARD_PATTERN
 
@@ -89,6 +90,9 @@ class EmbeddedTriton(Service):
         strict_config: load configs as written (``--disable-auto-complete-config``), so a
             model that loads here needs nothing filled in from its graph (docker compose
             allows auto-completion; our configs need none). False allows it here too.
+        data_roots: the directories the large-image models may read datasets under, name
+            -> directory or ``{"path": dir, "tenants": [...]}`` (:mod:`.data_roots`); none
+            by default.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class EmbeddedTriton(Service):
         extra_args: Sequence[str] = (),
         onnxruntime_backend: str | os.PathLike[str] | None = None,
         strict_config: bool = True,
+        data_roots: Mapping[str, Any] | None = None,
     ) -> None:
         self.repository = Path(repository)
         if not self.repository.is_dir():
@@ -138,6 +143,7 @@ class EmbeddedTriton(Service):
         self.extra_args = tuple(extra_args)
         self.onnxruntime_backend = Path(onnxruntime_backend) if onnxruntime_backend else None
         self.strict_config = strict_config
+        self.environment = data_roots_environment(data_roots)  # checked before any start
         self._shm_prefix = f"triton_sam_{uuid.uuid4().hex[:12]}_"
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         self._ports = dict(self._requested_ports)
@@ -291,7 +297,7 @@ class EmbeddedTriton(Service):
             process.precompile(self.repository)
         cmd = [str(binary), *self._args(backends)]
         with open(self._log_path, "wb") as log:
-            self._process = process.spawn(cmd, log, server_env())
+            self._process = process.spawn(cmd, log, server_env() | self.environment)
         # Last resort for a server nobody stopped (interpreter exit, lost reference).
         self._finalizer = weakref.finalize(
             self, process.cleanup, self._process, self._shm_prefix, self._workdir

@@ -52,6 +52,8 @@ DEAD_MARKER = "is not healthy"
 # even while its job slots are taken; no answer in time ("busy") means its stub is stuck.
 STREAM_PROBE_TIMEOUT_S = 5.0
 STREAM_KINDS = (envelope.KIND_EVERYTHING,)
+# The large model's probe: the status of a handle no one was issued (its miss, HandleNotFound).
+LARGE_PROBE = b'{"op":"status","handle":"' + b"0" * 32 + b'"}'
 
 
 def probe(client: object, model: str, kind: str | None = None) -> str:
@@ -62,7 +64,8 @@ def probe(client: object, model: str, kind: str | None = None) -> str:
         model: a ``<family>_session`` model (or any model answering an ``image_id`` probe),
             or, with ``kind`` the Lambda JSON kind, a ``sam2`` model: it gets an empty
             ``image_b64``, which its stub refuses as our typed ``InvalidInput`` before it
-            calls anything.
+            calls anything; with the large-image kind, a ``<family>_large`` model: the
+            status of a handle nobody holds, its ``HandleNotFound`` miss.
         kind: the model's kind (``protocol.KIND_*``); None: a session model.
 
     Raises:
@@ -72,14 +75,17 @@ def probe(client: object, model: str, kind: str | None = None) -> str:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
+    shape = [1, 1]
     if kind == envelope.KIND_LAMBDA_JSON:
         values = {"image_b64": b"", "prompt_json": b"{}"}
+    elif kind == envelope.KIND_LARGE_IMAGE:  # no batch dim; a handle nobody holds: a miss
+        shape, values = [1], {"request": LARGE_PROBE}
     else:
         values = {"image_id": LIVENESS_ID.encode()}
     tensors = []
     for name, value in values.items():
-        tensor = httpclient.InferInput(name, [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[value]], dtype=np.object_))
+        tensor = httpclient.InferInput(name, shape, "BYTES")
+        tensor.set_data_from_numpy(np.array([value], dtype=np.object_).reshape(shape))
         tensors.append(tensor)
     try:
         client.infer(model, tensors)
@@ -143,12 +149,17 @@ def session_models(repo_dir: str | os.PathLike[str]) -> list[str]:
 
 def watched_models(repo_dir: str | os.PathLike[str]) -> dict[str, str]:
     """The python models a watchdog probes, name -> kind: the session models, the Lambda
-    JSON models and the everything job models (a dead stub of any answers every request with
-    an error until reloaded)."""
+    JSON models, the large-image models and the everything job models (a dead stub of any
+    answers every request with an error until reloaded)."""
     from triton_sam.repository.config import model_kind, parse_config
     from triton_sam.repository.writer import CONFIG_FILENAME, list_models
 
-    kinds = (envelope.KIND_EMBEDDING_CACHE, envelope.KIND_LAMBDA_JSON, *STREAM_KINDS)
+    kinds = (
+        envelope.KIND_EMBEDDING_CACHE,
+        envelope.KIND_LAMBDA_JSON,
+        envelope.KIND_LARGE_IMAGE,
+        *STREAM_KINDS,
+    )
     found = {}
     for name in list_models(repo_dir):
         kind = model_kind(parse_config(Path(repo_dir) / name / CONFIG_FILENAME))

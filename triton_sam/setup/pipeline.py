@@ -26,6 +26,7 @@ from triton_sam.repository.concept import ConceptOptions
 from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.everything_job import everything_artifact, serves_everything
 from triton_sam.repository.lambda_config import lambda_artifact_for
+from triton_sam.repository.large_config import large_artifact, serves_large
 from triton_sam.repository.session_config import SessionOptions, session_artifact
 from triton_sam.repository.video_config import TrackerOptions
 from triton_sam.repository.writer import write_models
@@ -131,7 +132,8 @@ def build_repository(
             SAM2.1 also gets the ``sam2`` model over it (the Lambda seed's JSON contract,
             ``repository/lambda_config.py``), unless a ``sam2`` model of the user's own is
             there. With ``everything``, SAM1 and SAM2.1 also get ``<family>_everything``
-            over it (segment everything, ``repository/everything_job.py``).
+            over it (segment everything, ``repository/everything_job.py``), and SAM1 and
+            SAM2.1 always get ``<family>_large`` (large images, ``repository/large_config.py``).
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
@@ -187,6 +189,8 @@ def build_repository(
             contract = lambda_artifact_for(repository, spec.family, options, session)
             if contract is not None:
                 artifacts.append(contract)
+            if serves_large(spec.family):  # images larger than SAM's input, over the session
+                artifacts.append(large_artifact(spec.family))
             if everything and serves_everything(spec.family):  # over the session + its graph
                 job = everything_artifact(spec.family, session)
                 if refused:

@@ -12,8 +12,9 @@ Transport: one request, one answer (not decoupled: HTTP and gRPC both work, curl
 Inputs (no batch dimension):
 
 - ``request`` (BYTES [1]): a UTF-8 JSON object, its ``op`` one of :data:`OPS`.
-- ``pixels`` (UINT8 / UINT16 / FLOAT32 [h, w] or [h, w, c], optional): the piece a ``put``
-  writes; refused with any other op.
+- ``pixels`` (UINT8 / UINT16 / FLOAT32 [h, w, c], optional): the piece a ``put`` writes
+  (``c`` = 1 for a grey image); refused with any other op. A Triton input has one datatype,
+  so the piece goes in the input of its dtype, :data:`PIXEL_INPUTS` (``pixels`` for uint8).
 
 Outputs: ``answer`` (BYTES [1]): a UTF-8 JSON object, fields by op below; ``rgb`` (UINT8
 [h, w, 3]): the pixels a ``read`` answers (asked for by name; absent otherwise).
@@ -28,7 +29,9 @@ Ops (``field``: meaning; every request may carry ``"op"`` only once):
   embedded. Answers :data:`IMAGE_FIELDS`.
 - ``create``: an image the client holds, sent once in pieces: ``shape`` ([rows, cols] or
   [rows, cols, channels], or [z, rows, cols(, channels)]), ``dtype`` (:data:`DTYPES`),
-  ``mapping``, ``tile``, ``halo``. Answers :data:`IMAGE_FIELDS`; ``complete`` stays false
+  ``mapping``, ``tile``, ``halo``, optional ``axes`` (``"yxc"`` or ``"zyx"`` when three
+  sides are ambiguous; by default 3 sides are [rows, cols, channels] when the last is 1 or
+  3). Answers :data:`IMAGE_FIELDS`; ``complete`` stays false
   until every pixel has been put.
 - ``put``: ``handle``, ``offset`` ([row, col] or [z, row, col]) + the ``pixels`` input: one
   piece, inside the shape, at most ``max_piece_pixels`` pixels. Answers ``received`` (pixels
@@ -39,7 +42,8 @@ Ops (``field``: meaning; every request may carry ``"op"`` only once):
   Answers ``image_size`` [rows, cols], ``masks`` (a list of :data:`MASK_FIELDS` objects,
   best first when ``multimask_output``), ``tiles`` (the ids of the tiles or windows the
   masks were computed on), ``embedded`` (how many encoder runs this request caused),
-  ``mode`` (the rule that answered: ``tile`` or ``window``).
+  ``mode`` (the rule that answered: ``tile`` or ``window``), ``block`` ([row0, col0, row1,
+  col1): the pixels it was computed on), ``dropped`` (points outside that block, left out).
 - ``embed``: ``handle``, optional ``z``, ``tiles`` (a list of tile ids, at most
   ``max_tiles_per_request``): embeds those tiles (precompute). Answers ``embedded`` (ids
   the encoder ran for) and ``held`` (ids already cached).
@@ -93,7 +97,9 @@ __all__ = ["ERR_HANDLE_NOT_FOUND"]  # re-exported: the code this model answers a
 KIND = KIND_LARGE_IMAGE
 
 REQUEST = "request"  # BYTES [1] input: the JSON request
-PIXELS = "pixels"  # UINT8 / UINT16 / FLOAT32 input: one piece of a put
+PIXELS = "pixels"  # UINT8 input: one piece of a put
+# The input a put's piece goes in, by the image's dtype (a Triton input has one datatype).
+PIXEL_INPUTS = {"uint8": PIXELS, "uint16": "pixels_uint16", "float32": "pixels_float32"}
 ANSWER = "answer"  # BYTES [1] output: the JSON answer
 RGB = "rgb"  # UINT8 [h, w, 3] output: the pixels of a read
 
@@ -125,6 +131,11 @@ MASK_FIELDS = (
     "area",  # pixels in the mask
     "cut",  # true when the mask touches its block's edge where the image goes on
 )
+
+# The data roots at serve time: the tritonserver process's environment (JSON as the
+# ``data_roots`` parameter), set by `triton-sam serve --data-root` or compose; it wins over
+# the parameter.
+DATA_ROOTS_ENV = "TRITON_SAM_DATA_ROOTS"
 
 # Config parameters (written by repository/large_config.py, read by large_model.py).
 PARAM_KIND = KIND_PARAM
