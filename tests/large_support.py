@@ -13,6 +13,7 @@ import numpy as np
 from triton_sam import HandleNotFoundError, SAM2TritonClient
 from triton_sam.client.image_session import ImageSession
 from triton_sam.serving import masks
+from triton_sam.serving.protocol import large as protocol
 
 HANDLE = "0123456789abcdef0123456789abcdef"
 
@@ -50,7 +51,11 @@ class FakeLargeServer:
         request = inputs["request"]
         assert request.dtype == np.object_ and request.shape == (1,)
         body = json.loads(request[0].decode("utf-8"))
-        pixels = inputs.get("pixels")
+        given = [inputs[n] for n in protocol.PIXEL_INPUTS.values() if n in inputs]
+        assert len(given) <= 1
+        pixels = given[0] if given else None
+        if pixels is not None:  # in the input of its dtype, [rows, cols, channels]
+            assert protocol.PIXEL_INPUTS[pixels.dtype.name] in inputs and pixels.ndim == 3
         self.calls.append(Call(model, body, None if pixels is None else pixels.copy(), routing_key))
         if self.fail:
             raise self.fail.pop(0)
@@ -98,7 +103,7 @@ class FakeLargeServer:
         begin = body["offset"][-2:]
         where = tuple(slice(o, o + n) for o, n in zip(begin, pixels.shape[:2], strict=True))
         where = (body["offset"][0], *where) if len(body["offset"]) == 3 else where
-        self.canvas[where] = pixels
+        self.canvas[where] = pixels.reshape(self.canvas[where].shape)  # grey: [h, w, 1]
         self.writes[where] += 1
         return {"received": int((self.writes > 0).sum()), "complete": bool(self.writes.all())}
 

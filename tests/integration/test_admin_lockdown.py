@@ -60,6 +60,7 @@ SERVE_MODELS = {
     "sam2_decoder",
     "sam2_decoder_unbatched",
     "sam2_session",
+    "sam2_large",  # images larger than SAM's input, over sam2_session
     "sam2",  # the Lambda seed's JSON contract, over sam2_session
     "sam2_everything",  # segment everything, over sam2_session
     "sam2_everything_decoder",

@@ -248,7 +248,7 @@ def test_config_is_a_one_answer_python_model_over_the_session_model(family):
     assert config.name == f"{family}_large" and config.backend == "python"
     assert not config.model_transaction_policy.decoupled and config.max_batch_size == 0
     assert [t.name for t in config.input] == [protocol.REQUEST, *protocol.PIXEL_INPUTS.values()]
-    assert [t.name for t in config.output] == [protocol.ANSWER]
+    assert [t.name for t in config.output] == [protocol.ANSWER, protocol.RGB]  # RGB: a read
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params[protocol.PARAM_KIND] == envelope.KIND_LARGE_IMAGE
     assert params["session_model"] == spec.session_model and params["data_roots"] == ""

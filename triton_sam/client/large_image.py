@@ -105,8 +105,8 @@ class LargeModel:
     def _once(self, body, pixels, outputs):
         text = json.dumps(body, separators=(",", ":")).encode("utf-8")
         inputs = {protocol.REQUEST: np.array([text], dtype=np.object_)}
-        if pixels is not None:
-            inputs[protocol.PIXELS] = pixels
+        if pixels is not None:  # a Triton input has one datatype: one input per dtype
+            inputs[protocol.PIXEL_INPUTS[pixels.dtype.name]] = pixels
         out = self.transport.infer(
             self.model, inputs, (protocol.ANSWER, *outputs), routing_key=self.routing_key
         )

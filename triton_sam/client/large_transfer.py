@@ -193,6 +193,8 @@ def put_pieces(image: LargeImage, array: Any, *, piece: int, progress: bool) -> 
     with tqdm(total=total, unit="px", unit_scale=True, disable=not progress, desc="upload") as bar:
         for offset, where in pieces(image, piece):
             pixels = np.ascontiguousarray(np.asarray(array[where]), dtype=dtype)
+            if pixels.ndim == 2:  # the wire's pieces are [rows, cols, channels]
+                pixels = pixels[..., None]
             answer = image.request("put", pixels, offset=offset)
             bar.update(pixels.shape[0] * pixels.shape[1])
     if not answer.get("complete", False):

@@ -101,6 +101,11 @@ def build_large_config(family: FamilySpec, options: LargeOptions | None = None) 
     config.output.append(
         model_config_pb2.ModelOutput(name=protocol.ANSWER, data_type=string, dims=[1])
     )
+    config.output.append(  # a read's pixels (asked for by name)
+        model_config_pb2.ModelOutput(
+            name=protocol.RGB, data_type=model_config_pb2.TYPE_UINT8, dims=[-1, -1, 3]
+        )
+    )
     config.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
     settings = protocol.LargeSettings(
         family=family.family,

@@ -119,6 +119,9 @@ class TritonPythonModel:
             raise bounds.RequestError(protocol.PIXELS, "a put carries one piece, in one input")
         pixels = given[0] if given else None
         answer = await self.service.answer(tenant, model_io.as_bytes(value), pixels)
+        rgb = answer.pop(protocol.RGB, None)  # a read's pixels travel as their own tensor
         text = json.dumps(answer, separators=(",", ":")).encode("utf-8")
-        out = pb_utils.Tensor(protocol.ANSWER, np.array([text], dtype=np.object_))
-        return pb_utils.InferenceResponse(output_tensors=[out])
+        out = [pb_utils.Tensor(protocol.ANSWER, np.array([text], dtype=np.object_))]
+        if rgb is not None:
+            out.append(pb_utils.Tensor(protocol.RGB, rgb))
+        return pb_utils.InferenceResponse(output_tensors=out)

@@ -27,6 +27,7 @@ FIELDS = {
     "predict": {"handle", "z", "points", "labels", "box", "multimask_output", "mode"},
     "embed": {"handle", "z", "tiles"},
     "status": {"handle", "z"},
+    "read": {"handle", "z", "block", "step", "level"},
     "close": {"handle"},
 }
 MAX_SIDE = 2**31 - 1  # a shape's side: anything larger is not an image

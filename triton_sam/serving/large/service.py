@@ -22,6 +22,7 @@ from ..protocol import large as protocol
 from ..tiles import Block, TileGrid
 from . import crop, planning, requests
 from .handles import Handles, Image
+from .reads import read_block
 from .spool import Spool, axes_of
 
 # Blocks remembered per image (block -> the session's image id): a tile grid's worth and
@@ -254,6 +255,12 @@ class Service:
             tried.add(block)
             await run.on(block, None)
         return run.answer()
+
+    async def _read(self, tenant, request):
+        image = self._ready(tenant, request)
+        to_rgb, most = pixel_mapping().to_rgb, self.settings.max_block
+        answer, rgb = await self._run(self.background, read_block, image, request, most, to_rgb)
+        return {**answer, protocol.RGB: rgb}  # the model answers it as its own tensor
 
     async def _embed(self, tenant, request):
         image = self._ready(tenant, request)
