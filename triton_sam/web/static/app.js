@@ -17,7 +17,7 @@ import { Viewport } from "./viewport.js";
 import { paintCrops } from "./crops.js";
 import { TileLayer } from "./tilelayer.js";
 import {
-  MAX_DECODE_PIXELS, SESSION_MAX_PIXELS, close as closeLarge, fileSize, openDataset, predictLarge, upload,
+  MAX_DECODE_PIXELS, SESSION_MAX_PIXELS, close as closeLarge, fileSize, op, openDataset, predictLarge, upload,
 } from "./large.js";
 
 const PALETTE = [
@@ -421,6 +421,16 @@ async function openDatasetNamed(dataset, key) {
     showLarge(dataset, await openDataset(model, dataset, key), model, false, t0);
   } catch (e) {
     showError(e, `Could not open ${dataset}`);
+  }
+}
+
+// An image the large model already holds for this tenant (a Python client uploaded it, say).
+async function openHandle(model, handle) {
+  try {
+    const t0 = performance.now();
+    showLarge(handle, await op(model, { op: "status", handle }), model, false, t0);
+  } catch (e) {
+    showError(e, `Could not open ${handle}`);
   }
 }
 
@@ -850,6 +860,8 @@ window.annotator = {
   viewport,
   /** Opens a dataset the server reads (what the dataset form does). */
   openDataset: openDatasetNamed,
+  /** Opens an image the large model holds under `handle` (uploaded by another client). */
+  openHandle,
   /** Nothing in flight or waiting, in any lane. */
   idle,
   /** Resolves once idle and the last answer is on screen (checked in the page, so a test
