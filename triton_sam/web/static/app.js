@@ -811,7 +811,7 @@ function download(blob, name) {
 }
 
 function exportable() {
-  if (state.image?.large) showError(new Error("exports of a large image: use the Python client (triton_sam.LargeImage), the page holds only crops"));
+  if (state.image?.large) showError(new Error("exports of a large image: use the Python client (its large-image masks), the page holds only crops"));
   return Boolean(state.image && !state.image.large);
 }
 
