@@ -412,12 +412,14 @@ def test_zoom_and_pan_send_the_image_pixel_under_the_cursor(
     panned = layout(browser)
     assert [panned[0] - rect[0], panned[1] - rect[1]] == pytest.approx([-90, -40])
     assert objects(browser)[0]["points"] == []  # panning is not a click
-    # Click; the point sent is the pixel under the pointer.
+    # Click; the point sent is the pixel under the pointer. Chromium maps a transformed box in
+    # single precision (~1e-4 px on coordinates of ~1000 px: 4e-6 seen); a mapping error of
+    # any kind (a missed offset, half a pixel) is whole fractions of a pixel.
     ActionChains(browser, duration=0).move_to_element_with_offset(stage, 10, 5).click().perform()
     settle(browser)
     (obj,) = objects(browser)
     expected = under(panned, js(browser, "return lastPointer"))
-    assert obj["points"][0][:2] == pytest.approx(expected, abs=1e-6)
+    assert obj["points"][0][:2] == pytest.approx(expected, abs=1e-3)
     with SAM2TritonClient(sam2_tiny_server.http_url) as client:
         client.set_image(image_file)
         mask = python_mask(client, obj, [])
@@ -493,7 +495,7 @@ def test_a_20000_px_image_zooms_pans_and_clicks_at_full_resolution(
         f"annotator.openHandle('{LARGE}', '{made['handle']}').then(arguments[arguments.length - 1])"
     )
     assert error_text(browser) == ""
-    settle(browser)
+    browser.execute_async_script("annotator.whenIdle().then(arguments[arguments.length - 1])")
     # Zoom onto the disc: 20 notches around it (aimed on the overview: within a screen pixel,
     # some 40 image pixels), then pan with Space held so its centre lands on a chosen point.
     stage = browser.find_element("id", "stage")
