@@ -539,6 +539,13 @@ def test_a_20000_px_image_zooms_pans_and_clicks_at_full_resolution(
     assert {k: obj["crop"][k] for k in ("offset", "size", "counts")} == {
         k: best[k] for k in ("offset", "size", "counts")
     }
+    # The view rested zoomed in: the page asked the model to embed the tiles it shows.
+    wait_for(browser, "annotator.state.image.prefetch.sent > 0", "the view's tiles embedded ahead")
+    asked = set(js(browser, "return [...annotator.state.image.prefetch.asked]"))
+    deadline = time.monotonic() + WAIT_S
+    while not asked <= set(large_call(http, {"op": "status", "handle": made["handle"]})["held"]):
+        assert time.monotonic() < deadline, f"tiles {asked} were not embedded"
+        time.sleep(0.2)
     held = js(browser, "return annotator.state.image.tiles.tiles.size")
     assert 0 < held <= 256  # decoded tiles in the page: bounded, whatever the image's size
     large_call(http, {"op": "close", "handle": made["handle"]})

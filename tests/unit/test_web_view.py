@@ -127,3 +127,22 @@ def test_tiles_around_a_view_are_clipped_and_nearest_first():
     # the view covers tile rows 1-2 and columns 1-3; one more each way
     assert sorted(map(tuple, out)) == [(r, c) for r in range(0, 4) for c in range(0, 5)]
     assert tuple(out[0]) == (2, 2)  # the centre (1300, 1200) lies in tile (2, 2)
+
+
+def test_the_tiles_a_view_embeds_are_the_models_ids():
+    from triton_sam.serving.tiles import Block, TileGrid
+
+    grid = TileGrid((20000, 9000), (768, 768), (128, 128))
+    rects = [
+        [1000, 2000, 1700, 2500],
+        [0, 0, 300, 200],
+        [8800, 19900, 9100, 20100],
+        [-50, -50, 10, 10],
+    ]
+    out = node(
+        f"console.log(JSON.stringify({rects}.map((r) => P.tilesIn(r, [768, 768], "
+        f"{list(grid.blocks_per_axis)}))))"
+    )
+    for (x0, y0, x1, y1), ids in zip(rects, out, strict=True):
+        block = Block((max(0, y0), max(0, x0)), (min(20000, y1), min(9000, x1)))
+        assert ids == grid.tiles_touching(block)

@@ -16,6 +16,7 @@ import { coco, grayPng, labels } from "./export.js";
 import { Viewport } from "./viewport.js";
 import { paintCrops } from "./crops.js";
 import { TileLayer } from "./tilelayer.js";
+import { EmbedPrefetch } from "./prefetch.js";
 import {
   MAX_DECODE_PIXELS, SESSION_MAX_PIXELS, close as closeLarge, fileSize, op, openDataset, predictLarge, upload,
 } from "./large.js";
@@ -48,10 +49,13 @@ const state = {
   nextColour: 0,
 };
 
-// Large images redraw everything through the view; small ones only their marks (line widths).
-const viewport = new Viewport(ui.stage, [ui.image, ui.masks, ui.hover, ui.marks], (marksOnly) =>
-  marksOnly ? drawMarks() : redrawLarge(),
-);
+// Large images redraw everything through the view (and embed the tiles a resting view
+// shows); small ones redraw only their marks (line widths).
+const viewport = new Viewport(ui.stage, [ui.image, ui.masks, ui.hover, ui.marks], (marksOnly) => {
+  if (marksOnly) return drawMarks();
+  redrawLarge();
+  state.image?.prefetch?.viewChanged(viewport.view.visible(ui.image.width, ui.image.height));
+});
 
 const stats = {
   clickMs: [], // click (pointerup) to its mask drawn, ms
@@ -368,6 +372,7 @@ function adopt(image) {
   clearHover();
   const before = state.image;
   if (before?.tiles) before.tiles.close();
+  before?.prefetch?.close();
   if (before?.large?.uploaded) closeLarge(before.large.model, before.large.handle); // its pixels go
   state.image = image;
   state.objects = [newObject()];
@@ -440,6 +445,7 @@ function showLarge(name, answer, model, uploaded, t0) {
   const large = { model, handle: answer.handle, z: volume ? 0 : null, uploaded, shape: answer.shape };
   const image = { name, width, height, model: state.model, imageId: null, large };
   image.tiles = new TileLayer({ ...large, width, height }, () => redrawLarge(), authHeaders);
+  image.prefetch = new EmbedPrefetch({ ...large, tile: answer.tile, grid: answer.grid });
   adopt(image);
   const depth = volume ? ` × ${answer.shape[0]} slices` : "";
   showStats(`image ${width}×${height}${depth} on ${model}: ${(performance.now() - t0).toFixed(0)} ms · tiles ${answer.tile.join("×")} · nothing embedded yet`);
@@ -452,6 +458,7 @@ function showSlice(z) {
   const large = { ...image.large, z };
   const next = { ...image, large };
   next.tiles = new TileLayer({ ...large, width: image.width, height: image.height }, () => redrawLarge(), authHeaders);
+  next.prefetch = new EmbedPrefetch({ ...image.prefetch.image, z });
   image.large = { ...image.large, uploaded: false }; // the same handle: not closed
   adopt(next);
 }

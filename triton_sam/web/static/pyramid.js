@@ -42,3 +42,17 @@ export function tilesOver(rect, level, width, height, margin = 0) {
 }
 
 export { PREFETCH };
+
+/** The large model's own tiles (what it embeds), not the pyramid's: the ids (row-major, as
+ * triton_sam/serving/tiles.py numbers them) of the tiles of `tile` [rows, cols] pixels,
+ * `grid` [rows, cols] of them, whose core overlaps image rectangle [x0, y0, x1, y1]. */
+export function tilesIn(rect, tile, grid) {
+  const [x0, y0, x1, y1] = rect;
+  const first = (v, side, count) => Math.min(Math.max(Math.floor(v / side), 0), count);
+  const last = (v, side, count) => Math.min(Math.max(Math.ceil(v / side), 0), count);
+  const ids = [];
+  for (let r = first(y0, tile[0], grid[0]); r < last(y1, tile[0], grid[0]); r += 1) {
+    for (let c = first(x0, tile[1], grid[1]); c < last(x1, tile[1], grid[1]); c += 1) ids.push(r * grid[1] + c);
+  }
+  return ids;
+}
