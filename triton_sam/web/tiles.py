@@ -188,7 +188,7 @@ class TileSource:
         shape = self._shapes.get(key)
         if shape is None:
             answer, _ = await self.call(backend, tenant, model, {"op": "status", "handle": handle})
-            if not answer.get("complete", False):
+            if answer.get("complete") is False:  # an upload with pieces missing
                 raise GatewayError(
                     409, "Incomplete", "handle", "not every piece of the image is there yet"
                 )
