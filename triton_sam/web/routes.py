@@ -4,7 +4,8 @@
 modules); ``GET /web/models`` lists what the page can offer, read from Triton's open
 statistics and config endpoints (its repository index is an admin API): every loaded session
 model (kind ``embedding_cache``) that takes prompts in original pixels, ready, and every
-concept model, and every segment-everything model (kind ``everything``). ``/v2/...`` is
+concept model, every segment-everything model (kind ``everything``) and every large-image
+model (kind ``large``, :mod:`triton_sam.web.tiles` serves its tiles). ``/v2/...`` is
 :class:`~triton_sam.web.passthrough.PassThrough`; ``POST /web/everything/{model}`` is
 :mod:`triton_sam.web.everything` (given Triton's gRPC address).
 """
@@ -26,11 +27,13 @@ from triton_sam.serving.protocol import (
     KIND_CONCEPT,
     KIND_EMBEDDING_CACHE,
     KIND_EVERYTHING,
+    KIND_LARGE_IMAGE,
     KIND_PARAM,
 )
 from triton_sam.serving.protocol import embedding_cache as session_protocol
 from triton_sam.web.everything import everything_routes
 from triton_sam.web.passthrough import PassThrough, PassThroughOptions
+from triton_sam.web.tiles import tile_routes
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # What a family's session model is called on the page (the model's name prefix).
@@ -63,6 +66,7 @@ def web_routes(
             if grpc_address
             else []
         ),
+        *tile_routes(lambda model: _config(passthrough, model)),
         Mount("/web", StaticFiles(directory=STATIC_DIR, html=True), name="web"),
         *passthrough.routes(),
     ]
@@ -92,6 +96,10 @@ async def served_models(passthrough: PassThrough) -> list[dict[str, Any]]:
             family = name.removesuffix("_everything")
             label = f"{FAMILY_LABELS.get(family, family)} everything ({name})"
             offered.append({"name": name, "kind": "everything", "label": label})
+        elif kind == KIND_LARGE_IMAGE:
+            family = name.removesuffix("_large")
+            label = f"{FAMILY_LABELS.get(family, family)} large images ({name})"
+            offered.append({"name": name, "kind": "large", "label": label})
     ready = await asyncio.gather(*(_ready(passthrough, m["name"]) for m in offered))
     return [m for m, ok in zip(offered, ready, strict=True) if ok]
 

@@ -3,12 +3,23 @@
 // The image file's bytes go to the session model once (embed); every click, box or hover
 // sends the image id and the object's prompts and gets RLE masks back (kserve.js). Each
 // object's requests and the hover preview run in their own latest-wins lane (lane.js).
+// An image larger than the session model takes goes to the <family>_large model instead
+// (large.js: a dataset by name, or a file in pieces), is shown from the gateway's tile
+// pyramid (tilelayer.js) and its masks come back as crops (crops.js). Zoom and pan are
+// viewport.js's; every position between the screen and the image goes through its View.
 // window.annotator exposes the state and timings (read by the browser test).
 
-import { ServerError, concepts, embed, everything, predict, setToken } from "./kserve.js";
+import { ServerError, authHeaders, concepts, embed, everything, predict, setToken } from "./kserve.js";
 import { Lane } from "./lane.js";
 import { decode } from "./rle.js";
 import { coco, grayPng, labels } from "./export.js";
+import { Viewport } from "./viewport.js";
+import { paintCrops } from "./crops.js";
+import { TileLayer } from "./tilelayer.js";
+import { EmbedPrefetch } from "./prefetch.js";
+import {
+  MAX_DECODE_PIXELS, SESSION_MAX_PIXELS, close as closeLarge, fileSize, op, openDataset, predictLarge, upload,
+} from "./large.js";
 
 const PALETTE = [
   [230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48], [145, 30, 180],
@@ -23,17 +34,28 @@ const ui = {
   hover: $("hover"), marks: $("marks"), objects: $("objects"), stats: $("stats"),
   error: $("error"), errorText: $("error-text"), refine: $("refine"), concept: $("concept"),
   phrase: $("phrase"), everything: $("everything"), tokenForm: $("token-form"), token: $("token"),
+  datasetForm: $("dataset-form"), dataset: $("dataset"), datasetKey: $("dataset-key"),
+  sliceLabel: $("slice-label"), slice: $("slice"),
 };
 
 const state = {
   models: [],
   model: null, // session model name
-  image: null, // {name, bytes, bitmap, width, height, imageId, model}
+  image: null, // {name, bytes, bitmap, width, height, imageId, model}, or a large image:
+  // {name, width, height, model, large: {model, handle, z, uploaded, shape}, tiles}
   objects: [],
   current: 0,
   history: [],
   nextColour: 0,
 };
+
+// Large images redraw everything through the view (and embed the tiles a resting view
+// shows); small ones redraw only their marks (line widths).
+const viewport = new Viewport(ui.stage, [ui.image, ui.masks, ui.hover, ui.marks], (marksOnly) => {
+  if (marksOnly) return drawMarks();
+  redrawLarge();
+  state.image?.prefetch?.viewChanged(viewport.view.visible(ui.image.width, ui.image.height));
+});
 
 const stats = {
   clickMs: [], // click (pointerup) to its mask drawn, ms
@@ -138,6 +160,13 @@ async function withImage(run) {
   }
 }
 
+// A large image's prompts go to its large model, and its masks come back as crops.
+async function predictOnLarge(job, signal) {
+  const started = performance.now();
+  const result = await predictLarge(job.image.large.model, job.image.large, job.prompts, multimaskFor(job.prompts), signal);
+  return { ...result, started, answered: performance.now() };
+}
+
 async function runPrediction(job, signal) {
   if (job.adopt) {
     // The preview under the cursor asked for exactly these prompts: its answer is this
@@ -150,6 +179,7 @@ async function runPrediction(job, signal) {
       if (e.name !== "AbortError") throw e; // the preview was cancelled: ask ourselves
     }
   }
+  if (job.image.large) return predictOnLarge(job, signal);
   const multimask = multimaskFor(job.prompts);
   const options = { multimask, keepLogits: job.kind === "click" };
   if (job.kind === "click" && job.refineFrom) {
@@ -184,10 +214,15 @@ function best(result) {
 
 function showPrediction(object, result, job) {
   if (!state.objects.includes(object) || job.image !== state.image) return;
-  const [height, width] = result.size;
   const index = best(result);
-  object.rle = result.masks[index];
-  object.mask = decode(object.rle, height, width);
+  if (result.large) {
+    object.crop = result.masks[index];
+    object.rle = object.crop.counts;
+  } else {
+    const [height, width] = result.size;
+    object.rle = result.masks[index];
+    object.mask = decode(object.rle, height, width);
+  }
   object.score = result.scores[index];
   object.logitsKey = result.logitsKey;
   object.maskIndex = index;
@@ -236,7 +271,9 @@ let hoverDone = null; // {key, image, result}: the last preview answered
 const hoverLane = new Lane(
   async (job, signal) => {
     const options = { multimask: multimaskFor(job.prompts), keepLogits: true };
-    const promise = withImage((id) => predict(job.image.model, id, job.prompts, options, signal));
+    const promise = job.image.large
+      ? predictOnLarge(job, signal)
+      : withImage((id) => predict(job.image.model, id, job.prompts, options, signal));
     const mine = { key: job.key, image: job.image, promise };
     hoverInflight = mine;
     try {
@@ -249,18 +286,27 @@ const hoverLane = new Lane(
   },
   (result, job) => {
     if (job.image !== state.image || !hovering) return;
-    const [height, width] = result.size;
-    const mask = decode(result.masks[best(result)], height, width);
-    paint(ui.hover, [{ mask, colour: current().colour }]);
+    if (result.large) {
+      hoverCrop = { crop: result.masks[best(result)], colour: current().colour };
+      paintCrops(ui.hover, viewport.view, [hoverCrop]);
+    } else {
+      const [height, width] = result.size;
+      const mask = decode(result.masks[best(result)], height, width);
+      paint(ui.hover, [{ mask, colour: current().colour }]);
+    }
     afterPaint(() => stats.hoverMs.push(performance.now() - job.t0));
   },
   (error) => showError(error),
 );
 
 let hovering = false;
+let hoverCrop = null; // a large image's preview, redrawn as the view moves
+
+// An image the server holds: prompts can go.
+const onServer = () => Boolean(state.image?.imageId || state.image?.large);
 
 function hover(point, negative, t0) {
-  if (!state.image?.imageId) return;
+  if (!onServer()) return;
   hovering = true;
   stats.hoverEvents += 1;
   stats.hoverFirst ??= t0;
@@ -273,8 +319,10 @@ function hover(point, negative, t0) {
 // waiting for its answer).
 function hideHover() {
   hovering = false;
+  hoverCrop = null;
   hoverLane.dropWaiting();
   const ctx = ui.hover.getContext("2d");
+  ctx.setTransform(1, 0, 0, 1, 0, 0); // a large image's canvases draw through the view
   ctx.clearRect(0, 0, ui.hover.width, ui.hover.height);
 }
 
@@ -286,6 +334,12 @@ function clearHover() {
 // -- opening images ------------------------------------------------------------------------
 async function openFile(file) {
   if (!file || !state.models.length) return;
+  const large = largeModel();
+  if (large) {
+    // Only a large model changes anything: without one, the file goes as it always went.
+    const size = await fileSize(file).catch(() => null); // null: the server may read it
+    if (size && size[0] * size[1] > SESSION_MAX_PIXELS) return openLargeFile(file, size, large);
+  }
   const bytes = await file.arrayBuffer();
   const model = state.model; // null on a server with a concept model only: nothing to embed
   const t0 = performance.now();
@@ -303,33 +357,125 @@ async function openFile(file) {
   }
   const ms = performance.now() - t0;
   stats.embeds.push(ms);
-  for (const object of state.objects) object.lane.cancel();
-  clearHover();
   const bitmap = shown.value;
-  state.image = {
+  adopt({
     name: file.name, bytes, bitmap, width: bitmap.width, height: bitmap.height,
     imageId: served.value.imageId, model,
-  };
+  });
+  const what = !model ? "kept in the page" : served.value.encoded ? "encoded" : "already cached";
+  showStats(`image ${bitmap.width}×${bitmap.height}: ${ms.toFixed(0)} ms (${what}) · sent ${served.value.sent} B · received ${served.value.received} B`);
+}
+
+// The page's image becomes `image`: the objects of the one before go, and it is shown whole.
+function adopt(image) {
+  for (const object of state.objects) object.lane.cancel();
+  clearHover();
+  const before = state.image;
+  if (before?.tiles) before.tiles.close();
+  before?.prefetch?.close();
+  if (before?.large?.uploaded) closeLarge(before.large.model, before.large.handle); // its pixels go
+  state.image = image;
   state.objects = [newObject()];
   state.current = 0;
   state.history = [];
-  for (const canvas of [ui.image, ui.masks, ui.hover, ui.marks]) {
-    canvas.width = bitmap.width;
-    canvas.height = bitmap.height;
+  if (!image.large) {
+    for (const canvas of [ui.image, ui.masks, ui.hover, ui.marks]) {
+      canvas.width = image.width;
+      canvas.height = image.height;
+    }
+    ui.image.getContext("2d").drawImage(image.bitmap, 0, 0);
   }
-  ui.image.getContext("2d").drawImage(bitmap, 0, 0);
   ui.stage.classList.add("loaded");
+  ui.sliceLabel.hidden = !(image.large && image.large.z !== null);
   clearError();
+  showEverything();
+  viewport.show(image);
   drawAll();
-  const what = !model ? "kept in the page" : served.value.encoded ? "encoded" : "already cached";
-  showStats(`image ${bitmap.width}×${bitmap.height}: ${ms.toFixed(0)} ms (${what}) · sent ${served.value.sent} B · received ${served.value.received} B`);
+}
+
+// The served <family>_large beside the current session model, else any (null: none).
+function largeModel() {
+  const family = state.model?.replace(/_session$/, "");
+  const large = state.models.filter((m) => m.kind === "large");
+  return (large.find((m) => m.name === `${family}_large`) ?? large[0])?.name ?? null;
+}
+
+// A file too large for the session model: decoded here if it fits, sent in pieces.
+async function openLargeFile(file, [width, height], model) {
+  if (width * height > MAX_DECODE_PIXELS) {
+    const most = (MAX_DECODE_PIXELS / 2 ** 20).toFixed(0);
+    showError(new Error(`${file.name} is ${width}×${height}: too large to decode in the browser (${most} Mpx at most); put it under one of the server's data roots and open it as a dataset`));
+    return;
+  }
+  try {
+    const t0 = performance.now();
+    const bitmap = await createImageBitmap(file, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+    const answer = await upload(model, bitmap, (done, total) => showStats(`uploading ${file.name}: ${done}/${total} pieces`));
+    bitmap.close(); // the server has the pixels now; the page shows its tiles
+    showLarge(file.name, answer, model, true, t0);
+  } catch (e) {
+    showError(e, `Could not open ${file.name}`);
+  }
+}
+
+async function openDatasetNamed(dataset, key) {
+  const model = largeModel();
+  if (!model || !dataset) return;
+  try {
+    const t0 = performance.now();
+    showLarge(dataset, await openDataset(model, dataset, key), model, false, t0);
+  } catch (e) {
+    showError(e, `Could not open ${dataset}`);
+  }
+}
+
+// An image the large model already holds for this tenant (a Python client uploaded it, say).
+async function openHandle(model, handle) {
+  try {
+    const t0 = performance.now();
+    showLarge(handle, await op(model, { op: "status", handle }), model, false, t0);
+  } catch (e) {
+    showError(e, `Could not open ${handle}`);
+  }
+}
+
+function showLarge(name, answer, model, uploaded, t0) {
+  const volume = answer.axes.startsWith("z");
+  const [height, width] = volume ? answer.shape.slice(1, 3) : answer.shape.slice(0, 2);
+  const large = { model, handle: answer.handle, z: volume ? 0 : null, uploaded, shape: answer.shape };
+  const image = { name, width, height, model: state.model, imageId: null, large };
+  image.tiles = new TileLayer({ ...large, width, height }, () => redrawLarge(), authHeaders);
+  image.prefetch = new EmbedPrefetch({ ...large, tile: answer.tile, grid: answer.grid });
+  adopt(image);
+  const depth = volume ? ` × ${answer.shape[0]} slices` : "";
+  showStats(`image ${width}×${height}${depth} on ${model}: ${(performance.now() - t0).toFixed(0)} ms · tiles ${answer.tile.join("×")} · nothing embedded yet`);
+}
+
+// A volume's slice: its own objects (a click is on one slice).
+function showSlice(z) {
+  const image = state.image;
+  if (!image?.large || image.large.z === null || !(z >= 0 && z < image.large.shape[0])) return;
+  const large = { ...image.large, z };
+  const next = { ...image, large };
+  next.tiles = new TileLayer({ ...large, width: image.width, height: image.height }, () => redrawLarge(), authHeaders);
+  next.prefetch = new EmbedPrefetch({ ...image.prefetch.image, z });
+  image.large = { ...image.large, uploaded: false }; // the same handle: not closed
+  adopt(next);
+}
+
+function redrawLarge() {
+  const image = state.image;
+  if (!image?.large) return;
+  image.tiles.draw(ui.image.getContext("2d"), viewport.view, ui.image.width, ui.image.height);
+  drawMasks();
+  if (hoverCrop) paintCrops(ui.hover, viewport.view, [hoverCrop]);
 }
 
 async function switchModel(name) {
   state.model = name;
   showEverything();
   const image = state.image;
-  if (!image || image.model === name) return;
+  if (!image || image.large || image.model === name) return; // a large image stays on its model
   try {
     const served = await embed(name, image.bytes);
     clearHover();
@@ -349,6 +495,10 @@ async function switchModel(name) {
 async function segmentConcept(phrase) {
   const model = state.models.find((m) => m.kind === "concept");
   if (!model || !state.image || !phrase) return;
+  if (state.image.large) {
+    showError(new Error("concepts on a large image: not on this page yet (the concept model takes the whole image)"));
+    return;
+  }
   const { width, height } = state.image;
   const pixels = ui.image.getContext("2d").getImageData(0, 0, width, height).data;
   const rgb = new Uint8Array(width * height * 3);
@@ -375,6 +525,7 @@ async function segmentConcept(phrase) {
 
 // The served <family>_everything beside the current session model (null: none listed).
 function everythingModel() {
+  if (state.image?.large) return null; // the everything model takes a session's image
   const name = state.model?.replace(/_session$/, "_everything");
   return state.models.find((m) => m.kind === "everything" && m.name === name) ?? null;
 }
@@ -448,14 +599,19 @@ function paint(canvas, layers) {
 }
 
 function drawMasks() {
-  paint(ui.masks, state.objects);
+  if (state.image?.large) paintCrops(ui.masks, viewport.view, state.objects);
+  else paint(ui.masks, state.objects);
   drawMarks();
 }
 
 function drawMarks(drag) {
   const ctx = ui.marks.getContext("2d");
+  ctx.setTransform(1, 0, 0, 1, 0, 0);
   ctx.clearRect(0, 0, ui.marks.width, ui.marks.height);
-  const scale = ui.marks.width / Math.max(1, ui.marks.getBoundingClientRect().width);
+  // Marks are in image pixels: on a large image's stage-sized canvas through the view; on a
+  // small image's canvas as they are (the view places that canvas). Lines keep their width.
+  if (state.image?.large) viewport.view.apply(ctx);
+  const scale = 1 / viewport.view.scale;
   state.objects.forEach((object, k) => {
     const [r, g, b] = object.colour;
     ctx.lineWidth = (k === state.current ? 2.5 : 1.5) * scale;
@@ -532,24 +688,22 @@ function clearError() {
 }
 
 // -- input -------------------------------------------------------------------------------------
+// The image pixel under a pointer: the view's, the one transform the canvases are placed by.
 function imagePoint(event) {
-  const rect = ui.marks.getBoundingClientRect();
-  const x = ((event.clientX - rect.left) * ui.marks.width) / rect.width;
-  const y = ((event.clientY - rect.top) * ui.marks.height) / rect.height;
-  return [Math.min(Math.max(x, 0), ui.marks.width - 1), Math.min(Math.max(y, 0), ui.marks.height - 1)];
+  return viewport.view.clampedImage(viewport.stagePoint(event));
 }
 
 let press = null; // {x, y, clientX, clientY, shift}
 
 ui.marks.addEventListener("pointerdown", (event) => {
-  if (!state.image?.imageId || event.button !== 0) return;
+  if (!onServer() || event.button !== 0 || viewport.panning) return;
   ui.marks.setPointerCapture(event.pointerId);
   const [x, y] = imagePoint(event);
   press = { x, y, clientX: event.clientX, clientY: event.clientY, shift: event.shiftKey, dragging: false };
 });
 
 ui.marks.addEventListener("pointermove", (event) => {
-  if (!state.image) return;
+  if (!state.image || viewport.panning) return;
   if (press) {
     if (Math.hypot(event.clientX - press.clientX, event.clientY - press.clientY) >= DRAG_PX) press.dragging = true;
     if (press.dragging) {
@@ -603,6 +757,8 @@ document.addEventListener("keydown", (event) => {
     removeObject();
   } else if (key === "e") {
     segmentEverything();
+  } else if (key === "f") {
+    viewport.fit();
   } else if (key === "escape") {
     everythingJob?.abort();
     press = null;
@@ -622,6 +778,12 @@ ui.stage.addEventListener("drop", (event) => {
 });
 ui.model.addEventListener("change", () => switchModel(ui.model.value));
 $("new-object").addEventListener("click", addObject);
+$("fit").addEventListener("click", () => viewport.fit());
+ui.datasetForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  openDatasetNamed(ui.dataset.value.trim(), ui.datasetKey.value.trim());
+});
+ui.slice.addEventListener("change", () => showSlice(Number(ui.slice.value)));
 ui.everything.addEventListener("click", () => segmentEverything());
 $("undo").addEventListener("click", undo);
 $("error-close").addEventListener("click", clearError);
@@ -655,15 +817,20 @@ function download(blob, name) {
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
+function exportable() {
+  if (state.image?.large) showError(new Error("exports of a large image: use the Python client (its large-image masks), the page holds only crops"));
+  return Boolean(state.image && !state.image.large);
+}
+
 async function exportPng() {
-  if (!state.image) return;
+  if (!exportable()) return;
   const { width, height } = state.image;
   const blob = await grayPng(labels(state.objects, height, width), height, width);
   download(blob, `${baseName()}_labels.png`);
 }
 
 function exportCoco() {
-  if (!state.image) return;
+  if (!exportable()) return;
   const { width, height, name, model } = state.image;
   const text = coco(name, state.objects, height, width, model);
   download(new Blob([text], { type: "application/json" }), `${baseName()}_coco.json`);
@@ -684,17 +851,24 @@ async function start() {
   ui.model.replaceChildren(...sessions.map((m) => new Option(m.label, m.name)));
   state.model = sessions[0]?.name ?? null;
   ui.concept.hidden = !state.models.some((m) => m.kind === "concept");
+  ui.datasetForm.hidden = !state.models.some((m) => m.kind === "large");
   showEverything();
   if (!state.models.length) showError(new Error("the server offers no model this page can use"));
   document.body.dataset.ready = "true";
 }
 
-const idle = () => hoverLane.idle && state.objects.every((o) => o.lane.idle);
+const idle = () =>
+  hoverLane.idle && state.objects.every((o) => o.lane.idle) && (state.image?.tiles?.idle ?? true);
 
 window.annotator = {
   state,
   stats,
   hoverLane,
+  viewport,
+  /** Opens a dataset the server reads (what the dataset form does). */
+  openDataset: openDatasetNamed,
+  /** Opens an image the large model holds under `handle` (uploaded by another client). */
+  openHandle,
   /** Nothing in flight or waiting, in any lane. */
   idle,
   /** Resolves once idle and the last answer is on screen (checked in the page, so a test

@@ -20,6 +20,11 @@ export function setToken(value) {
   else sessionStorage.removeItem(TOKEN_KEY);
 }
 
+/** Headers a same-origin GET needs (the token, when there is one). */
+export function authHeaders() {
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
 /** A request the server (or the network) refused, with a message a person can read. */
 export class ServerError extends Error {
   constructor(status, code, message) {
@@ -44,7 +49,8 @@ export function parseError(status, body) {
   return new ServerError(status, `HTTP ${status}`, text || `HTTP ${status}`);
 }
 
-async function infer(model, body, headers, signal) {
+/** POST a KServe v2 request to `model`; resolves {outputs (by name), sent, received}. */
+export async function infer(model, body, headers, signal) {
   const sent = body instanceof Blob ? body.size : encoder.encode(body).length;
   let response;
   if (token) headers = { ...headers, Authorization: `Bearer ${token}` };
