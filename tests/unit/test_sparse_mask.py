@@ -81,9 +81,10 @@ def test_an_empty_mask_is_an_empty_crop():
     empty = _mask(offset=(0, 0), size=(0, 0), counts="", area=0)
     assert empty.crop().shape == (0, 0)
     assert not empty.dense((4, 4)).any()
-    assert empty.to_coco((4, 4))["segmentation"]["counts"] == masks.encode_rle(
-        np.zeros((4, 4), bool)
-    ).decode()
+    assert (
+        empty.to_coco((4, 4))["segmentation"]["counts"]
+        == masks.encode_rle(np.zeros((4, 4), bool)).decode()
+    )
 
 
 def test_to_coco_is_the_full_images_rle_for_any_placement():
