@@ -1,0 +1,97 @@
+"""Segment everything on a large image, served: one job per tile on the image the large model
+holds (its blocks read on the server), pieces joined across tiles.
+
+Parity (the official generator's equality with the served everything model is
+tests/parity/test_everything_parity.py): each tile's job answers exactly what the everything
+model answers for that tile's pixels sent as an image, so the block read on the server is the
+right one; and every instance of the result that lies inside one tile's core is an instance
+the generator found on that tile, unchanged. (Joining pieces across tile edges is checked
+exactly, on known objects, in tests/unit/test_stitch.py: random weights have no objects.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from triton_sam.client import SAM2TritonClient
+from triton_sam.client import everything as job
+from triton_sam.serving import masks
+from triton_sam.serving.tiles import TileGrid
+from triton_sam.tools.sample import sample_image
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
+
+# Random weights predict noise masks (predicted IoU ~0.45): keep what the generator makes.
+PARAMS = {
+    "points_per_side": 4,
+    "pred_iou_thresh": 0.0,
+    "stability_score_offset": 0.02,
+    "stability_score_thresh": 0.3,
+}
+
+
+def placed(record, offset, shape):
+    h, w = record["segmentation"]["size"]
+    full = np.zeros(shape, bool)
+    full[offset[0] : offset[0] + h, offset[1] : offset[1] + w] = masks.decode_rle(
+        record["segmentation"]["counts"], (h, w)
+    )
+    return full
+
+
+def test_tiled_everything_equals_each_tiles_job_and_joins_across_edges(
+    sam2_tiny_server, monkeypatch
+):
+    image = sample_image(300, 280)  # W x H
+    shape = image.shape[:2]
+    answered = {}
+    real = job.generate
+
+    def recording(endpoint, model, inputs, **options):
+        result = real(endpoint, model, inputs, **options)
+        answered[tuple(int(v) for v in inputs["block"])] = result.instances
+        return result
+
+    monkeypatch.setattr(job, "generate", recording)
+    with SAM2TritonClient(sam2_tiny_server.http_url) as client:
+        with client.open_array(image, tile=128, halo=32, progress=False) as large:
+            done = []
+            result = large.segment_everything(
+                grpc_url=sam2_tiny_server.grpc_url,
+                progress=lambda d, t: done.append((d, t)),
+                **PARAMS,
+            )
+        grid = TileGrid(shape, (128, 128), (32, 32))
+        assert result.tiles == len(grid) == 9 and done[-1] == (9, 9)
+        assert len(answered) == 9
+        monkeypatch.setattr(job, "generate", real)
+        for tile in (0, 4):  # a corner tile and the middle one, sent as plain images
+            outer = grid.outer(tile)
+            direct = client.generate_masks(np.ascontiguousarray(image[outer.slices()]), **PARAMS)
+            served = answered[(*outer.begin, *outer.end)]
+            assert [r["segmentation"] for r in served] == [
+                r["segmentation"] for r in direct.instances
+            ]
+            assert [r["predicted_iou"] for r in served] == [
+                r["predicted_iou"] for r in direct.instances
+            ]
+    pieces = sum(len(v) for v in answered.values())
+    assert 0 < len(result) <= pieces
+    full = [np.zeros(shape, bool) for _ in result.instances]
+    for k, inst in enumerate(result.instances):
+        r, c = inst.offset
+        full[k][r : r + inst.mask.shape[0], c : c + inst.mask.shape[1]] = inst.mask
+    # every instance inside the middle tile's core is one the generator found on that tile
+    core, outer = grid.core(4), grid.outer(4)
+    found = [placed(r, outer.begin, shape) for r in answered[(*outer.begin, *outer.end)]]
+    inside = [f for f in full if f[core.slices()].sum() == f.sum()]
+    for mask in inside:
+        assert any(np.array_equal(mask, f) for f in found)
+    print(f"middle tile: {len(inside)} instances inside its core, all the generator's own")
+    records = result.records()
+    for k, record in enumerate(records):
+        np.testing.assert_array_equal(
+            masks.decode_rle(record["segmentation"]["counts"], shape), full[k]
+        )
+    print(f"{pieces} pieces from 9 tiles -> {len(result)} instances")
