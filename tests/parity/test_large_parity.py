@@ -204,7 +204,7 @@ class LargeImage:
 @pytest.fixture(scope="module")
 def large(sam1_vit_b_build):
     with contextmanager(module_server)(sam1_vit_b_build[0]) as server:  # tests/servers.py
-        image = LargeImage(server.http_url)
+        image = LargeImage(server.http_address)
         assert image.client.is_model_ready(MODEL), f"{MODEL} is not in the served repository"
         image.upload(IMAGE)
         yield image
