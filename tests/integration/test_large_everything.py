@@ -68,7 +68,11 @@ def test_tiled_everything_equals_each_tiles_job_and_joins_across_edges(
         monkeypatch.setattr(job, "generate", real)
         for tile in (0, 4):  # a corner tile and the middle one, sent as plain images
             outer = grid.outer(tile)
-            direct = client.generate_masks(np.ascontiguousarray(image[outer.slices()]), **PARAMS)
+            direct = client.generate_masks(
+                np.ascontiguousarray(image[outer.slices()]),
+                grpc_url=sam2_tiny_server.grpc_url,
+                **PARAMS,
+            )
             served = answered[(*outer.begin, *outer.end)]
             assert [r["segmentation"] for r in served] == [
                 r["segmentation"] for r in direct.instances

@@ -47,6 +47,7 @@ from prompt_matrix import iou
 from servers import module_server
 
 from triton_sam.serving.masks import decode_rle
+from triton_sam.serving.protocol.large import PIXEL_INPUTS
 from triton_sam.serving.tiles import TileGrid
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
@@ -166,9 +167,11 @@ class LargeImage:
 
         inputs = [httpclient.InferInput("request", [1], "BYTES")]
         inputs[0].set_data_from_numpy(np.array([json.dumps(request).encode()], dtype=object))
-        if pixels is not None:
+        if pixels is not None:  # [rows, cols, channels], in the input of its dtype
+            pixels = pixels[..., None] if pixels.ndim == 2 else pixels
             dtype = {np.dtype(np.uint8): "UINT8", np.dtype(np.uint16): "UINT16"}[pixels.dtype]
-            inputs.append(httpclient.InferInput("pixels", list(pixels.shape), dtype))
+            name = PIXEL_INPUTS[pixels.dtype.name]
+            inputs.append(httpclient.InferInput(name, list(pixels.shape), dtype))
             inputs[1].set_data_from_numpy(pixels)
         result = self.client.infer(MODEL, inputs)
         return json.loads(result.as_numpy("answer")[0])
