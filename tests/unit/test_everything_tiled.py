@@ -113,3 +113,22 @@ def test_cancel_stops_between_tiles_and_returns_nothing(monkeypatch):
     with pytest.raises(RequestCancelledError):
         segment_everything_tiled("e", "m", "h" * 32, GRID, progress=progress, cancel=cancel)
     assert len(jobs.requests) == 2
+
+
+def test_the_label_image_is_an_ome_zarr_written_chunk_by_chunk(monkeypatch, tmp_path):
+    import zarr
+
+    monkeypatch.setattr(job, "generate", Jobs())
+    result = segment_everything_tiled("endpoint", "m", "h" * 32, GRID)
+    result.write_ome_zarr(tmp_path / "labels.ome.zarr", chunk=(128, 128))
+    group = zarr.open_group(str(tmp_path / "labels.ome.zarr"), mode="r")
+    (scales,) = group.attrs["multiscales"]
+    assert scales["version"] == "0.4" and scales["datasets"][0]["path"] == "0"
+    assert [a["name"] for a in scales["axes"]] == ["y", "x"] and "image-label" in group.attrs
+    labels = group["0"]
+    assert labels.shape == SHAPE and labels.chunks == (128, 128) and labels.dtype == np.uint32
+    expected = np.zeros(SHAPE, np.uint32)
+    for block, part in result.label_blocks(chunk=(128, 128)):
+        expected[block.slices()] = part
+    np.testing.assert_array_equal(labels[:], expected)
+    assert set(np.unique(expected)) == {0, 1, 2, 3}

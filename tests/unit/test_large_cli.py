@@ -80,3 +80,33 @@ def test_the_first_ctrl_c_cancels_and_the_second_interrupts():
         with pytest.raises(KeyboardInterrupt):
             handler(signal.SIGINT, None)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_everything_large_writes_the_label_image_and_the_records(server, monkeypatch, tmp_path):
+    import zarr
+
+    from triton_sam.client import everything as job
+    from triton_sam.client.endpoint import Endpoint
+    from triton_sam.client.everything import EverythingResult
+    from triton_sam.serving import masks
+
+    server.endpoint, server.tls = Endpoint("localhost:8001", "grpc", False), None
+
+    def generate(endpoint, model, inputs, **options):  # one 2x2 object in tile 0's core
+        r0, c0, r1, c1 = (int(v) for v in inputs["block"])
+        found = np.zeros((r1 - r0, c1 - c0), bool)
+        if (r0, c0) == (0, 0):
+            found[1:3, 1:3] = True
+        counts = masks.encode_rle(found).decode()
+        records = [{"segmentation": {"size": list(found.shape), "counts": counts},
+                    "bbox": [1, 1, 1, 1], "predicted_iou": 0.9}] if found.any() else []  # fmt: skip
+        return EverythingResult(found.shape, records)
+
+    monkeypatch.setattr(job, "generate", generate)
+    out, coco = tmp_path / "labels.ome.zarr", tmp_path / "labels.json"
+    result = _run("everything-large", "em/s.zarr", "--out", str(out), "--coco", str(coco))
+    assert result.exit_code == 0, result.output
+    assert "1 instances from 6 tiles" in result.output
+    labels = zarr.open_group(str(out), mode="r")["0"][:]
+    assert labels.shape == (10, 7) and (labels == 1).sum() == 4 and labels[1:3, 1:3].all()
+    assert json.loads(coco.read_text())["instances"][0]["area"] == 4

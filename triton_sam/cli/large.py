@@ -1,6 +1,7 @@
 """Large images from the command line: ``precompute`` (embed a dataset's tiles ahead of the
-clicks) and ``segment-large`` (one click on a dataset, its mask as a crop and offset). The
-work is :class:`~triton_sam.client.large_image.LargeImage`'s; these parse, print and write.
+clicks), ``segment-large`` (one click on a dataset, its mask as a crop and offset) and
+``everything-large`` (every object, tiled, as an OME-Zarr label image). The work is
+:class:`~triton_sam.client.large_image.LargeImage`'s; these parse, print and write.
 """
 
 from __future__ import annotations
@@ -136,6 +137,45 @@ def segment_large_cmd(
         f"mask of {mask.area} px, crop {mask.size[0]}x{mask.size[1]} at (row, col) "
         f"{mask.offset}, score {mask.score:.2f}, {answer.mode} mode"
         f"{', cut at its block edge' if mask.cut else ''} -> {', '.join(map(str, written))}"
+    )
+
+
+@app.command("everything-large", short_help="Segment everything on a large image, tiled.")
+def everything_large_cmd(
+    dataset: DatasetArg,
+    out: Annotated[Path, typer.Option(help="The OME-Zarr label image to write (.ome.zarr).")],
+    coco: Annotated[Path | None, typer.Option(help="Also the COCO RLE records (.json).")] = None,
+    key: KeyOpt = None,
+    z: ZOpt = None,
+    points_per_side: Annotated[int, typer.Option(min=1, help="Grid points per tile side.")] = 32,
+    url: ServerUrlOpt = None,
+    grpc_url: Annotated[str | None, typer.Option(help="The server's gRPC address.")] = None,
+    protocol: ProtocolOpt = Protocol.http,
+    model_type: FamilyOpt = "sam2",
+) -> None:
+    """Every object of DATASET: one segment-everything job per tile on the server, objects
+    across tiles joined into one; a label image napari and Fiji open, written chunk by
+    chunk. Ctrl-C stops after the tile in work (nothing is written)."""
+    from tqdm import tqdm
+
+    cancel = threading.Event()
+    with (
+        _client(url, protocol, model_type) as client,
+        client.open_dataset(dataset, key=key) as image,
+        _first_ctrl_c_cancels(cancel),
+        tqdm(total=image.grid[0] * image.grid[1], unit="tile", desc="everything") as bar,
+    ):
+        result = image.segment_everything(
+            z=z,
+            grpc_url=grpc_url,
+            cancel=cancel,
+            progress=lambda done, total: bar.update(done - bar.n),
+            points_per_side=points_per_side,
+        )
+    result.write_ome_zarr(out)
+    written = [out] + ([result.write_coco(coco)] if coco is not None else [])
+    typer.echo(
+        f"{len(result)} instances from {result.tiles} tiles -> {', '.join(map(str, written))}"
     )
 
 
