@@ -261,7 +261,7 @@ def test_points_in_a_tile_core_match_micro_sam(large, predictor, embeddings, nam
     # micro-sam's use_best_multimask: one positive point (counted after the points outside
     # the tile are dropped) asks three masks and keeps the best; the server answers best first.
     kept_labels = np.asarray(labels)[kept]
-    best_of_three = len(kept_labels) == 1 and kept_labels[0] == 1
+    best_of_three = bool(len(kept_labels) == 1 and kept_labels[0] == 1)
     answer = tile_answer(
         large,
         tile_id,
