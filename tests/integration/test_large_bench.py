@@ -25,7 +25,9 @@ def test_bench_large_rows_and_the_servers_counts(sam2_tiny_repository, embedded_
     # tiles 3 and 4 (the second row's first two); 4 holds the centre, clicked already
     assert report.precompute["tiles"] == 1
     assert report.clicks["large"]["p50"] > 0 and report.clicks["small"]["p50"] > 0
-    assert report.memory["server_peak_bytes"] > 0 and report.memory["client_peak_bytes"] > 0
+    memory = report.memory
+    assert memory["server_peak_bytes"] > 0 and memory["client_peak_bytes"] > 0
+    assert 0 <= memory["client_growth_bytes"] <= memory["client_peak_bytes"]
     paths = bench.write_report(report, tmp_path / "out")
     assert json.loads(paths["json"].read_text())["settings"]["large"] == 1600
     assert "tile held" in paths["md"].read_text()

@@ -218,7 +218,12 @@ def test_page_masks_exports_and_hover_storm_match_the_python_client(
         for x, y, negative in clicks:
             click(browser, x, y, shift=negative)
             (obj,) = objects(browser)
-            assert [round(v) for v in obj["points"][-1][:2]] == [x, y]
+            # Pointer events land on whole CSS pixels while the canvas may sit at a half pixel
+            # of the page (its place depends on the controls above it): the point is the
+            # pixel under the pointer within half a pixel (the exact mapping is checked, zoomed
+            # in, by the zoom test against the browser's own layout).
+            got = obj["points"][-1][:2]
+            assert abs(got[0] - x) <= 0.5 and abs(got[1] - y) <= 0.5, (got, x, y)
             assert obj["points"][-1][2] == (0 if negative else 1)
             mask = python_mask(client, obj, python_ms)
             np.testing.assert_array_equal(shown_mask(screen_pixels(browser), obj["colour"]), mask)

@@ -51,12 +51,16 @@ def test_the_report_tables_carry_the_runs_numbers(tmp_path):
             "ratio_p95": 1.17,
         },
         precompute={"tiles": 2, "tiles_per_s": 1.8, "encoder_images_per_s": 2.0, "ratio": 0.9},
-        memory={"server_peak_bytes": 3 * 2**30, "client_peak_bytes": 200 * 2**20},
+        memory={
+            "server_peak_bytes": 3 * 2**30,
+            "client_peak_bytes": 900 * 2**20,
+            "client_growth_bytes": 200 * 2**20,
+        },
     )
     paths = bench.write_report(report, tmp_path)
     text = paths["md"].read_text()
     assert "| 20,000² | 30.0 | 950.0 | 1 | 62 | 118 |" in text
     assert "| ratio | 1.1 | 1.17 |" in text
     assert "| precompute (2 tiles) | 1.8 | 0.9 |" in text
-    assert "| server | 3072 |" in text and "| client | 200 |" in text
+    assert "| server | 3072 |" in text and "| client (growth during the run) | 200 |" in text
     assert paths["png"].stat().st_size > 1000

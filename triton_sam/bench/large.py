@@ -214,11 +214,14 @@ def run_large_benchmark(url: str, http_url: str, settings: LargeBenchSettings, *
                         server_pid: int | None, model_type: str) -> LargeReport:  # fmt: skip
     """One run against a server whose data root ``bench`` holds ``<side>.zarr`` for both
     sides (:func:`write_dataset`)."""
-    from triton_sam.bench.memory import PeakMemory
+    from triton_sam.bench.memory import PeakMemory, process_tree_rss
     from triton_sam.client import SAM2TritonClient
 
     rng = np.random.default_rng(0)
     report = LargeReport(asdict(settings))
+    # what this process held before (an export in the same process, the datasets written):
+    # the client's cost is what it grows by during the run
+    baseline = process_tree_rss(_own_pid()) or 0
     with (
         PeakMemory(server_pid, 0.2) as server_peak,
         PeakMemory(_own_pid(), 0.2) as client_peak,
@@ -235,7 +238,11 @@ def run_large_benchmark(url: str, http_url: str, settings: LargeBenchSettings, *
             large_image, client, http_url, settings.precompute_tiles, rng
         )
         large_image.close()
-    report.memory = {"server_peak_bytes": server_peak.bytes, "client_peak_bytes": client_peak.bytes}
+    report.memory = {
+        "server_peak_bytes": server_peak.bytes,
+        "client_peak_bytes": client_peak.bytes,
+        "client_growth_bytes": max(0, (client_peak.bytes or 0) - baseline),
+    }
     return report
 
 
@@ -268,8 +275,12 @@ def markdown(report: LargeReport) -> str:
     ]
     m = report.memory
     lines += ["", "| process | peak (MiB) |", "|---|---|"]
-    for name in ("server", "client"):
-        value = m.get(f"{name}_peak_bytes")
+    rows = (
+        ("server", "server_peak_bytes"),
+        ("client (growth during the run)", "client_growth_bytes"),
+    )
+    for name, key in rows:
+        value = m.get(key)
         lines.append(f"| {name} | {'-' if value is None else round(value / 2**20)} |")
     return "\n".join(lines) + "\n"
 
