@@ -4,9 +4,9 @@ holds (its blocks read on the server), pieces joined across tiles.
 Parity (the official generator's equality with the served everything model is
 tests/parity/test_everything_parity.py): each tile's job answers exactly what the everything
 model answers for that tile's pixels sent as an image, so the block read on the server is the
-right one; and every instance of the result that lies inside one tile's core is an instance
-the generator found on that tile, unchanged. (Joining pieces across tile edges is checked
-exactly, on known objects, in tests/unit/test_stitch.py: random weights have no objects.)
+right one; pieces of one object are joined. (Which pieces join, and each instance's exact
+mask, are checked on known objects in tests/unit/test_stitch.py and
+tests/unit/test_everything_tiled.py: random weights have no objects.)
 """
 
 from __future__ import annotations
@@ -29,15 +29,6 @@ PARAMS = {
     "stability_score_offset": 0.02,
     "stability_score_thresh": 0.3,
 }
-
-
-def placed(record, offset, shape):
-    h, w = record["segmentation"]["size"]
-    full = np.zeros(shape, bool)
-    full[offset[0] : offset[0] + h, offset[1] : offset[1] + w] = masks.decode_rle(
-        record["segmentation"]["counts"], (h, w)
-    )
-    return full
 
 
 def test_tiled_everything_equals_each_tiles_job_and_joins_across_edges(
@@ -86,13 +77,10 @@ def test_tiled_everything_equals_each_tiles_job_and_joins_across_edges(
     for k, inst in enumerate(result.instances):
         r, c = inst.offset
         full[k][r : r + inst.mask.shape[0], c : c + inst.mask.shape[1]] = inst.mask
-    # every instance inside the middle tile's core is one the generator found on that tile
-    core, outer = grid.core(4), grid.outer(4)
-    found = [placed(r, outer.begin, shape) for r in answered[(*outer.begin, *outer.end)]]
-    inside = [f for f in full if f[core.slices()].sum() == f.sum()]
-    for mask in inside:
-        assert any(np.array_equal(mask, f) for f in found)
-    print(f"middle tile: {len(inside)} instances inside its core, all the generator's own")
+    # Random weights answer masks that fill the block they are given, so every object here
+    # crosses tile edges (measured: 9 pieces, one per tile, joined into 2 instances).
+    assert len(result) < pieces
+    assert sum(len(inst.pieces) for inst in result.instances) <= pieces
     records = result.records()
     for k, record in enumerate(records):
         np.testing.assert_array_equal(
