@@ -218,12 +218,13 @@ def test_page_masks_exports_and_hover_storm_match_the_python_client(
         for x, y, negative in clicks:
             click(browser, x, y, shift=negative)
             (obj,) = objects(browser)
-            # Pointer events land on whole CSS pixels while the canvas may sit at a half pixel
-            # of the page (its place depends on the controls above it): the point is the
-            # pixel under the pointer within half a pixel (the exact mapping is checked, zoomed
-            # in, by the zoom test against the browser's own layout).
+            # WebDriver aims from the element's in-view centre floored to a whole CSS pixel
+            # (W3C WebDriver, "in-view center point"), while the canvas may sit at a fraction
+            # of a pixel (its place depends on the controls above it; measured 0.78 px): the
+            # point sent is within one pixel of the target. The page's mapping itself is
+            # checked exactly, zoomed in, against the browser's own layout (the zoom test).
             got = obj["points"][-1][:2]
-            assert abs(got[0] - x) <= 0.5 and abs(got[1] - y) <= 0.5, (got, x, y)
+            assert abs(got[0] - x) < 1 and abs(got[1] - y) < 1, (got, x, y)
             assert obj["points"][-1][2] == (0 if negative else 1)
             mask = python_mask(client, obj, python_ms)
             np.testing.assert_array_equal(shown_mask(screen_pixels(browser), obj["colour"]), mask)
@@ -249,7 +250,8 @@ def test_page_masks_exports_and_hover_storm_match_the_python_client(
         drag(browser, (40, 30), (170, 130))
         first, second = objects(browser)
         assert second["box"] is not None and not second["points"]
-        assert [round(v) for v in second["box"]] == [40, 30, 170, 130]
+        corners = np.asarray(second["box"]) - [40, 30, 170, 130]  # within a pixel, as above
+        assert (np.abs(corners) < 1).all(), second["box"]
         box_mask = python_mask(client, second, [])
         undone = python_mask(client, first, [])
         pixels = screen_pixels(browser)
