@@ -166,24 +166,39 @@ async def _queue_length(client) -> tuple[int, float]:
 def _flood(client, counters):
     """Send n requests the batcher cannot merge (request i has i + 1 clicks: Triton batches
     only equal shapes), so they queue behind one another; once the first has run, cancel all
-    but the newest. Returns (n, tasks, number cancelled, last result, server counter delta)."""
+    but the newest. Returns (n, tasks, number cancelled, last result, server counter delta,
+    requests the server ran in discarded attempts).
 
-    async def body():
+    The queue's length comes from a measured D, and a D measured while the machine is busy
+    overstates it: a queue sized by it can drain before the cancel arrives (2 of 32 left on a
+    loaded CI runner). Such an attempt proves nothing about cancellation, so it is discarded
+    and the flood repeated four times longer; what the server ran for it is reported apart."""
+
+    async def attempt(n: int, d_ms: float):
         h, w = client.original_size
-        n, d_ms = await _queue_length(client)
         before = await asyncio.to_thread(quiet, counters)
         tasks = []
         for i in range(n):
             clicks = [[w * (0.2 + 0.6 * k / n), h / 2] for k in range(i + 1)]
             tasks.append(await client.predict_async(clicks, [1] * (i + 1), "s"))
         await asyncio.wait([tasks[0][1]])
-        # the rest has arrived and waits: ~2 s of work, far more than this pause. Capped: a D
-        # measured while the machine was busy once made the pause outlast the whole queue.
+        # the rest has arrived and waits: ~2 s of work, far more than this pause
         await asyncio.sleep(min(0.25, max(0.05, 3 * d_ms / 1e3)))
         cancelled = client.cancel_session_requests("s")
         result = await wait_for_latest_result(tasks, client, "s")
         after = await asyncio.to_thread(quiet, counters)
         return n, tasks, cancelled, result, after - before
+
+    async def body():
+        n, d_ms = await _queue_length(client)
+        discarded_runs = 0
+        for _ in range(3):
+            flood = await attempt(n, d_ms)
+            if flood[2] >= n // 2:
+                break
+            discarded_runs += flood[4].executed
+            n = min(512, 4 * n)
+        return (*flood, discarded_runs)
 
     return body()
 
@@ -192,7 +207,7 @@ def test_cancelling_really_stops_queued_requests_on_the_server(sam2_tiny_server,
     async def body(client, counters):
         return await _flood(client, counters)
 
-    n, tasks, cancelled, result, delta = run(sam2_tiny_server, embedding, body)
+    n, tasks, cancelled, result, delta, _ = run(sam2_tiny_server, embedding, body)
     print(f"cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= n // 2
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # client side
@@ -256,14 +271,14 @@ def test_cancelling_session_clicks_answers_them_unrun_in_the_session_model(sam2_
             flood = await _flood(client, counters)
             return (*flood, every_decoder(sam2_tiny_server.http_url)[0] - before[0])
 
-    n, tasks, cancelled, result, delta, ran = asyncio.run(main())
+    n, tasks, cancelled, result, delta, discarded_runs, ran = asyncio.run(main())
     print(f"session: cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= n // 2
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # client side
     assert delta.session_cancelled >= n // 4  # the session model's own count
     assert delta.executed <= n // 2, delta  # the decoder ran only the rest
     # the first D measurement's clicks (a warm-up and 5) ran before the counters were read
-    assert ran == delta.executed + 6
+    assert ran == delta.executed + 6 + discarded_runs
     assert delta.executed + delta.cancelled <= n
 
 
@@ -273,7 +288,7 @@ def test_over_http_cancellation_stops_only_the_client(sam2_tiny_server, embeddin
     async def body(client, counters):
         return await _flood(client, counters)
 
-    n, tasks, cancelled, result, delta = run(sam2_tiny_server, embedding, body, protocol="http")
+    n, tasks, cancelled, result, delta, _ = run(sam2_tiny_server, embedding, body, protocol="http")
     print(f"http: cancelled {cancelled} of {n}; server: {delta.as_dict()}")
     assert result is not None and cancelled >= 1
     assert sum(task.cancelled() for _, task in tasks) == cancelled  # the client stopped waiting
