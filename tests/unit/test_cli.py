@@ -183,28 +183,13 @@ def test_serve_without_the_onnxruntime_backend_says_what_to_do(tmp_path):
 
 
 def test_serve_takes_the_configurations_serve_section_and_its_options_override_it(
-    tmp_path, monkeypatch
+    tmp_path, serve_arguments
 ):
     """The serve: section of conf/config.yaml is what `triton-sam serve` runs with (the
     start-up timeout included); a command-line option overrides its key."""
-    from triton_sam import server
-    from triton_sam.cli.serve import serve_cmd
-    from triton_sam.repository import writer
     from triton_sam.setup.settings import load_config, section
 
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_server(repo, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(server, "EmbeddedTriton", fake_server)
-    monkeypatch.setattr(writer, "embedded_repository", lambda repo, **_: repo)
-    with pytest.raises(Stop):
-        serve_cmd(repository=tmp_path, http_port=0, target="onnxruntime")
+    seen = serve_arguments(repository=tmp_path, http_port=0, target="onnxruntime")
     expected = section(load_config(), "serve") | {"http_port": 0}
     assert {k: seen[k] for k in expected} == expected
     assert seen["startup_timeout_s"] == load_config().serve.startup_timeout_s

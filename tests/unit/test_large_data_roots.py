@@ -54,22 +54,6 @@ def test_the_embedded_server_passes_them_in_its_environment(tmp_path):
         EmbeddedTriton(tmp_path, data_roots={"em": str(tmp_path / "nope")})
 
 
-def test_serve_adds_its_options_to_the_configured_roots(tmp_path, monkeypatch):
-    from triton_sam import server
-    from triton_sam.cli.serve import serve_cmd
-    from triton_sam.repository import writer
-
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def fake_server(repo, **kwargs):
-        seen.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(server, "EmbeddedTriton", fake_server)
-    monkeypatch.setattr(writer, "embedded_repository", lambda repo, **_: repo)
-    with pytest.raises(Stop):
-        serve_cmd(repository=tmp_path, data_root=[f"em={tmp_path}"], target="onnxruntime")
+def test_serve_adds_its_options_to_the_configured_roots(tmp_path, serve_arguments):
+    seen = serve_arguments(repository=tmp_path, data_root=[f"em={tmp_path}"], target="onnxruntime")
     assert seen["data_roots"] == {"em": str(tmp_path)}

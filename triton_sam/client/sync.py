@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client import concepts, flow, image_io, large_image, startup
+from triton_sam.client import concepts, flow, image_io, startup
 from triton_sam.client import everything as everything_client
 from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.concept_session import ConceptSession
@@ -16,17 +16,16 @@ from triton_sam.client.decode_request import EncodedImage
 from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
 from triton_sam.client.everything import EverythingResult
 from triton_sam.client.image_session import ImageSession, model_properties
-from triton_sam.client.large_image import LargeImage
+from triton_sam.client.large_opening import OpensLargeImages
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
 from triton_sam.client.wire import SentBytes
 from triton_sam.errors import ImageNotSetError, UnsupportedModelError
 from triton_sam.models.registry import get_family, is_concept_family
-from triton_sam.serving.protocol import large as large_protocol
 
 
-class SAM2TritonClient(ClosesOnExit):
+class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
     """Synchronous client for a SAM encoder/decoder pair served by Triton.
 
     The image is encoded once by :meth:`set_image`; each :meth:`predict` runs only the
@@ -360,60 +359,3 @@ class SAM2TritonClient(ClosesOnExit):
         prediction = self._concept.predict(phrases, options, mask_format)
         self.last_timings_ms = self._concept.last_timings_ms
         return prediction
-
-    # -- large images (the <family>_large model; docs/large-images.md) --------------------
-    def _large_model(self) -> large_image.LargeModel:
-        model = large_protocol.model_name(self.session_model)
-        return large_image.LargeModel(self._transport, model, family=self.family.family)
-
-    def open_dataset(
-        self,
-        dataset: str,
-        key: str | None = None,
-        mapping: dict[str, Any] | None = None,
-        tile: int | tuple[int, int] | None = None,
-        halo: int | tuple[int, int] | None = None,
-    ) -> LargeImage:
-        """Open an image or volume the server reads where it lives (zarr, N5, OME-Zarr, TIFF)
-        under a data root its operator configured. Nothing is embedded yet.
-
-        Args:
-            dataset: ``"<root>/<path inside it>"``, e.g. ``"em/section.zarr"``.
-            key: an array inside a zarr/N5 group, or an OME-Zarr level (``"0"``).
-            mapping: intensities to SAM's RGB, e.g. ``{"kind": "percentile", "low": 1,
-                "high": 99}`` (None: the server's default for the dtype).
-            tile, halo: pixels a side, or (rows, cols) (None: the server's defaults).
-
-        Returns:
-            A :class:`~triton_sam.client.large_image.LargeImage` (close it, or use ``with``).
-
-        Raises:
-            InputValidationError: an argument (named) is malformed, before sending.
-            InvalidRequestError: the server refused it (a path outside its data roots, an
-                unknown format, past a bound), naming ``request.<field>``.
-        """
-        options = {"key": key, "mapping": mapping, "tile": tile, "halo": halo}
-        return large_image.open_dataset(self._large_model(), dataset, **options)
-
-    def open_array(
-        self,
-        array: Any,
-        mapping: dict[str, Any] | None = None,
-        tile: int | tuple[int, int] | None = None,
-        halo: int | tuple[int, int] | None = None,
-        piece: int = 2048,
-        progress: bool = True,
-    ) -> LargeImage:
-        """Send an image or volume the client holds to the server, once, ``piece`` x
-        ``piece`` pixels at a time (never read whole), with a progress bar when ``progress``.
-
-        ``array``: anything with ``.shape``, ``.dtype`` and slicing (numpy, zarr, dask,
-        tifffile's zarr store), (rows, cols[, channels]) or (z, rows, cols[, channels]),
-        uint8, uint16 or float32 (int8/int16/float16/float64 travel as float32). The other
-        arguments, what it returns and raises are :meth:`open_dataset`'s; closing the image
-        deletes its pixels on the server.
-        """
-        options = {"mapping": mapping, "tile": tile, "halo": halo}
-        return large_image.open_array(
-            self._large_model(), array, piece=piece, progress=progress, **options
-        )
