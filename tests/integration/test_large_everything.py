@@ -87,3 +87,33 @@ def test_tiled_everything_equals_each_tiles_job_and_joins_across_edges(
             masks.decode_rle(record["segmentation"]["counts"], shape), full[k]
         )
     print(f"{pieces} pieces from 9 tiles -> {len(result)} instances")
+
+
+def test_the_benchmark_row_runs_both_sides_on_the_same_tiles(
+    sam1_vit_b_server, sam1_vit_b_spec, sam1_vit_b_checkpoint
+):
+    """`triton-sam bench everything-large`'s row at a CI size: the served tiled jobs and
+    micro-sam's TiledAutomaticMaskGenerator on the same weights and tiles; the row raises
+    unless the server's encoders ran once per tile and micro-sam embedded the same tiles."""
+    from triton_sam.bench.large_everything import everything_row, markdown
+    from triton_sam.bench.micro_sam_ref import micro_sam, reference_predictor
+
+    micro_sam()  # a clear ImportError (run `make micro-sam`) rather than a half-run row
+
+    pixels = sample_image(250, 120)[..., 0]  # W x H: grey, one row of two tiles
+    predictor = reference_predictor(sam1_vit_b_spec, sam1_vit_b_checkpoint)
+    # random weights: nothing passes micro-sam's default filters, so both keep every mask
+    thresholds = {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.0, "box_nms_thresh": 0.7}
+    options = {"mapping": {"kind": "tile_minmax"}, "tile": 128, "halo": 32, "progress": False}
+    with (
+        SAM2TritonClient(sam1_vit_b_server.http_url, model_type="sam1") as client,
+        client.open_array(pixels, **options) as image,
+    ):
+        row = everything_row(
+            image, pixels, predictor, sam1_vit_b_server.http_url,
+            grpc_url=sam1_vit_b_server.grpc_url, points_per_side=2, thresholds=thresholds,
+        )  # fmt: skip
+    assert row.tiles == 2 and row.side == (120, 250)
+    assert row.ours_instances > 0 and row.micro_sam_instances > 0
+    assert row.ratio == round(row.ours_s / row.micro_sam_s, 2)
+    assert "micro-sam TiledAutomaticMaskGenerator" in markdown(row)

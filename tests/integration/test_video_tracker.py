@@ -316,6 +316,37 @@ def test_a_volume_of_small_slices_tracks_as_the_video_client_does(video_server):
         np.testing.assert_array_equal(m.mask, expected[m.z])
 
 
+def test_a_correction_on_a_volume_of_small_slices_is_the_video_clients_refinement(video_server):
+    """VolumeTracker.correct on slices that fit a window: the same masks as the calls a user
+    of the video client makes to refine a tracked frame (its mask, then clicks on it)."""
+    from triton_sam.client.volume import VolumeTracker, WindowMask
+
+    z, y, x = 4, 40, 52
+    zz, yy, xx = np.mgrid[0:z, 0:y, 0:x]
+    volume = np.where((xx - 18 - 3 * zz) ** 2 + (yy - 20) ** 2 < 64, 210, 25).astype(np.uint8)
+    with SAM2VideoTritonClient(video_server.grpc_url) as client:
+        tracker = VolumeTracker(client, volume, window=(64, 64), margin=8)
+        tracked = {m.z: m for m in tracker.track(1, points=[[21, 20]], labels=[1], obj_id=2)}
+        wrong = tracked[2]
+        fix = ([[24, 20], [40, 30]], [1, 0])
+        state = client.init_state(volume)
+        client.add_new_mask(state, 2, 2, wrong.mask)
+        _, _, first = client.add_new_points_or_box(
+            state, 2, 2, points=fix[0], labels=fix[1], clear_old_points=False
+        )
+        expected = {2: first[0, 0] > 0}
+        for reverse in (False, True):
+            for f, _, m in client.propagate_in_video(state, start_frame_idx=2, reverse=reverse):
+                expected.setdefault(f, m[0, 0] > 0)
+        client.close_state(state)
+        found = list(tracker.correct(WindowMask(2, wrong.window, wrong.mask), *fix, obj_id=2))
+    assert [m.z for m in found] == [2, 3, 1, 0]
+    # the check can tell a correction from none: the clicks changed slice 2's mask
+    assert not np.array_equal(expected[2], wrong.mask)
+    for m in found:
+        np.testing.assert_array_equal(m.mask, expected[m.z])
+
+
 def test_a_volume_of_large_slices_is_tracked_on_windows(video_server):
     """Slices larger than the window: every frame the server receives is a window."""
     from triton_sam.client.volume import VolumeTracker, write_labels

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from triton_sam.client.volume import VolumeTracker, window_source, write_labels
+from triton_sam.client.volume import VolumeTracker, WindowMask, window_source, write_labels
 from triton_sam.errors import InputValidationError
 from triton_sam.serving.tiles import Block
 
@@ -20,6 +20,7 @@ class BrightTracker:
 
     def __init__(self):
         self.opened, self.closed, self.frames_read, self.masks_given = 0, 0, [], []
+        self.calls = []  # (call, frame) in order
 
     def init_state(self, source):
         self.opened += 1
@@ -34,8 +35,11 @@ class BrightTracker:
         logits = np.where(pixels > 127, 1.0, -1.0).astype(np.float32)[None, None]
         return frame, [7], logits
 
-    def add_new_points_or_box(self, state, frame, obj_id, points=None, labels=None, box=None):
+    def add_new_points_or_box(
+        self, state, frame, obj_id, points=None, labels=None, box=None, clear_old_points=True
+    ):
         assert obj_id == 7
+        self.calls.append(("points" if clear_old_points else "points on the mask", frame))
         pts = np.asarray(points).reshape(-1, 2)
         h, w = state["source"].height, state["source"].width
         assert (pts >= 0).all() and (pts[:, 0] < w).all() and (pts[:, 1] < h).all()
@@ -45,6 +49,7 @@ class BrightTracker:
     def add_new_mask(self, state, frame, obj_id, mask):
         assert mask.shape == (state["source"].height, state["source"].width)
         self.masks_given.append(int(mask.sum()))
+        self.calls.append(("mask", frame))
         state["prompted"] = True
         return self._answer(state, frame)
 
@@ -89,6 +94,30 @@ def test_a_volume_of_small_slices_is_one_session_over_whole_slices():
     assert vt.sessions == 1 and tracker.masks_given == []
     assert [item.z for item in found] == [2, 3, 4, 1, 0]  # upstream's order
     assert all(item.window == Block((0, 0), (200, 240)) for item in found)
+
+
+def test_a_correction_refines_the_slices_mask_and_propagates_again_from_it():
+    """The clicks go onto the slice's mask (mask first, then the clicks without clearing it),
+    on a window holding both, and tracking runs again both ways from that slice."""
+    volume = moving_disk()
+    tracker = BrightTracker()
+    vt = VolumeTracker(tracker, volume, window=(256, 256), margin=48)
+    tracked = {m.z: m for m in vt.track(4, points=[[220, 210]], labels=[1], obj_id=7)}
+    tracker.calls.clear()
+    opened = tracker.opened
+    wrong = tracked[6]  # the user finds slice 6 wrong: its mask shrunk to a corner of the disk
+    shrunk = WindowMask(6, wrong.window, np.zeros_like(wrong.mask))
+    shrunk.mask[np.nonzero(wrong.mask)[0][0], np.nonzero(wrong.mask)[1][0]] = True
+    disk_centre = [100 + 30 * 6, 150 + 15 * 6]  # (X, Y) on slice 6
+    labels = np.zeros(volume.shape, np.uint32)
+    found = list(vt.correct(shrunk, points=[disk_centre], labels=[1], obj_id=7))
+    for item in found:
+        write_labels(labels, item, 7)
+    assert tracker.calls[:2] == [("mask", 6), ("points on the mask", 6)]
+    assert found[0].z == 6 and found[0].window.contains(np.array([disk_centre[::-1]]))[0]
+    assert sorted(item.z for item in found) == list(range(12))
+    assert np.array_equal(labels == 7, volume > 127)
+    assert tracker.opened > opened and tracker.closed == tracker.opened
 
 
 def test_stop_after_empty_ends_a_direction():

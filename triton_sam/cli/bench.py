@@ -264,6 +264,54 @@ def bench_large_cmd(
     echo_report(bench.write_report(report, output))
 
 
+@bench_app.command("everything-large", short_help="Everything on a large image vs micro-sam.")
+def bench_everything_large_cmd(
+    model: VariantOpt = "sam1_vit_b",
+    side: Annotated[int, typer.Option(min=256, help="Side of the square image.")] = 8192,
+    points_per_side: Annotated[int, typer.Option(min=1, help="Grid points per tile.")] = 32,
+    tile: Annotated[int, typer.Option(min=256, help="Tile core (pixels a side).")] = 768,
+    halo: Annotated[int, typer.Option(min=0, help="Halo (pixels a side).")] = 128,
+    work_dir: WorkDirOpt = Path(".bench/everything-large"),
+    output: ReportDirOpt = Path("outputs/bench"),
+) -> None:
+    """Segment everything on a side x side synthetic image: the server's tiled jobs, objects
+    joined across tiles, against micro-sam's TiledAutomaticMaskGenerator in this process, on
+    the same SAM1 weights, tiles and thresholds (needs `make micro-sam`)."""
+    from triton_sam.bench import large, large_everything
+    from triton_sam.bench.harness import checkpoints_dir, embedded
+    from triton_sam.bench.micro_sam_ref import reference_predictor
+    from triton_sam.client import SAM2TritonClient
+    from triton_sam.export import save_random_checkpoint
+    from triton_sam.tools.demo import build_local_repository, demo_checkpoint
+
+    spec = get_model(model)
+    if spec.family.family != "sam1":
+        raise typer.BadParameter(
+            "micro-sam's generator runs SAM1 here: a sam1_* model", param_hint="--model"
+        )
+    checkpoint = demo_checkpoint(spec, checkpoints_dir(), download=False)
+    if checkpoint is None:  # random weights, but the same file for both sides
+        work_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = save_random_checkpoint(spec, work_dir / f"{spec.name}.random.pt", seed=0)
+    spec, repo, _ = build_local_repository(spec, checkpoints_dir(), work_dir, checkpoint=checkpoint)
+    data = large.datasets(work_dir / "data", (side,))
+    import zarr
+
+    pixels = zarr.open_array(str(data / f"{side}.zarr"), mode="r")[:]  # micro-sam takes it whole
+    predictor = reference_predictor(spec, checkpoint)
+    options = {"mapping": {"kind": "tile_minmax"}, "tile": tile, "halo": halo}
+    with (
+        embedded(repo, data_roots={large.ROOT: str(data)}) as server,
+        SAM2TritonClient(server.http_url, model_type="sam1") as client,
+        client.open_dataset(f"{large.ROOT}/{side}.zarr", **options) as image,
+    ):
+        row = large_everything.everything_row(
+            image, pixels, predictor, server.http_url, grpc_url=server.grpc_url,
+            points_per_side=points_per_side,
+        )  # fmt: skip
+    echo_report(large_everything.write_report(row, output))
+
+
 def _perf_table(rows: list[dict[str, float]]) -> str:
     """perf_analyzer's measurements as a markdown table."""
     lines = [

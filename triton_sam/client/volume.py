@@ -14,7 +14,9 @@ instead, at full resolution, and the window follows the object:
   across the whole slice, and each session's memory starts from the mask it handed over;
 - tracking goes on to the volume's end in each direction, as upstream's propagation does
   (an object can come back after slices where it is hidden); ``stop_after_empty=k`` stops a
-  direction after ``k`` slices in a row with an empty mask instead.
+  direction after ``k`` slices in a row with an empty mask instead;
+- a correction (:meth:`VolumeTracker.correct`: clicks on any slice's tracked mask) refines
+  that slice's mask as upstream refines a tracked frame, and propagates again from it.
 
 An object that moves more than ``margin`` pixels from one slice to the next can be cut at the
 window's edge on the slice where the window moves on (the mask handed over is the cut one):
@@ -138,6 +140,40 @@ class VolumeTracker:
             yield WindowMask(z, window, _mask_of(ids, logits, obj_id))
             for reverse in (False, True):
                 yield from self._follow(state, window, z, obj_id, reverse)
+        finally:
+            self.client.close_state(state)
+
+    def correct(
+        self, current: WindowMask, points, labels, *, obj_id: int = 1
+    ) -> Iterator[WindowMask]:
+        """Correct one slice's mask with clicks and propagate again from that slice.
+
+        ``current`` is the slice's mask as tracking gave it (a :class:`WindowMask` that
+        :meth:`track` or an earlier correction yielded); ``points`` ((X, Y) slice pixels) and
+        ``labels`` (1 adds, 0 removes) refine it as a click on a tracked frame refines it
+        upstream: the mask goes in first (``add_new_mask``), then the clicks with
+        ``clear_old_points=False``, so the decoder sees the mask as its previous logits. The
+        window is centred on the mask and the clicks. Yields the corrected slice's mask,
+        then each slice forwards, then backwards (write them over the old ones).
+        """
+        if not 0 <= current.z < self.volume.shape[0]:
+            raise InputValidationError("current", f"slice {current.z} is not in the volume")
+        rc = _prompt_rc(points, None)
+        if not current.empty:
+            rows, cols = np.flatnonzero(current.mask.any(1)), np.flatnonzero(current.mask.any(0))
+            corners = np.array([[rows[0], cols[0]], [rows[-1], cols[-1]]]) + current.window.begin
+            rc = np.concatenate([rc, corners])
+        window = window_around(rc, self.slice_shape, self.window)
+        state = self._open(window)
+        try:
+            self.client.add_new_mask(state, current.z, obj_id, _recut(current, window))
+            _, ids, logits = self.client.add_new_points_or_box(
+                state, current.z, obj_id, points=_shift(points, window), labels=labels,
+                clear_old_points=False,
+            )  # fmt: skip
+            yield WindowMask(current.z, window, _mask_of(ids, logits, obj_id))
+            for reverse in (False, True):
+                yield from self._follow(state, window, current.z, obj_id, reverse)
         finally:
             self.client.close_state(state)
 

@@ -107,17 +107,21 @@ def build_local_repository(
     *,
     download: bool = False,
     fuse_attention: bool = True,
+    checkpoint: Path | None = None,
 ) -> tuple[ModelSpec, Path, RepositoryBuild]:
     """Export ``model`` into ``work_dir/model_repository`` (the production ``onnxruntime``
     target, as ``docker compose`` serves it) and return the repository the embedded server
     serves: its CPU twin on Triton's onnxruntime backend (``embedded_repository``).
 
     Uses the checkpoint :func:`demo_checkpoint` finds (downloading it when ``download``);
-    otherwise the official config's random weights, with a loud warning. ``fuse_attention``
-    as in :func:`~triton_sam.repository.writer.embedded_repository`.
+    otherwise the official config's random weights, with a loud warning; ``checkpoint``, a
+    file of the variant's architecture, is exported instead when given (a benchmark that runs
+    a reference in-process on the same weights). ``fuse_attention`` as in
+    :func:`~triton_sam.repository.writer.embedded_repository`.
     """
     spec = get_model(model) if isinstance(model, str) else model
-    checkpoint = demo_checkpoint(spec, checkpoints_dir, download=download)
+    if checkpoint is None:
+        checkpoint = demo_checkpoint(spec, checkpoints_dir, download=download)
     repo = work_dir / "model_repository"
     build = build_repository(
         spec,
