@@ -47,8 +47,11 @@ def test_the_report_tables_carry_the_runs_numbers(tmp_path):
         clicks={
             "small": {"p50": 10.0, "p95": 12.0},
             "large": {"p50": 11.0, "p95": 14.0},
+            "via_large_model": {"p50": 13.0, "p95": 15.0},
             "ratio_p50": 1.1,
             "ratio_p95": 1.17,
+            "via_large_model_ratio_p50": 1.3,
+            "via_large_model_ratio_p95": 1.25,
         },
         precompute={"tiles": 2, "tiles_per_s": 1.8, "encoder_images_per_s": 2.0, "ratio": 0.9},
         memory={
@@ -61,6 +64,8 @@ def test_the_report_tables_carry_the_runs_numbers(tmp_path):
     text = paths["md"].read_text()
     assert "| 20,000² | 30.0 | 950.0 | 1 | 62 | 118 |" in text
     assert "| ratio | 1.1 | 1.17 |" in text
+    assert "through the large model (page, curl) | 13.0 | 15.0 |" in text
+    assert "| its ratio | 1.3 | 1.25 |" in text
     assert "| precompute (2 tiles) | 1.8 | 0.9 |" in text
     assert "| server | 3072 |" in text and "| client (growth during the run) | 200 |" in text
     assert paths["png"].stat().st_size > 1000

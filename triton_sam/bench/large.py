@@ -8,7 +8,9 @@ image on the same server in the same run (``triton-sam bench large``):
   the large image, with the bytes the click sent and received;
 - **clicks**: a click on a held tile of the large image (``mode="tile"``) against a click on
   the small image through the session model (``set_image`` + ``predict``), interleaved so
-  load falls on both alike; p50/p95 and their ratio (the goal is at most 1.3x);
+  load falls on both alike; p50/p95 and their ratio (the goal is at most 1.3x). The Python
+  client sends a click on a held tile straight to the session model; the same click through
+  the large model (as the page and curl send it) is a third row;
 - **precompute**: tiles per second of ``precompute`` over a region, against the encoder
   alone (distinct 1,024 px images embedded through the session model, the same encoder at
   the same size); the goal is at least 0.9x;
@@ -154,10 +156,15 @@ def held_tile_centre(image) -> tuple[int, int]:
 
 
 def interleaved_clicks(large_image, small_client, n: int, rng) -> dict[str, Any]:
-    """``n`` clicks on a held tile of the large image and on the small image, alternately."""
+    """``n`` clicks on a held tile of the large image, the same through the large model, and
+    on the small image, in turn.
+
+    ``large``: the Python client's click (``predict``; on a held tile it goes straight to the
+    session model, client/large_clicks.py). ``via_large_model``: the same request as the page
+    and curl send it, answered by the large model (one more hop, over BLS)."""
     x, y = held_tile_centre(large_image)
     spread = max(1, min(60, *large_image.tile) // 4)  # inside the held tile's core
-    large_ms, small_ms = [], []
+    times: dict[str, list[float]] = {"large": [], "via_large_model": [], "small": []}
     for _ in range(n):
         dx, dy = rng.integers(-spread, spread, 2)
         point = [[x + int(dx), y + int(dy)]]
@@ -168,16 +175,24 @@ def interleaved_clicks(large_image, small_client, n: int, rng) -> dict[str, Any]
         )
         if large_image.last_answer.embedded:
             raise AssertionError("a click on a held tile ran the encoder")
-        large_ms.append(ms)
+        times["large"].append(ms)
+        answer, ms = _timed(
+            lambda p=point: large_image.request("predict", points=p, labels=[1], mode="tile")
+        )
+        if answer["embedded"]:
+            raise AssertionError("a click on a held tile ran the encoder")
+        times["via_large_model"].append(ms)
         small = [[512 + int(dx), 512 + int(dy)]]
         _, ms = _timed(lambda p=small: small_client.predict(p, [1]))
-        small_ms.append(ms)
-    large_p, small_p = percentiles(large_ms, digits=2), percentiles(small_ms, digits=2)
+        times["small"].append(ms)
+    found = {name: percentiles(values, digits=2) for name, values in times.items()}
+    small_p = found["small"]
     return {
-        "large": large_p,
-        "small": small_p,
-        "ratio_p50": ratio(large_p["p50"], small_p["p50"]),
-        "ratio_p95": ratio(large_p["p95"], small_p["p95"]),
+        **found,
+        "ratio_p50": ratio(found["large"]["p50"], small_p["p50"]),
+        "ratio_p95": ratio(found["large"]["p95"], small_p["p95"]),
+        "via_large_model_ratio_p50": ratio(found["via_large_model"]["p50"], small_p["p50"]),
+        "via_large_model_ratio_p95": ratio(found["via_large_model"]["p95"], small_p["p95"]),
     }
 
 
@@ -265,6 +280,13 @@ def markdown(report: LargeReport) -> str:
         f"| {report.settings['large']:,}², tile held | {c['large']['p50']} | {c['large']['p95']} |",
         f"| ratio | {c['ratio_p50']} | {c['ratio_p95']} |",
     ]
+    if "via_large_model" in c:  # the page's and curl's path: through the large model
+        v = c["via_large_model"]
+        lines += [
+            f"| {report.settings['large']:,}², tile held, through the large model (page, curl) "
+            f"| {v['p50']} | {v['p95']} |",
+            f"| its ratio | {c['via_large_model_ratio_p50']} | {c['via_large_model_ratio_p95']} |",
+        ]
     p = report.precompute
     lines += [
         "",
@@ -303,11 +325,13 @@ def _plot(report: LargeReport, path: Path) -> None:
 
     fig, (clicks, rates) = plt.subplots(1, 2, figsize=(9, 3.4))
     c, s = report.clicks, report.settings
-    labels = [f"{s['small']:,}² click", f"{s['large']:,}² click (tile held)"]
+    names = [n for n in ("small", "large", "via_large_model") if n in c]
+    labels = {"small": f"{s['small']:,}²", "large": f"{s['large']:,}² held",
+              "via_large_model": "via large model"}  # fmt: skip
     for offset, key in ((-0.2, "p50"), (0.2, "p95")):
-        values = [c["small"][key], c["large"][key]]
-        clicks.bar(np.arange(2) + offset, values, width=0.4, label=key)
-    clicks.set_xticks(range(2), labels)
+        values = [c[n][key] for n in names]
+        clicks.bar(np.arange(len(names)) + offset, values, width=0.4, label=key)
+    clicks.set_xticks(range(len(names)), [labels[n] for n in names])
     clicks.set_ylabel("ms")
     clicks.set_title(f"click: ratio p50 {c['ratio_p50']}, p95 {c['ratio_p95']}")
     clicks.legend()

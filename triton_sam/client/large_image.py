@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from triton_sam.client import large_transfer, large_views
+from triton_sam.client import large_clicks, large_transfer, large_views
 from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.prompts import validate_box, validate_points
 from triton_sam.client.retry import Backoff, RetryPolicy
@@ -36,6 +36,7 @@ from triton_sam.errors import (
     ServerOverloadedError,
     ServerUnavailableError,
 )
+from triton_sam.serving.large import planning
 from triton_sam.serving.protocol import large as protocol
 
 # Opens and embeds go through the server's admission: while another user's precompute runs,
@@ -57,6 +58,8 @@ class LargeModel:
         routing_key: this image's replica-affinity key (random by default).
         retry: how Overloaded (and, for idempotent ops, unreachable) answers are retried.
         family: ``"sam1"`` / ``"sam2"`` (the everything parameters a tiled job checks).
+        session_model: the session model beside it (clicks on held tiles go there directly:
+            :mod:`~triton_sam.client.large_clicks`); default ``<family>_session``.
     """
 
     def __init__(
@@ -67,9 +70,11 @@ class LargeModel:
         routing_key: str | None = None,
         retry: RetryPolicy = LARGE_RETRY,
         family: str = "sam2",
+        session_model: str | None = None,
     ) -> None:
         self.transport, self.model, self.retry = transport, model, retry
         self.family = family
+        self.session_model = session_model or f"{model.removesuffix('_large')}_session"
         self.routing_key = routing_key or secrets.token_hex(8)
         self.sleep: Callable[[float], Any] = time.sleep  # a test's recorder replaces it
 
@@ -159,6 +164,7 @@ class LargeImage(ClosesOnExit):
         self._model = model
         self._closed = False
         self.last_answer: PredictAnswer | None = None
+        self.held = large_clicks.HeldTiles()  # the server's ids of tiles it said it holds
         self._update(answer)
 
     def _update(self, answer: dict[str, Any]) -> None:
@@ -271,7 +277,10 @@ class LargeImage(ClosesOnExit):
             fields["labels"] = [int(v) for v in points[1]]
         if box_xyxy is not None:
             fields["box"] = box_xyxy.tolist()
-        answer = self.request("predict", **fields)
+        answer = self._held_tile_answer(fields)
+        if answer is None:
+            answer = self.request("predict", **fields)
+            large_clicks.remember_answer(self.held, fields["z"], answer)
         size = answer.get("image_size") or self.image_size
         self.last_answer = PredictAnswer(
             image_size=(int(size[0]), int(size[1])),
@@ -280,6 +289,21 @@ class LargeImage(ClosesOnExit):
             mode=str(answer.get("mode", "")),
         )
         return [SparseMask.from_json(m) for m in answer.get("masks", ())]
+
+    def _held_tile_answer(self, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer of a click on a tile the server holds, from the session model alone
+        (None: the large model answers); fields as the ``predict`` request has them."""
+        if fields["mode"] == "window" or self._closed:
+            return None
+        points, box = fields.get("points"), fields.get("box")
+        prompt = planning.Prompt(
+            None if points is None else np.asarray(points, np.float64),
+            None if points is None else np.asarray(fields["labels"], np.int32),
+            None if box is None else np.asarray(box, np.float64),
+        )
+        return large_clicks.click_on_held_tile(
+            self, self.held, prompt, fields["z"], fields["multimask_output"], fields["mode"]
+        )
 
     def held_tiles(self, z: int | None = None) -> set[int]:
         """Ids of the tiles (of slice ``z``) whose features the server holds now."""

@@ -25,7 +25,9 @@ class OpensLargeImages:
 
     def _large_model(self) -> LargeModel:
         model = protocol.model_name(self.session_model)
-        return LargeModel(self._transport, model, family=self.family.family)
+        return LargeModel(
+            self._transport, model, family=self.family.family, session_model=self.session_model
+        )
 
     def open_dataset(
         self,

@@ -307,7 +307,7 @@ class _Run:
         self.service, self.tenant, self.image, self.z = service, tenant, image, z
         self.prompt, self.multimask = prompt, multimask
         self.embedded = self.windows = 0
-        self.block = self.tile_id = None
+        self.block = self.tile_id = self.image_id = None
         self.masks: list[dict] = []
         self.dropped = 0
 
@@ -353,6 +353,7 @@ class _Run:
 
         self.masks = await Service._run(service.clicks, answers)
         self.block, self.tile_id, self.dropped = block, tile_id, framed.dropped
+        self.image_id = image_id
         self.windows += tile_id is None
 
     def answer(self) -> dict:
@@ -365,6 +366,7 @@ class _Run:
             "mode": "tile" if self.tile_id is not None else "window",
             "block": [*block.begin, *block.end],
             "dropped": self.dropped,
+            "image_id": self.image_id,  # the session model's: later clicks may go there
         }
 
 

@@ -43,7 +43,10 @@ Ops (``field``: meaning; every request may carry ``"op"`` only once):
   best first when ``multimask_output``), ``tiles`` (the ids of the tiles or windows the
   masks were computed on), ``embedded`` (how many encoder runs this request caused),
   ``mode`` (the rule that answered: ``tile`` or ``window``), ``block`` ([row0, col0, row1,
-  col1): the pixels it was computed on), ``dropped`` (points outside that block, left out).
+  col1): the pixels it was computed on), ``dropped`` (points outside that block, left out),
+  ``image_id`` (the session model's id of that block: a client may send a later click on the
+  same tile to ``<family>_session`` with it, and cut the crop itself, as
+  ``client/large_clicks.py`` does; the id is bound to the tenant, like every image id).
 - ``embed``: ``handle``, optional ``z``, ``tiles`` (a list of tile ids, at most
   ``max_tiles_per_request``): embeds those tiles (precompute). Answers ``embedded`` (ids
   the encoder ran for) and ``held`` (ids already cached).
