@@ -227,6 +227,33 @@ def test_opens_past_their_line_are_refused_overloaded(tmp_path, stand_ins):
     assert code == envelope.ERR_OVERLOADED and answered["shape"] == [8, 8]
 
 
+def test_puts_past_their_line_are_refused_overloaded_and_their_pieces_not_kept(tmp_path, stand_ins):
+    """Each put holds its piece in memory until it is written: puts in work and waiting are
+    bounded, past that a put is refused Overloaded (the client retries it), so a burst of
+    uploads never holds more than a few pieces."""
+    large, _ = make(tmp_path, max_concurrent_puts=1, max_waiting_puts=1)
+    handle = call(large, {"op": "create", "shape": [8, 8], "dtype": "uint8"})["handle"]
+    piece = np.ones((4, 8, 1), np.uint8)
+
+    def put(offset):
+        body = {"op": "put", "handle": handle, "offset": [offset, 0]}
+        return large.answer("", json.dumps(body).encode(), piece)
+
+    async def burst():
+        await large.puts.acquire()  # a put in work holds the one slot
+        waiting = asyncio.ensure_future(put(0))
+        await asyncio.sleep(0)
+        with pytest.raises(envelope.ProtocolError) as refused:
+            await put(4)
+        large.puts.release()
+        return refused.value.code, await waiting, await put(4)
+
+    code, first, second = asyncio.run(burst())
+    assert code == envelope.ERR_OVERLOADED
+    assert first == {"received": 32, "complete": False}
+    assert second == {"received": 64, "complete": True}  # the refused put, sent again
+
+
 def test_pixels_only_with_a_put_and_a_put_only_with_pixels(tmp_path, stand_ins):
     large, _ = make(tmp_path)
     handle = call(large, {"op": "create", "shape": [8, 8], "dtype": "uint8"})["handle"]

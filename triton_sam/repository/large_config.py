@@ -56,6 +56,8 @@ class LargeOptions:
     max_request_bytes: int = protocol.DEFAULT_MAX_REQUEST_BYTES
     max_concurrent_opens: int = protocol.DEFAULT_MAX_CONCURRENT_OPENS
     max_waiting_opens: int = protocol.DEFAULT_MAX_WAITING_OPENS
+    max_concurrent_puts: int = protocol.DEFAULT_MAX_CONCURRENT_PUTS
+    max_waiting_puts: int = protocol.DEFAULT_MAX_WAITING_PUTS
     spool_dir: str = ""
 
     def __post_init__(self) -> None:
@@ -73,6 +75,8 @@ class LargeOptions:
             check_int(name, getattr(self, name), minimum=1)
         check_int("max_concurrent_opens", self.max_concurrent_opens, minimum=1)
         check_int("max_waiting_opens", self.max_waiting_opens, minimum=0)
+        check_int("max_concurrent_puts", self.max_concurrent_puts, minimum=1)
+        check_int("max_waiting_puts", self.max_waiting_puts, minimum=0)
 
 
 def serves_large(family: FamilySpec) -> bool:

@@ -31,7 +31,9 @@ Design:
   answering which ran the encoder and which were held; ``status`` probes the session model
   for the tiles it holds now, so a precompute resumes where it stopped.
 - **Admission.** Opens and creates wait in a line of their own (``max_concurrent_opens``,
-  ``max_waiting_opens``; beyond it ``Overloaded``); embeds are admitted by the session model
+  ``max_waiting_opens``; beyond it ``Overloaded``), puts in another (``max_concurrent_puts``,
+  ``max_waiting_puts``: each holds its piece in memory until it is on disk, so a burst of
+  uploads holds a few pieces, never more); embeds are admitted by the session model
   itself (relayed as is). Reads for clicks run on a thread pool of their own, reads for
   opens, puts and precompute on another: a click never waits for a thread behind them.
 - **Concurrency.** As the session model: ``execute`` schedules each request on the

@@ -64,6 +64,11 @@ class Service:
             settings.max_waiting_opens,
             what="opens and creates wait for a slot",
         )
+        self.puts = ClickQueue(
+            settings.max_concurrent_puts,
+            settings.max_waiting_puts,
+            what="puts wait for a slot (each holds its piece in memory)",
+        )
         self._roots = None
 
     def roots(self):
@@ -84,10 +89,11 @@ class Service:
                 else f"given to {op!r}; only a put carries pixels",
             )
         if op in ("open", "create"):
-            async with self._admitted():
+            async with self._admitted(self.opens):
                 return await getattr(self, f"_{op}")(tenant, request)
         if op == "put":
-            return await self._put(tenant, request, pixels)
+            async with self._admitted(self.puts):
+                return await self._put(tenant, request, pixels)
         return await getattr(self, f"_{op}")(tenant, request)
 
     def close(self) -> None:
@@ -95,15 +101,15 @@ class Service:
         self.spool.close()
 
     @contextlib.asynccontextmanager
-    async def _admitted(self):
+    async def _admitted(self, line: ClickQueue):
         try:
-            await self.opens.acquire()
+            await line.acquire()
         except QueueFull as e:
             raise envelope.ProtocolError(envelope.ERR_OVERLOADED, str(e)) from None
         try:
             yield
         finally:
-            self.opens.release()
+            line.release()
 
     # -- images ------------------------------------------------------------------------------
     async def _open(self, tenant, request):

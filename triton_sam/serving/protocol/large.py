@@ -155,6 +155,10 @@ DEFAULT_SAMPLE_PIXELS = 4 * 2**20
 DEFAULT_MAX_REQUEST_BYTES = 64 * 2**10
 DEFAULT_MAX_CONCURRENT_OPENS = 2
 DEFAULT_MAX_WAITING_OPENS = 8
+# A put's piece is held in memory from its arrival until it is on disk: pieces in work at once
+# are bounded, so a burst of uploads never grows the server's memory past a few pieces.
+DEFAULT_MAX_CONCURRENT_PUTS = 2
+DEFAULT_MAX_WAITING_PUTS = 4
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,8 @@ class LargeSettings:
         sample_pixels: pixels read to estimate a percentile mapping.
         max_request_bytes: the JSON request's bound.
         max_concurrent_opens, max_waiting_opens: admission of opens and creates.
+        max_concurrent_puts, max_waiting_puts: admission of puts (each holds its piece in
+            memory until it is written); beyond them ``Overloaded``, which clients retry.
     """
 
     family: str
@@ -195,6 +201,8 @@ class LargeSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_concurrent_opens: int = DEFAULT_MAX_CONCURRENT_OPENS
     max_waiting_opens: int = DEFAULT_MAX_WAITING_OPENS
+    max_concurrent_puts: int = DEFAULT_MAX_CONCURRENT_PUTS
+    max_waiting_puts: int = DEFAULT_MAX_WAITING_PUTS
 
 
 def model_name(session_model: str) -> str:

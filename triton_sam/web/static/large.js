@@ -30,7 +30,11 @@ export async function op(model, request, signal) {
   return { ...JSON.parse(outputs.answer.data[0]), sent, received };
 }
 
-/** A put: `rgb` (Uint8Array of h * w * 3) at [row, col]; pixels as binary data. */
+const PUT_RETRY_MS = [250, 500, 1000, 2000, 4000, 8000, 8000, 8000]; // ~30 s in all
+
+/** A put: `rgb` (Uint8Array of h * w * 3) at [row, col]; pixels as binary data. The server
+ * admits a few puts at a time (each holds its piece in memory): refused Overloaded while
+ * others upload, the same piece is sent again after a pause, as the Python client does. */
 async function put(model, handle, offset, rgb, h, w) {
   const pixels = { name: "pixels", shape: [h, w, 3], datatype: "UINT8", parameters: { binary_data_size: rgb.byteLength } };
   const header = encoder.encode(JSON.stringify({
@@ -38,8 +42,15 @@ async function put(model, handle, offset, rgb, h, w) {
     outputs: [{ name: "answer" }],
   }));
   const headers = { "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": String(header.length) };
-  const { outputs } = await infer(model, new Blob([header, rgb]), headers);
-  return JSON.parse(outputs.answer.data[0]);
+  for (let attempt = 0; ; attempt += 1) {
+    try {
+      const { outputs } = await infer(model, new Blob([header, rgb]), headers);
+      return JSON.parse(outputs.answer.data[0]);
+    } catch (error) {
+      if (error?.code !== "Overloaded" || attempt >= PUT_RETRY_MS.length) throw error;
+      await new Promise((resolve) => setTimeout(resolve, PUT_RETRY_MS[attempt]));
+    }
+  }
 }
 
 /** Width and height of an image file, decoding as little as the browser allows (an <img>
