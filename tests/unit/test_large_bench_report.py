@@ -42,6 +42,7 @@ def test_the_report_tables_carry_the_runs_numbers(tmp_path):
                 "encoder_runs": 1,
                 "request_bytes": 62,
                 "mask_bytes": 118,
+                "server_peak_bytes": 2000 * 2**20,
             },
         ],  # fmt: skip
         clicks={
@@ -62,7 +63,8 @@ def test_the_report_tables_carry_the_runs_numbers(tmp_path):
     )
     paths = bench.write_report(report, tmp_path)
     text = paths["md"].read_text()
-    assert "| 20,000² | 30.0 | 950.0 | 1 | 62 | 118 |" in text
+    assert "| 20,000² | 30.0 | 950.0 | 1 | 62 | 118 | 2000 |" in text
+    assert "| 1,024² | 5.0 | 900.0 | 1 | 60 | 120 | - |" in text
     assert "| ratio | 1.1 | 1.17 |" in text
     assert "through the large model (page, curl) | 13.0 | 15.0 |" in text
     assert "| its ratio | 1.3 | 1.25 |" in text
