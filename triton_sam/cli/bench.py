@@ -271,12 +271,15 @@ def bench_everything_large_cmd(
     points_per_side: Annotated[int, typer.Option(min=1, help="Grid points per tile.")] = 32,
     tile: Annotated[int, typer.Option(min=256, help="Tile core (pixels a side).")] = 768,
     halo: Annotated[int, typer.Option(min=0, help="Halo (pixels a side).")] = 128,
+    pred_iou_thresh: Annotated[float, typer.Option(help="Both generators' filter.")] = 0.88,
+    stability_score_thresh: Annotated[float, typer.Option(help="Both generators' filter.")] = 0.95,
     work_dir: WorkDirOpt = Path(".bench/everything-large"),
     output: ReportDirOpt = Path("outputs/bench"),
 ) -> None:
     """Segment everything on a side x side synthetic image: the server's tiled jobs, objects
     joined across tiles, against micro-sam's TiledAutomaticMaskGenerator in this process, on
-    the same SAM1 weights, tiles and thresholds (needs `make micro-sam`)."""
+    the same SAM1 weights, tiles and thresholds (needs `make micro-sam`; with random weights
+    nothing passes the default filters: lower them to time the whole pipeline)."""
     from triton_sam.bench import large, large_everything
     from triton_sam.bench.harness import checkpoints_dir, embedded
     from triton_sam.bench.micro_sam_ref import reference_predictor
@@ -300,6 +303,9 @@ def bench_everything_large_cmd(
     pixels = zarr.open_array(str(data / f"{side}.zarr"), mode="r")[:]  # micro-sam takes it whole
     predictor = reference_predictor(spec, checkpoint)
     options = {"mapping": {"kind": "tile_minmax"}, "tile": tile, "halo": halo}
+    thresholds = large_everything.THRESHOLDS | {
+        "pred_iou_thresh": pred_iou_thresh, "stability_score_thresh": stability_score_thresh,
+    }  # fmt: skip
     with (
         embedded(repo, data_roots={large.ROOT: str(data)}) as server,
         SAM2TritonClient(server.http_url, model_type="sam1") as client,
@@ -307,7 +313,7 @@ def bench_everything_large_cmd(
     ):
         row = large_everything.everything_row(
             image, pixels, predictor, server.http_url, grpc_url=server.grpc_url,
-            points_per_side=points_per_side,
+            points_per_side=points_per_side, thresholds=thresholds,
         )  # fmt: skip
     echo_report(large_everything.write_report(row, output))
 
