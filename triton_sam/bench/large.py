@@ -236,10 +236,11 @@ def run_large_benchmark(url: str, http_url: str, settings: LargeBenchSettings, *
     report = LargeReport(asdict(settings))
     # what this process held before (an export in the same process, the datasets written):
     # the client's cost is what it grows by during the run
-    baseline = process_tree_rss(_own_pid()) or 0
+    # (this process alone: an embedded server is its child, and is measured as the server)
+    baseline = process_tree_rss(_own_pid(), children=False) or 0
     with (
         PeakMemory(server_pid, 0.2) as server_peak,
-        PeakMemory(_own_pid(), 0.2) as client_peak,
+        PeakMemory(_own_pid(), 0.2, children=False) as client_peak,
         SAM2TritonClient(url, model_type=model_type) as client,
     ):
         rows = []

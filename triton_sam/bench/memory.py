@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass
 
 
-def process_tree_rss(pid: int) -> int | None:
-    """Memory of ``pid`` and all its descendants (bytes), None if it is gone.
+def process_tree_rss(pid: int, *, children: bool = True) -> int | None:
+    """Memory of ``pid`` and all its descendants (bytes; ``pid`` alone when not
+    ``children``), None if it is gone.
 
     Proportional set size (PSS) where the kernel reports it: tritonserver and its stubs map
     the same shared-memory regions, which plain RSS would count once per process.
@@ -23,7 +24,7 @@ def process_tree_rss(pid: int) -> int | None:
 
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        procs = [root, *(root.children(recursive=True) if children else ())]
     except psutil.Error:
         return None
     total = 0
@@ -99,11 +100,12 @@ class MemorySampler(_Periodic):
 
 
 class PeakMemory(_Periodic):
-    """The largest :func:`process_tree_rss` of ``pid`` seen while the block runs."""
+    """The largest :func:`process_tree_rss` of ``pid`` seen while the block runs (of ``pid``
+    alone when not ``children``: a client whose embedded server is its child)."""
 
-    def __init__(self, pid: int | None, period_s: float) -> None:
+    def __init__(self, pid: int | None, period_s: float, *, children: bool = True) -> None:
         super().__init__(period_s, "bench-peak-memory")
-        self.pid = pid
+        self.pid, self.children = pid, children
         self.bytes: int | None = None
 
     def __enter__(self) -> PeakMemory:
@@ -119,7 +121,7 @@ class PeakMemory(_Periodic):
 
     def _sample(self) -> None:
         assert self.pid is not None
-        value = process_tree_rss(self.pid)
+        value = process_tree_rss(self.pid, children=self.children)
         if value is not None:
             self.bytes = max(self.bytes or 0, value)
 
