@@ -114,6 +114,8 @@ def test_the_benchmark_row_runs_both_sides_on_the_same_tiles(
             grpc_url=sam1_vit_b_server.grpc_url, points_per_side=2, thresholds=thresholds,
         )  # fmt: skip
     assert row.tiles == 2 and row.side == (120, 250)
-    assert row.ours_instances > 0 and row.micro_sam_instances > 0
+    # micro-sam drops every mask touching its tile's edge, and random weights' masks fill
+    # their tiles: its count may be 0 here. Its side ran (it embedded the same 2 tiles).
+    assert row.ours_instances > 0 and row.micro_sam_s > 0
     assert row.ratio == round(row.ours_s / row.micro_sam_s, 2)
     assert "micro-sam TiledAutomaticMaskGenerator" in markdown(row)
