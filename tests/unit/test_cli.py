@@ -291,6 +291,8 @@ def test_the_measurements_are_under_bench():
         "perf-analyzer",
         "stress",
         "soak",
+        "large",
+        "everything-large",
     } <= listed
     assert {"config", "token"} <= _listed_commands("proxy")
 
