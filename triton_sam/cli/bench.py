@@ -296,7 +296,9 @@ def bench_everything_large_cmd(
     if checkpoint is None:  # random weights, but the same file for both sides
         work_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = save_random_checkpoint(spec, work_dir / f"{spec.name}.random.pt", seed=0)
-    spec, repo, _ = build_local_repository(spec, checkpoints_dir(), work_dir, checkpoint=checkpoint)
+    spec, repo, _ = build_local_repository(
+        spec, checkpoints_dir(), work_dir, checkpoint=checkpoint, everything=True
+    )
     data = large.datasets(work_dir / "data", (side,))
     import zarr
 

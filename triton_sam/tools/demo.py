@@ -108,6 +108,7 @@ def build_local_repository(
     download: bool = False,
     fuse_attention: bool = True,
     checkpoint: Path | None = None,
+    everything: bool = False,
 ) -> tuple[ModelSpec, Path, RepositoryBuild]:
     """Export ``model`` into ``work_dir/model_repository`` (the production ``onnxruntime``
     target, as ``docker compose`` serves it) and return the repository the embedded server
@@ -116,7 +117,8 @@ def build_local_repository(
     Uses the checkpoint :func:`demo_checkpoint` finds (downloading it when ``download``);
     otherwise the official config's random weights, with a loud warning; ``checkpoint``, a
     file of the variant's architecture, is exported instead when given (a benchmark that runs
-    a reference in-process on the same weights). ``fuse_attention`` as in
+    a reference in-process on the same weights). ``everything`` adds the segment-everything
+    models, as ``setup`` writes them. ``fuse_attention`` as in
     :func:`~triton_sam.repository.writer.embedded_repository`.
     """
     spec = get_model(model) if isinstance(model, str) else model
@@ -131,6 +133,7 @@ def build_local_repository(
         export_options=ExportOptions(),
         repository_options=RepositoryOptions(),
         checkpoints_dir=checkpoints_dir,
+        everything=everything,
     )
     return spec, embedded_repository(repo, fuse_attention=fuse_attention), build
 
