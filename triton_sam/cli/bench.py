@@ -266,7 +266,10 @@ def bench_large_cmd(
 
 @bench_app.command("everything-large", short_help="Everything on a large image vs micro-sam.")
 def bench_everything_large_cmd(
-    model: VariantOpt = "sam1_vit_b",
+    model: Annotated[
+        str,
+        typer.Option("--sam1-model", help="SAM1 variant (micro-sam's generator runs SAM1)."),
+    ] = "sam1_vit_b",
     side: Annotated[int, typer.Option(min=256, help="Side of the square image.")] = 8192,
     points_per_side: Annotated[int, typer.Option(min=1, help="Grid points per tile.")] = 32,
     tile: Annotated[int, typer.Option(min=256, help="Tile core (pixels a side).")] = 768,
@@ -290,7 +293,7 @@ def bench_everything_large_cmd(
     spec = get_model(model)
     if spec.family.family != "sam1":
         raise typer.BadParameter(
-            "micro-sam's generator runs SAM1 here: a sam1_* model", param_hint="--model"
+            "micro-sam's generator runs SAM1 here: a sam1_* model", param_hint="--sam1-model"
         )
     checkpoint = demo_checkpoint(spec, checkpoints_dir(), download=False)
     if checkpoint is None:  # random weights, but the same file for both sides
