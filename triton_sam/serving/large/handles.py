@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import protocol as envelope
-from ..tiles import TileGrid
+from ..tiles import Block, TileGrid
 
 
 @dataclass
@@ -53,6 +53,33 @@ class Image:
 
     def close(self) -> None:
         self.source.close()
+
+
+def block_key(z, block: Block) -> tuple:
+    """The key an image remembers a block's session id by (``Image.embedded``)."""
+    return (z, block.begin, block.end)
+
+
+def remembered_tiles(image: Image, z) -> list[tuple[int, str]]:
+    """(tile id, image id) of the remembered blocks of slice ``z`` that are tiles' outer
+    blocks. A tile's core starts within ``halo`` of its outer block's start (less where the
+    halo was clipped at 0), so only the tiles starting there are candidates, each checked
+    (tiles whose clipped blocks coincide share the block's features: all are held).
+    """
+    grid, found = image.grid, []
+    rows, cols = grid.blocks_per_axis
+    for (zz, begin, end), image_id in list(image.embedded.items()):
+        if zz != z:
+            continue
+        near = [
+            range(-(-b // t), min((b + h) // t, n - 1) + 1)
+            for b, h, t, n in zip(begin, grid.halo, grid.tile, (rows, cols), strict=True)
+        ]
+        for r in near[0]:
+            for c in near[1]:
+                if grid.outer(r * cols + c) == Block(begin, end):
+                    found.append((r * cols + c, image_id))
+    return found
 
 
 class Handles:

@@ -21,7 +21,7 @@ from ..click_queue import ClickQueue, QueueFull
 from ..protocol import large as protocol
 from ..tiles import Block, TileGrid
 from . import crop, planning, requests
-from .handles import Handles, Image
+from .handles import Handles, Image, block_key, remembered_tiles
 from .reads import read_block
 from .spool import Spool, axes_of
 
@@ -176,7 +176,7 @@ class Service:
         image = self.handles.get(tenant, requests.handle(request))
         z = requests.optional_z(request, image.depth)
         held = []
-        for tile_id, image_id in _remembered_tiles(image, z):  # never a walk of the grid
+        for tile_id, image_id in remembered_tiles(image, z):  # never a walk of the grid
             if await self.session.probe(tenant, image_id):
                 held.append(tile_id)
         return {**self._describe(request["handle"], image), "held": sorted(held)}
@@ -275,7 +275,7 @@ class Service:
         embedded, held = [], []
         for tile_id in requests.tile_ids(request, len(image.grid), most):
             block = image.grid.outer(tile_id)
-            image_id = image.embedded.get(_key(z, block))
+            image_id = image.embedded.get(block_key(z, block))
             if image_id is not None and await self.session.probe(tenant, image_id):
                 held.append(tile_id)
                 continue
@@ -295,8 +295,8 @@ class Service:
 
         image_id, encoded = await self.session.embed(tenant, await self._run(pool, rgb))
         remembered = image.embedded
-        remembered[_key(z, block)] = image_id
-        remembered.move_to_end(_key(z, block))
+        remembered[block_key(z, block)] = image_id
+        remembered.move_to_end(block_key(z, block))
         while len(remembered) > MAX_REMEMBERED:
             remembered.popitem(last=False)
         return image_id, encoded
@@ -325,7 +325,7 @@ class _Run:
         """Predict on ``block`` (the tile ``tile_id``, or a window when None)."""
         framed = planning.frame(self.prompt, block)
         service, remembered = self.service, self.image.embedded
-        key = _key(self.z, block)
+        key = block_key(self.z, block)
         for attempt in range(2):  # a miss (evicted, restarted): embed again, once
             image_id = remembered.get(key)
             if image_id is None:
@@ -374,29 +374,3 @@ class _Run:
             "dropped": self.dropped,
             "image_id": self.image_id,  # the session model's: later clicks may go there
         }
-
-
-def _key(z, block: Block) -> tuple:
-    return (z, block.begin, block.end)
-
-
-def _remembered_tiles(image: Image, z) -> list[tuple[int, str]]:
-    """(tile id, image id) of the remembered blocks of slice ``z`` that are tiles' outer
-    blocks. A tile's core starts within ``halo`` of its outer block's start (less where the
-    halo was clipped at 0), so only the tiles starting there are candidates, each checked
-    (tiles whose clipped blocks coincide share the block's features: all are held).
-    """
-    grid, found = image.grid, []
-    rows, cols = grid.blocks_per_axis
-    for (zz, begin, end), image_id in list(image.embedded.items()):
-        if zz != z:
-            continue
-        near = [
-            range(-(-b // t), min((b + h) // t, n - 1) + 1)
-            for b, h, t, n in zip(begin, grid.halo, grid.tile, (rows, cols), strict=True)
-        ]
-        for r in near[0]:
-            for c in near[1]:
-                if grid.outer(r * cols + c) == Block(begin, end):
-                    found.append((r * cols + c, image_id))
-    return found
