@@ -23,10 +23,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-
 from triton_sam.errors import EmbeddingNotFoundError
-from triton_sam.serving import masks
+from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.large import crop, planning
 from triton_sam.serving.protocol import embedding_cache as session
 from triton_sam.serving.tiles import Block, TileGrid
@@ -72,20 +70,17 @@ def click_on_held_tile(image, held: HeldTiles, prompt: planning.Prompt, z, multi
     image_id = held.get(z, block)
     if image_id is None:
         return None
-    framed = planning.frame(prompt, block)
+    try:
+        framed = planning.frame(prompt, block)
+    except RequestError:  # nothing of it in the tile: the large model says so, naming the field
+        return None
     try:
         found = _session_masks(image.model, image_id, framed, multimask)
     except EmbeddingNotFoundError:
         held.forget(z, block)
         return None
     shape = grid.shape
-    answers = sorted(
-        (
-            crop.mask_answer(masks.decode_rle(counts, block.shape), block, shape, score)
-            for counts, score in found
-        ),
-        key=lambda m: -m["score"],
-    )
+    answers = crop.block_answers(found, block, shape)
     if mode == "auto" and answers and answers[0]["cut"]:
         return None
     return {
@@ -103,18 +98,9 @@ def click_on_held_tile(image, held: HeldTiles, prompt: planning.Prompt, z, multi
 def _session_masks(model, image_id: str, framed: planning.Framed, multimask: bool):
     """[(RLE counts of the block-size mask, score), ...] from ``<family>_session``: the
     same call the large model makes over BLS (``serving/large/bls.py``)."""
-    inputs: dict[str, np.ndarray] = {
-        session.IMAGE_ID: np.array([[image_id.encode()]], dtype=np.object_)
-    }
-    if framed.points is not None:
-        inputs[session.POINTS] = framed.points[None].astype(np.float32)
-        inputs[session.LABELS] = framed.labels[None].astype(np.int32)
-    if framed.box is not None:
-        inputs[session.BOX] = framed.box[None].astype(np.float32)
-    inputs[session.MULTIMASK] = np.array([[int(multimask)]], np.int32)
     out = model.transport.infer(
         model.session_model,
-        inputs,
+        planning.session_inputs(image_id, framed, multimask),
         (session.MASKS_RLE, session.MASK_SCORES),
         routing_key=model.routing_key,
     )

@@ -12,6 +12,7 @@ import numpy as np
 from .. import protocol as envelope
 from ..protocol import embedding_cache as session
 from ..session_call import SessionCall, SessionError
+from .planning import Framed, session_inputs
 
 
 class BlsSession:
@@ -44,14 +45,9 @@ class BlsSession:
     async def predict(self, tenant, image_id, points, labels, box, multimask):
         """[(COCO RLE counts of the image-size mask, score), ...] of pixel prompts in the
         image's frame (points float32 [N, 2] x, y; labels int32 [N]; box float32 [4])."""
-        tensors = [self._id(image_id)]
-        if points is not None:
-            tensors.append(self.pb.Tensor(session.POINTS, points[None].astype(np.float32)))
-            tensors.append(self.pb.Tensor(session.LABELS, labels[None].astype(np.int32)))
-        if box is not None:
-            tensors.append(self.pb.Tensor(session.BOX, box[None].astype(np.float32)))
-        flag = np.array([[int(multimask)]], np.int32)
-        tensors.append(self.pb.Tensor(session.MULTIMASK, flag))
+        framed = Framed(points, labels, box, dropped=0)
+        inputs = session_inputs(image_id, framed, multimask)
+        tensors = [self.pb.Tensor(name, value) for name, value in inputs.items()]
         wanted = [session.MASKS_RLE, session.MASK_SCORES]
         out = await self.call.acall(tenant, tensors, wanted)
         counts = out[session.MASKS_RLE].as_numpy().reshape(-1)

@@ -47,6 +47,13 @@ def mask_answer(
     }
 
 
+def block_answers(found, block: Block, shape: tuple[int, int]) -> list[dict[str, object]]:
+    """The answers of the session model's ``found`` [(RLE counts of the block-size mask,
+    score), ...] on ``block``, best first: what a ``predict`` answers in ``masks``."""
+    out = [mask_answer(block_mask(counts, block), block, shape, score) for counts, score in found]
+    return sorted(out, key=lambda m: -m["score"])
+
+
 def block_mask(counts: bytes | str, block: Block) -> np.ndarray:
     """The bool mask of the session model's RLE of a block-sized image."""
     return masks.decode_rle(counts, block.shape)

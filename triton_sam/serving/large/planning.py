@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..bounds import RequestError
+from ..protocol import embedding_cache as session
 from ..tiles import Block, TileGrid, window_around
 
 MAX_WINDOWS = 2
@@ -70,6 +71,19 @@ class Framed:
     labels: np.ndarray | None  # int32 [N]
     box: np.ndarray | None  # float32 [4]
     dropped: int  # points outside the block
+
+
+def session_inputs(image_id: str, framed: Framed, multimask: bool) -> dict[str, np.ndarray]:
+    """The session model's inputs for a framed prompt on the image ``image_id``, by name:
+    what the large model sends over BLS and a client sends for a held tile."""
+    inputs = {session.IMAGE_ID: np.array([[image_id.encode()]], dtype=np.object_)}
+    if framed.points is not None:
+        inputs[session.POINTS] = framed.points[None].astype(np.float32)
+        inputs[session.LABELS] = framed.labels[None].astype(np.int32)
+    if framed.box is not None:
+        inputs[session.BOX] = framed.box[None].astype(np.float32)
+    inputs[session.MULTIMASK] = np.array([[int(multimask)]], np.int32)
+    return inputs
 
 
 def tile_block(grid: TileGrid, prompt: Prompt) -> tuple[int, Block]:

@@ -350,14 +350,7 @@ class _Run:
                 remembered.pop(key, None)
         shape = self.image.grid.shape
 
-        def answers():
-            out = [
-                crop.mask_answer(crop.block_mask(counts, block), block, shape, score)
-                for counts, score in found
-            ]
-            return sorted(out, key=lambda m: -m["score"])
-
-        self.masks = await Service._run(service.clicks, answers)
+        self.masks = await Service._run(service.clicks, crop.block_answers, found, block, shape)
         self.block, self.tile_id, self.dropped = block, tile_id, framed.dropped
         self.image_id = image_id
         self.windows += tile_id is None
