@@ -204,7 +204,7 @@ def _filled(vertices: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     inside = np.zeros(shape, bool)
     x0, y0 = vertices[:, 0], vertices[:, 1]
     x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
-    for a, b, c, d in zip(x0, y0, x1, y1):
+    for a, b, c, d in zip(x0, y0, x1, y1, strict=True):
         crosses = (b > ys) != (d > ys)
         at = a + (ys - b) * (c - a) / np.where(d == b, 1, d - b)
         inside ^= crosses & (xs < at)
