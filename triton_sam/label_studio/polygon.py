@@ -5,8 +5,9 @@ top-left corner of the top-left pixel), so filling the polygon gives back the re
 nothing is smoothed away. Only vertices where the outline turns are kept.
 
 A polygon has no holes and Label Studio's polygon is one ring, so the answer is the outer
-boundary of the largest 4-connected region; holes and smaller islands are left out (a
-BrushLabels config keeps them: brush results are the exact mask).
+boundary of the 4-connected region that encloses the largest area; holes (background not
+8-connected to the outside: a gap between two diagonal pixels leads out) and smaller islands
+are left out (a BrushLabels config keeps them: brush results are the exact mask).
 """
 
 from __future__ import annotations
