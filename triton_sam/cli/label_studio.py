@@ -24,7 +24,7 @@ URL_ENV = "LABEL_STUDIO_URL"
 
 label_studio_app = typer.Typer(
     name="label-studio",
-    help="Label Studio's ML backend: precompute a project's embeddings.",
+    help="Label Studio's ML backend: precompute a project.",
     no_args_is_help=True,
 )
 app.add_typer(label_studio_app)
