@@ -226,4 +226,4 @@ def test_label_studio_connects_the_backend_and_draws_the_clients_mask(
     if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
         from label_studio_screenshot import save_labeling_page
 
-        save_labeling_page(url, USER, PASSWORD, project_id, task["id"], region, ROOT)
+        save_labeling_page(url, LS_TOKEN, USER, PASSWORD, project_id, task["id"], region, ROOT)
