@@ -32,6 +32,7 @@ from scipy import ndimage
 
 from triton_sam import SAM2TritonClient
 from triton_sam.bench.counters import read_counters, session_encoder
+from triton_sam.errors import ImageFetchError
 from triton_sam.gateway import create_app
 from triton_sam.label_studio import (
     Fetcher,
@@ -232,3 +233,28 @@ def test_precompute_embeds_each_distinct_image_once(label_studio, sam2_tiny_serv
     assert (report.tasks, report.embedded, report.failed, len(done)) == (3, 3, [], 3)
     # three tasks, two distinct images: the server's cache encoded each once
     assert encodes(sam2_tiny_server, encoder) == before + 2
+
+
+def test_the_precompute_command_reports_and_reads_the_key_from_the_environment(
+    label_studio, sam2_tiny_server, encoder, monkeypatch
+):
+    """`triton-sam label-studio precompute` over the same project: the images are in the
+    tenant's cache already (the test above), so the server encodes nothing."""
+    from typer.testing import CliRunner
+
+    from triton_sam.cli import app
+
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", API_KEY)
+    before = encodes(sam2_tiny_server, encoder)
+    args = ["label-studio", "precompute", "--project", "1", "--label-studio-url", label_studio.url]
+    args += ["--triton-url", sam2_tiny_server.grpc_url, "--tenant", "lab-precompute"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "3 tasks, 3 images sent to embed" in result.output and API_KEY not in result.output
+    assert encodes(sam2_tiny_server, encoder) == before
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "wrong-key")
+    failed = CliRunner().invoke(app, args)
+    # the entry point prints a package error's message (triton_sam.cli.main); the runner keeps it
+    assert failed.exit_code == 1 and isinstance(failed.exception, ImageFetchError)
+    assert str(failed.exception).endswith("/api/projects/1 answered HTTP 401")
+    assert str(failed.exception).startswith("project: ") and "wrong-key" not in failed.output
