@@ -28,6 +28,7 @@ from triton_sam.label_studio import (
     TritonOptions,
     label_studio_routes,
 )
+from triton_sam.label_studio.fetch import image_size
 
 KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a Label Studio API key
 BOUND = 64 * 1024
@@ -231,3 +232,18 @@ def test_the_route_answers_a_failed_fetch_with_the_field_and_logs_no_key(sites, 
     assert answer.status_code == 502, answer.text
     assert answer.json()["field"] == "tasks[0].data.image" and "HTTP 404" in answer.text
     assert "refused (502)" in caplog.text and KEY not in caplog.text and KEY not in answer.text
+
+
+def test_the_size_is_read_from_the_header_as_the_browser_shows_it():
+    """A photo stored 32x24 with EXIF orientation 6 (a quarter turn) is shown 24x32: that is
+    the size Label Studio's percentages refer to."""
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(buffer, "JPEG", exif=exif)
+    assert image_size(buffer.getvalue(), 10_000, "image") == (24, 32)
+    assert image_size(_png(), 10_000, "image") == (32, 24)
+    with pytest.raises(ImageTooLargeError, match="^image: 32x24 pixels, at most 700"):
+        image_size(_png(), 700, "image")
+    with pytest.raises(ImageFetchError, match="^tasks\\[0\\].data.image: not an image"):
+        image_size(b"<html>login</html>", 10_000, "tasks[0].data.image")

@@ -186,6 +186,18 @@ class Fetcher:
                 raise ImageFetchError(field, f"{_shown(url)}: not fetched within the deadline")
         return bytes(received)
 
+    def fetch_image(self, url: object, field: str) -> tuple[bytes, tuple[int, int]]:
+        """The file at a task's URL and its (width, height) as shown (EXIF orientation
+        applied), read from its header: the pixels are decoded once, by whoever needs them
+        (the client, which sends the file, not the pixels, to the server).
+
+        Raises:
+            ImageTooLargeError: over the byte or pixel bound.
+            ImageFetchError / ImageUrlRefusedError: as :meth:`fetch_bytes`; or not an image.
+        """
+        data = self.fetch_bytes(url, field)
+        return data, image_size(data, self.policy.max_pixels, field)
+
     def fetch_rgb(self, url: object, field: str) -> np.ndarray:
         """The image at a task's URL as HxWx3 uint8 RGB (EXIF orientation applied, as the
         browser shows it to the annotator).
@@ -199,6 +211,30 @@ class Fetcher:
 
 def _chunks(chunks: Iterable[bytes]) -> Iterable[bytes]:
     yield from (c for c in chunks if c)
+
+
+# EXIF orientations that turn the image a quarter: the shown width is the stored height.
+_QUARTER_TURNS = (5, 6, 7, 8)
+_ORIENTATION_TAG = 0x0112
+
+
+def image_size(data: bytes, max_pixels: int, field: str) -> tuple[int, int]:
+    """(width, height) of an image file as shown (EXIF orientation applied), from its header.
+
+    Raises:
+        ImageTooLargeError: more than ``max_pixels`` pixels.
+        ImageFetchError: not an image PIL reads.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if image.getexif().get(_ORIENTATION_TAG) in _QUARTER_TURNS:
+                width, height = height, width
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+        raise ImageFetchError(field, f"not an image ({type(e).__name__})") from None
+    if width * height > max_pixels:
+        raise ImageTooLargeError(field, f"{width}x{height} pixels, at most {max_pixels} (H * W)")
+    return width, height
 
 
 def decode_rgb(data: bytes, max_pixels: int, field: str) -> np.ndarray:

@@ -94,8 +94,8 @@ def precompute_project(
         task_id = task.get("id")
         where = f"task {task_id}.data.{key}"
         try:
-            rgb = fetcher.fetch_rgb((task.get("data") or {}).get(key), where)
-            asyncio.run(segmenter.embed(rgb, tenant=tenant))
+            image, _ = fetcher.fetch_image((task.get("data") or {}).get(key), where)
+            asyncio.run(segmenter.embed(image, tenant=tenant, field=where))
             report.embedded += 1
         except InputValidationError as e:  # fetch refusals and failures name the task
             report.failed.append((task_id, str(e)))

@@ -161,14 +161,17 @@ class _Backend:
         if not isinstance(data, dict) or config.image_key not in data:
             raise errors.InputValidationError(field, "missing: the task has no image URL there")
         with self.segmenter.admit():
-            rgb = await asyncio.to_thread(self.fetcher.fetch_rgb, data[config.image_key], field)
-            if rgb.shape[:2] != prompt.size[::-1]:
+            fetched = await asyncio.to_thread(
+                self.fetcher.fetch_image, data[config.image_key], field
+            )
+            image, size = fetched
+            if size != prompt.size:
                 raise errors.InputValidationError(
                     "params.context.result[0].original_width",
                     f"{prompt.size[0]}x{prompt.size[1]} but the task's image is "
-                    f"{rgb.shape[1]}x{rgb.shape[0]} (width x height)",
+                    f"{size[0]}x{size[1]} (width x height)",
                 )
-            mask, score = await self.segmenter.segment(rgb, prompt, tenant=tenant)
+            mask, score = await self.segmenter.segment(image, prompt, tenant=tenant, field=field)
         regions = results.mask_regions(mask, score, config, prompt, field="params.context")
         answer = results.prediction(regions, score, self.options.model_version)
         return JSONResponse({"results": [answer]})

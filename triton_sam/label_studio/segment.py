@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from triton_sam import SpeculativeSAM2Client
+from triton_sam.errors import ImageFetchError, InputValidationError
 from triton_sam.label_studio.prompts import Prompt
 from triton_sam.scaleout.access import DEFAULT_TENANT, TENANT_HEADER
 
@@ -66,15 +67,26 @@ class Segmenter:
             o.url, o.model_type, o.protocol, timeout_s=o.timeout_s, headers=headers
         )
 
-    async def embed(self, rgb: np.ndarray, *, tenant: str) -> None:
-        """Have the server embed ``rgb`` (HxWx3 uint8) for ``tenant`` and keep it."""
+    async def embed(self, image: bytes | np.ndarray, *, tenant: str, field: str = "image") -> None:
+        """Have the server embed ``image`` for ``tenant`` and keep it.
+
+        Args:
+            image: the image file's bytes (sent as they are on a miss: smaller than pixels)
+                or HxWx3 uint8 RGB.
+            tenant: whose cache.
+            field: where the image came from, named by errors.
+
+        Raises:
+            ImageFetchError: the bytes are not an image the client reads.
+        """
         async with self._client(tenant) as client:
-            await client.set_image_async(rgb)
+            await _set_image(client, image, field)
 
     async def segment(
-        self, rgb: np.ndarray, prompt: Prompt, *, tenant: str
+        self, image: bytes | np.ndarray, prompt: Prompt, *, tenant: str, field: str = "image"
     ) -> tuple[np.ndarray, float]:
-        """The mask of ``prompt`` on ``rgb``.
+        """The mask of ``prompt`` on ``image`` (as :meth:`embed` takes it). The server is
+        asked whether it holds the image first (a few bytes); the image goes only on a miss.
 
         Returns:
             ``(mask, score)``: bool [H, W] at the original size (logits > 0) and its predicted
@@ -82,7 +94,7 @@ class Segmenter:
             (:attr:`Prompt.multimask`).
         """
         async with self._client(tenant) as client:
-            await client.set_image_async(rgb)
+            await _set_image(client, image, field)
             points = prompt.points if len(prompt.points) else None
             labels = prompt.labels if len(prompt.labels) else None
             _, task = await client.predict_async(
@@ -91,6 +103,16 @@ class Segmenter:
             masks, scores = await task
         best = int(np.argmax(scores[0]))
         return np.asarray(masks[0, best] > 0), float(scores[0, best])
+
+
+async def _set_image(client: SpeculativeSAM2Client, image: bytes | np.ndarray, field: str) -> None:
+    try:
+        await client.set_image_async(image)
+    except InputValidationError as e:
+        if e.field != "image":
+            raise
+        # the client read the bytes: name the task field they came from
+        raise ImageFetchError(field, str(e).removeprefix("image: ")) from None
 
 
 class _Admission:
