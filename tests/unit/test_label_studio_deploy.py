@@ -70,6 +70,7 @@ def _routes(tmp_path, **overrides):
         triton_url="localhost:8001",
         protocol="grpc",
         host="127.0.0.1",
+        port=9090,
         url="http://localhost:8080",
         model_type="sam2",
         api_key_file=None,
@@ -82,7 +83,9 @@ def _routes(tmp_path, **overrides):
 def test_without_tokens_it_stays_on_localhost_and_says_so(tmp_path, capsys):
     routes, _ = _routes(tmp_path)
     assert len(routes) == 1
-    assert "no tokens: open to this machine only" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no tokens: open to this machine only" in out
+    assert "backend at http://127.0.0.1:9090/label-studio" in out
     with pytest.raises(InputValidationError, match="^host: '0.0.0.0' without"):
         _routes(tmp_path, host="0.0.0.0")
     assert is_loopback("::1") and is_loopback("127.0.0.2") and not is_loopback("10.0.0.1")

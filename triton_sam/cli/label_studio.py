@@ -88,6 +88,7 @@ def backend_routes(
     triton_url: str,
     protocol: str,
     host: str,
+    port: int,
     url: str | None,
     model_type: str,
     api_key_file: Path | None,
@@ -138,7 +139,7 @@ def backend_routes(
         )
     if key is None:
         typer.echo(f"label-studio: no API key (${API_KEY_ENV}): images are fetched without one")
-    typer.echo(f"label-studio: backend at http://{host}:<port>{PREFIX} ({options.model_version})")
+    typer.echo(f"label-studio: backend at http://{host}:{port}{PREFIX} ({options.model_version})")
     return label_studio_routes(options)
 
 

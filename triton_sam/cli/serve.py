@@ -224,6 +224,7 @@ def gateway_cmd(
             triton_url=triton_url,
             protocol=protocol,
             host=host,
+            port=port,
             url=label_studio_url,
             model_type=label_studio_model_type,
             api_key_file=label_studio_api_key_file,
