@@ -16,6 +16,7 @@ LOCK_SAM2   := requirements/lock-sam2.txt
 LOCK_TOOLS  := requirements/lock-tools.txt
 LOCK_DOCS   := requirements/lock-docs.txt
 LOCK_MICRO_SAM := requirements/lock-micro-sam.txt
+LOCK_LABEL_STUDIO := requirements/lock-label-studio.txt
 # The platform the lock is compiled for: CPython 3.11 on x86-64 Linux, glibc >= 2.35
 # (nvidia-pytriton ships manylinux_2_35 wheels only).
 LOCK_PYTHON   := 3.11
@@ -24,7 +25,7 @@ UV_VERSION    := 0.13.9
 
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer micro-sam lock check-latest proxy-tools browser-tools docs docs-tools
+.PHONY: install demo test test-fast lint clean perf-analyzer micro-sam lock check-latest proxy-tools browser-tools docs docs-tools label-studio test-label-studio
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
@@ -62,6 +63,8 @@ lock:
 	$(UV) pip compile requirements/tools.in --no-deps $(UV_FLAGS) -o $(LOCK_TOOLS)
 	# micro-sam beside the venv: lock.txt as a constraint, so a package both name has one pin.
 	$(UV) pip compile requirements/micro-sam.in --no-deps -c $(LOCK) $(UV_FLAGS) -o $(LOCK_MICRO_SAM)
+	# Label Studio in its own venv (it needs numpy 2): resolved alone, not against lock.txt.
+	$(UV) pip compile requirements/label-studio.in $(UV_FLAGS) -o $(LOCK_LABEL_STUDIO)
 	# The GPU container's stubs run its system Python 3.10 (Dockerfile): their own lock.
 	$(UV) pip compile requirements/container.in $(subst $(LOCK_PYTHON),3.10,$(UV_FLAGS)) -o requirements/lock-container.txt
 	# The docs tools go into the same venv on top of lock.txt: compiled with lock.txt as a
@@ -99,6 +102,25 @@ $(MICRO_SAM)/.installed: $(STAMP) $(LOCK_MICRO_SAM)
 	touch $@
 
 micro-sam: $(MICRO_SAM)/.installed
+
+# Label Studio 1.23 in its own venv (it needs numpy 2, the project's venv numpy<2): the
+# backend's test against a real Label Studio (tests/integration/test_label_studio.py, marker
+# label_studio; `make test-label-studio`) and trying the backend by hand
+# (docs/label-studio.md). Every package hash-checked, no resolution.
+LABEL_STUDIO := $(VENV)/tools/label-studio
+$(LABEL_STUDIO)/.installed: $(LOCK_LABEL_STUDIO)
+	rm -rf $(LABEL_STUDIO)
+	$(PYTHON) -m venv $(LABEL_STUDIO)
+	$(LABEL_STUDIO)/bin/python -m pip install -q --no-cache-dir --require-hashes --no-deps \
+	    -r $(LOCK_LABEL_STUDIO)
+	touch $@
+
+label-studio: $(LABEL_STUDIO)/.installed
+
+# The backend against a real Label Studio (starts it with SQLite in a tmp folder; ~60 s with
+# the shared model export and Label Studio's start, measured on the 2-core dev machine).
+test-label-studio: $(STAMP) $(LABEL_STUDIO)/.installed
+	$(BIN)/pytest -m label_studio --durations=0
 
 # Triton's onnxruntime backend (CPU) for the embedded tritonserver, built from Triton's sources
 # (r24.10, cloned from github.com: needs network, cmake, g++, rapidjson-dev) against this

@@ -153,3 +153,19 @@ class NoPromptsError(TritonSamError, RuntimeError):
 
 class TrackingLimitError(ServerOverloadedError):
     """A tracking session would exceed the server's bounds (frames, bytes, objects)."""
+
+
+class ImageFetchError(InputValidationError):
+    """An image named by URL (a Label Studio task's) was not fetched: the URL is refused by
+    the fetch policy, the answer is too large, or the fetch failed or timed out. The message
+    names the field that held the URL, never a credential."""
+
+
+class ImageUrlRefusedError(ImageFetchError):
+    """A URL outside what the fetcher may reach: not http(s), or another origin than the
+    configured one (and its allow-list), directly or through a redirect."""
+
+
+class ImageTooLargeError(ImageFetchError):
+    """A fetched image over the byte bound (Content-Length or bytes received) or the pixel
+    bound (from its header, before decoding)."""

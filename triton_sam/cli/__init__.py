@@ -13,7 +13,7 @@ from triton_sam.cli.app import RENAMED, add_renamed_commands, app, bench_app, ma
 # Imported for their commands, in the order `triton-sam --help` lists them.
 # isort: off
 from triton_sam.cli import setup, video, serve, tools, large  # noqa: F401
-from triton_sam.cli import bench, load, proxy  # noqa: F401
+from triton_sam.cli import bench, load, proxy, label_studio  # noqa: F401
 # isort: on
 
 add_renamed_commands()

@@ -70,7 +70,7 @@ class _BenchGroup(TyperGroup):
 bench_app = typer.Typer(
     name="bench",
     cls=_BenchGroup,
-    help="Measure latency, throughput, cancellation, soak, scale-out.",
+    help="Latency, throughput, cancellation, soak, scale-out.",
     no_args_is_help=True,
 )
 proxy_app = typer.Typer(

@@ -15,6 +15,7 @@ import numpy as np
 import typer
 
 from triton_sam.cli.app import app
+from triton_sam.cli.label_studio import AllowOpt, ApiKeyFileOpt, UrlOpt, backend_routes
 from triton_sam.cli.options import ImageOpt, Protocol, ProtocolOpt, RepositoryOpt, ServerUrlOpt
 from triton_sam.client import SAM2TritonClient
 from triton_sam.setup.settings import load_config, section
@@ -181,10 +182,31 @@ def gateway_cmd(
         str | None,
         typer.Option(help="Triton's HTTP address for --web (default: --triton-url's host:8000)."),
     ] = None,
+    label_studio: Annotated[
+        bool,
+        typer.Option(
+            "--label-studio", help="Also serve Label Studio's ML backend at /label-studio."
+        ),
+    ] = False,
+    label_studio_url: UrlOpt = None,
+    label_studio_model_type: Annotated[
+        str, typer.Option(help="Family the Label Studio backend segments with.")
+    ] = "sam2",
+    label_studio_api_key_file: ApiKeyFileOpt = None,
+    label_studio_allow_origin: AllowOpt = None,
+    label_studio_tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Tokens file (`triton-sam proxy token` writes one): Label Studio must send a "
+            "token (Basic auth password), whose tenant goes to Triton. Without it the "
+            "backend listens on localhost only.",
+        ),
+    ] = None,
 ) -> None:
     """/embedded_model, /new_session_id, /cancel_pending, /from_model, /prediction, /models
     and /health as SAM_service answers them (docs/gateway.md); with --web, the annotator
-    page and Triton's inference API (/v2) from the same origin (docs/web.md)."""
+    page and Triton's inference API (/v2) from the same origin (docs/web.md); with
+    --label-studio, Label Studio's ML backend under /label-studio (docs/label-studio.md)."""
     from triton_sam.gateway import BackendOptions, GatewayOptions, serve
 
     backend = BackendOptions(url=triton_url, protocol=protocol, model_type=model_type)
@@ -197,6 +219,19 @@ def gateway_cmd(
             PassThroughOptions(http_url), triton_url if protocol == "grpc" else None
         )
         on_close = [close]
+    if label_studio:
+        ls_routes, ls_close = backend_routes(
+            triton_url=triton_url,
+            protocol=protocol,
+            host=host,
+            port=port,
+            url=label_studio_url,
+            model_type=label_studio_model_type,
+            api_key_file=label_studio_api_key_file,
+            allow_origins=label_studio_allow_origin,
+            tokens_file=label_studio_tokens_file,
+        )
+        routes, on_close = [*routes, *ls_routes], [*on_close, ls_close]
     serve(
         GatewayOptions(backend=backend, workers=workers),
         host=host,

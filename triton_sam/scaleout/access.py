@@ -35,7 +35,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from triton_sam.errors import InputValidationError
+
+# The header the proxy sets (and a service speaking for tenants sends, as the proxy does).
+from triton_sam.serving.protocol.tenancy import DEFAULT_TENANT as DEFAULT_TENANT
 from triton_sam.serving.protocol.tenancy import MAX_TENANT_CHARS
+from triton_sam.serving.protocol.tenancy import TENANT_HEADER as TENANT_HEADER
 
 # Tokens: lowercase hex, at least 128 bits (nginx's map ignores case, so only these are safe
 # to compare); tenants: short names that are safe in a header and in a file name.
