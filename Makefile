@@ -167,7 +167,7 @@ docs: $(DOCS_STAMP)
 # Every tier, each one's time printed at the end (.ci/tiers): lint, the import contracts,
 # the docs build and the unit tier beside the export, integration and parity tiers (one
 # pytest run: their exports and servers are shared). docs/development.md: one tier alone.
-test: $(STAMP) $(PERF_ANALYZER) $(MICRO_SAM)/.installed proxy-tools browser-tools $(DOCS_STAMP)
+test: $(STAMP) $(PERF_ANALYZER) $(MICRO_SAM)/.installed $(LABEL_STUDIO)/.installed proxy-tools browser-tools $(DOCS_STAMP)
 	BIN=$(BIN) bash .ci/tiers
 
 test-fast: $(STAMP) $(MICRO_SAM)/.installed

@@ -89,18 +89,27 @@ def precompute_project(
     """
     report = PrecomputeReport()
     key, tasks = project_tasks(fetcher, project)
-    for task in tasks:
-        report.tasks += 1
-        task_id = task.get("id")
-        where = f"task {task_id}.data.{key}"
+
+    async def walk() -> None:
+        # one event loop for the whole walk: the segmenter keeps its client open between
+        # images, and a client's channel belongs to the loop that opened it
         try:
-            image, _ = fetcher.fetch_image((task.get("data") or {}).get(key), where)
-            asyncio.run(segmenter.embed(image, tenant=tenant, field=where))
-            report.embedded += 1
-        except InputValidationError as e:  # fetch refusals and failures name the task
-            report.failed.append((task_id, str(e)))
-        if on_task is not None:
-            on_task()
+            for task in tasks:
+                report.tasks += 1
+                task_id = task.get("id")
+                where = f"task {task_id}.data.{key}"
+                try:
+                    image, _ = fetcher.fetch_image((task.get("data") or {}).get(key), where)
+                    await segmenter.embed(image, tenant=tenant, field=where)
+                    report.embedded += 1
+                except InputValidationError as e:  # fetch refusals and failures name the task
+                    report.failed.append((task_id, str(e)))
+                if on_task is not None:
+                    on_task()
+        finally:
+            await segmenter.aclose()
+
+    asyncio.run(walk())
     return report
 
 

@@ -80,6 +80,7 @@ def label_studio_routes(
 
     async def close() -> None:
         backend.fetcher.close()
+        await backend.segmenter.aclose()
 
     routes = [
         Route("/", backend.health, methods=["GET"]),

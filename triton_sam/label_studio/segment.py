@@ -1,14 +1,21 @@
 """Masks from Triton for the backend, through the public client only.
 
-Each call opens a :class:`triton_sam.SpeculativeSAM2Client` that sends the caller's tenant in
+Each call takes a :class:`triton_sam.SpeculativeSAM2Client` that sends the caller's tenant in
 the tenant header, exactly as the proxy would, sets the image (the server's session model
 keeps its features per tenant, keyed by the image's content, so a second click on the same
-image costs no encode) and asks for the prompts' mask. Heavy calls are admitted up to a bound;
-past it a request is refused at once (:class:`Overloaded`), never queued without end.
+image costs no encode) and asks for the prompts' mask. Clients are kept open between calls,
+per tenant (a new one would open a channel and check the server's models before every click:
+round trips the click does not need). One call uses a client at a time, so a client's current
+image never changes under another call. Heavy calls are admitted up to a bound; past it a
+request is refused at once (:class:`Overloaded`), never queued without end.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +46,10 @@ class TritonOptions:
     max_in_flight: int = 4
 
 
+#: Tenants whose idle clients are kept (the least recently used one's are closed past it).
+MAX_TENANTS_KEPT = 64
+
+
 class Overloaded(Exception):
     """More heavy requests than :attr:`TritonOptions.max_in_flight`."""
 
@@ -49,6 +60,9 @@ class Segmenter:
     def __init__(self, options: TritonOptions) -> None:
         self.options = options
         self._in_flight = 0
+        # tenant -> open clients no call is using; at most max_in_flight each, since no more
+        # calls than that run at once
+        self._idle: OrderedDict[str, list[SpeculativeSAM2Client]] = OrderedDict()
 
     def admit(self) -> _Admission:
         """A slot for one heavy request (``with segmenter.admit(): ...``).
@@ -60,12 +74,45 @@ class Segmenter:
             raise Overloaded(f"{self._in_flight} requests in flight, at most the bound")
         return _Admission(self)
 
-    def _client(self, tenant: str) -> SpeculativeSAM2Client:
-        o = self.options
-        headers = {TENANT_HEADER: tenant} if tenant != DEFAULT_TENANT else None
-        return SpeculativeSAM2Client(
-            o.url, o.model_type, o.protocol, timeout_s=o.timeout_s, headers=headers
-        )
+    @asynccontextmanager
+    async def _client(self, tenant: str) -> AsyncIterator[SpeculativeSAM2Client]:
+        """An open client of ``tenant``'s, this call's alone until it ends. A call that fails
+        for another reason than its input closes its client: its channel may be broken."""
+        idle = self._idle.get(tenant)
+        if idle:
+            client = idle.pop()
+        else:
+            o = self.options
+            headers = {TENANT_HEADER: tenant} if tenant != DEFAULT_TENANT else None
+            client = SpeculativeSAM2Client(
+                o.url, o.model_type, o.protocol, timeout_s=o.timeout_s, headers=headers
+            )
+            await client.__aenter__()
+        try:
+            yield client
+        except (InputValidationError, asyncio.CancelledError):
+            self._keep(tenant, client)
+            raise
+        except BaseException:
+            await client.aclose()
+            raise
+        else:
+            self._keep(tenant, client)
+
+    def _keep(self, tenant: str, client: SpeculativeSAM2Client) -> None:
+        self._idle.setdefault(tenant, []).append(client)
+        self._idle.move_to_end(tenant)
+        while len(self._idle) > MAX_TENANTS_KEPT:
+            _, old = self._idle.popitem(last=False)
+            for c in old:
+                asyncio.ensure_future(c.aclose())
+
+    async def aclose(self) -> None:
+        """Close every kept client (the gateway's shutdown)."""
+        clients = [c for kept in self._idle.values() for c in kept]
+        self._idle.clear()
+        for client in clients:
+            await client.aclose()
 
     async def embed(self, image: bytes | np.ndarray, *, tenant: str, field: str = "image") -> None:
         """Have the server embed ``image`` for ``tenant`` and keep it.
