@@ -1,0 +1,234 @@
+"""The napari plugin in a real viewer against the shared SAM2.1-tiny server.
+
+napari draws with OpenGL, which Qt's ``offscreen`` platform does not provide (the canvas fails
+in vispy's ``glGetParameter``), so the viewer runs on an X server: the one in ``$DISPLAY``, or
+an ``Xvfb`` this module starts (Debian: ``apt-get install xvfb libxcb-icccm4
+libxcb-keysyms1 libxcb-xinerama0``, which PyQt5's xcb platform plugin links).
+
+Every mask the widget writes is compared pixel for pixel with the public Python client's on
+the same server and the same prompts. The widget's requests run on worker threads; the tests
+wait (``qtbot.waitUntil``) until it has no request in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from triton_sam import SAM2TritonClient, SAM2VideoTritonClient, to_sam_rgb
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
+
+SHAPE = (256, 320)
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "napari-plugin.png"
+WAIT_MS = 120_000
+
+
+def _image() -> np.ndarray:
+    """uint16 discs on a ramp: the widget maps 16-bit pixels by the server's percentiles."""
+    yy, xx = np.mgrid[0 : SHAPE[0], 0 : SHAPE[1]]
+    image = (xx * 40 + yy * 20).astype(np.uint16)
+    for cy, cx, r in ((80, 90, 40), (170, 220, 55)):
+        image[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = 60_000
+    return image
+
+
+@pytest.fixture(scope="session")
+def display():
+    """An X display for Qt's xcb platform (OpenGL through Mesa); session scope, as pytest-qt's
+    ``qapp`` (the one QApplication) is, so that it exists before the application does."""
+    if os.environ.get("DISPLAY"):
+        os.environ["QT_QPA_PLATFORM"] = "xcb"
+        return os.environ["DISPLAY"]
+    if shutil.which("Xvfb") is None:
+        pytest.fail("napari needs an X server: install Debian's xvfb (see the module docstring)")
+    # -displayfd: Xvfb picks a free display and writes its number once it accepts clients.
+    # It exits with this process (PR_SET_PDEATHSIG), not at fixture teardown: Qt's
+    # application outlives the fixtures, and Qt aborts the process when its X server goes.
+    read_end, write_end = os.pipe()
+    subprocess.Popen(
+        ["Xvfb", "-displayfd", str(write_end), "-screen", "0", "1280x1024x24", "-nolisten", "tcp"],
+        pass_fds=(write_end,),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
+    )
+    os.close(write_end)
+    with os.fdopen(read_end) as ready:
+        number = ready.readline().strip()
+    assert number, "Xvfb did not start"
+    os.environ["DISPLAY"], os.environ["QT_QPA_PLATFORM"] = f":{number}", "xcb"
+    return os.environ["DISPLAY"]
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1  # noqa: N806 - prctl(2)'s name
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def viewer(display, qapp):
+    import napari
+
+    viewer = napari.Viewer(show=False)
+    yield viewer
+    viewer.close()
+
+
+@pytest.fixture(scope="module")
+def client(sam2_tiny_server):
+    """The reference: the public client on the same server, the same pixel mapping."""
+    with SAM2TritonClient(sam2_tiny_server.grpc_url, "sam2", "grpc") as c:
+        c.set_image(to_sam_rgb(_image()))
+        yield c
+
+
+@pytest.fixture(scope="module")
+def widget(viewer, sam2_tiny_server):
+    from triton_sam.napari.widget import SegmentAnythingWidget
+
+    viewer.add_image(_image(), name="cells")
+    widget = SegmentAnythingWidget(viewer)
+    viewer.window.add_dock_widget(widget, name="Segment Anything (Triton)")
+    widget.url.setText(sam2_tiny_server.grpc_url.split("://")[-1])
+    widget.protocol.setCurrentText("grpc")
+    widget.connect_button.click()
+    _settle(widget)
+    assert widget.last_error is None, widget.last_error
+    yield widget
+    widget.close()
+
+
+def _settle(widget, qtbot=None) -> None:
+    """Process Qt events until the widget has no request in flight."""
+    from qtpy.QtWidgets import QApplication
+
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not widget.idle or widget.hover.busy:
+        assert time.monotonic() < deadline, "the widget did not finish its requests"
+        QApplication.processEvents()
+        time.sleep(0.01)
+    QApplication.processEvents()
+
+
+def _mask(client, coords_rc, labels, box=None) -> np.ndarray:
+    coords = None if coords_rc is None else np.asarray(coords_rc, float)[:, ::-1]
+    logits, _ = client.predict(coords, None if labels is None else np.asarray(labels), box)
+    return logits[0, 0] > 0
+
+
+def test_points_and_a_box_through_the_widget_give_the_clients_mask(widget, client):
+    from triton_sam.napari import layers as L
+
+    widget.embed_button.click()
+    _settle(widget)
+    points, boxes = widget.layers.points, widget.layers.boxes
+    points.add([80, 90])  # positive: new points are positive at first
+    L.set_new_point_label(points, "negative")
+    points.add([170, 220])
+    L.set_new_point_label(points, "positive")
+    boxes.add_rectangles(np.array([[30, 40], [30, 150], [130, 150], [130, 40]]))
+    widget.segment_button.click()
+    _settle(widget)
+    expected = _mask(client, [[80, 90], [170, 220]], [1, 0], np.array([40, 30, 150, 130]))
+    assert expected.any()
+    np.testing.assert_array_equal(widget.layers.objects.data == 1, expected)
+    assert set(np.unique(widget.layers.objects.data)) == {0, 1}
+
+
+def test_commit_then_undo_takes_back_only_the_last_object(widget, client):
+    first = widget.layers.objects.data.copy()
+    widget.commit_button.click()
+    assert len(widget.layers.points.data) == 0 and len(widget.layers.boxes.data) == 0
+    widget.layers.points.add([170, 220])
+    widget.segment_button.click()
+    _settle(widget)
+    second = _mask(client, [[170, 220]], [1]) & (first == 0)  # object 1 keeps its pixels
+    assert second.any()
+    np.testing.assert_array_equal(widget.layers.objects.data == 2, second)
+    widget.undo_button.click()
+    np.testing.assert_array_equal(widget.layers.objects.data, first)
+
+
+def test_hover_storm_paints_only_the_latest_preview(widget, client):
+    before = widget.hover.counts.submitted
+    spots = [(60 + 10 * i, 70 + 12 * i) for i in range(10)]
+    for spot in spots:  # one UI-thread burst: answers arrive after the last is asked for
+        widget.hover_at(spot)
+    _settle(widget)
+    counts = widget.hover.counts
+    assert counts.failed == 0, widget.last_error
+    assert counts.submitted - before == 10
+    assert counts.painted == 1  # the newest only
+    assert counts.executed + counts.skipped == 10  # each job either ran or was never sent
+    assert counts.discarded == counts.executed - 1  # every stale answer that came back
+    np.testing.assert_array_equal(widget.layers.preview.data > 0, _mask(client, [spots[-1]], [1]))
+
+
+def test_segment_everything_fills_labels_like_the_clients_generate_masks(
+    widget, client, sam2_tiny_server
+):
+    params = {"points_per_side": 4, "points_per_batch": 8}
+    widget.segment_everything(**params)
+    _settle(widget)
+    assert widget.last_error is None, widget.last_error
+    result = client.generate_masks(grpc_url=sam2_tiny_server.grpc_url, **params)
+    expected = np.zeros(SHAPE, np.uint32)
+    masks = result.masks()
+    for k in sorted(range(len(result)), key=lambda k: -result.instances[k]["area"]):
+        expected[masks[k]] = k + 1  # larger first: smaller instances stay on top
+    np.testing.assert_array_equal(widget.viewer.layers["SAM everything"].data, expected)
+    assert widget.progress.value() == widget.progress.maximum()
+    # Cancelled before its first batch is answered: a message, no layer rewritten.
+    widget.segment_everything(**params)
+    widget.cancel_button.click()
+    _settle(widget)
+    assert widget.last_error == "Segment everything: cancelled"
+
+
+def test_a_lost_server_is_a_message_not_a_traceback(viewer, widget):
+    from triton_sam.napari.widget import SegmentAnythingWidget
+
+    lost = SegmentAnythingWidget(viewer)
+    assert not lost.segment_button.isEnabled()  # nothing to click before connecting
+    lost.url.setText("127.0.0.1:9")  # the discard port: nothing listens
+    lost.connect_button.click()
+    _settle(lost)
+    assert "no ready Triton server at 127.0.0.1:9" in lost.status.text()
+    lost.close()
+
+
+def test_the_manifest_is_valid_and_napari_opens_the_widget(viewer):
+    import npe2
+
+    path = Path(__file__).resolve().parents[2] / "triton_sam" / "napari" / "napari.yaml"
+    manifest = npe2.PluginManifest.from_file(path)
+    assert manifest.name == "triton-sam"
+    assert [w.display_name for w in manifest.contributions.widgets] == ["Segment Anything (Triton)"]
+    manager = npe2.PluginManager.instance()
+    if "triton-sam" not in manager:
+        # The entry point exists once the package is (re)installed; a checkout whose
+        # editable install predates it registers the same file by hand.
+        manager.register(manifest)
+    dock, widget = viewer.window.add_plugin_dock_widget("triton-sam", "Segment Anything (Triton)")
+    assert type(widget).__name__ == "SegmentAnythingWidget"
+    viewer.window.remove_dock_widget(dock)
+
+
+def test_screenshot_for_the_docs(viewer, widget):
+    """Writes docs/images/napari-plugin.png only when TRITON_SAM_SCREENSHOTS=1."""
+    from PIL import Image
+
+    image = viewer.screenshot(canvas_only=False, flash=False)
+    assert image.ndim == 3 and image.shape[2] == 4 and image[..., :3].std() > 0
+    if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
+        Image.fromarray(image[..., :3]).save(SCREENSHOT, optimize=True)
