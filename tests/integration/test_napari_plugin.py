@@ -143,6 +143,9 @@ def test_points_and_a_box_through_the_widget_give_the_clients_mask(widget, clien
     assert expected.any()
     np.testing.assert_array_equal(widget.layers.objects.data == 1, expected)
     assert set(np.unique(widget.layers.objects.data)) == {0, 1}
+    # Tools the server does not offer are hidden: no concept model here.
+    assert not widget.concept_button.isVisibleTo(widget)
+    assert widget.everything_button.isVisibleTo(widget)
 
 
 def test_commit_then_undo_takes_back_only_the_last_object(widget, client):
@@ -195,6 +198,27 @@ def test_segment_everything_fills_labels_like_the_clients_generate_masks(
     assert widget.last_error == "Segment everything: cancelled"
 
 
+def test_a_large_image_goes_through_the_servers_tiled_path(widget, sam2_tiny_server):
+    """Above the size threshold (lowered here for a small image) the widget opens the image
+    on the server's sam2_large model and clicks it there, as the client's LargeImage does."""
+    widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] - 1
+    try:
+        widget.embed_button.click()
+        _settle(widget)
+        assert widget.session.embedded.large is not None, widget.last_error
+        widget.commit_button.click()
+        widget.layers.points.add([80, 90])
+        widget.segment_button.click()
+        _settle(widget)
+    finally:
+        widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] * 64
+    with SAM2TritonClient(sam2_tiny_server.grpc_url, "sam2", "grpc") as client:
+        with client.open_array(to_sam_rgb(_image()), progress=False) as large:
+            (mask,) = large.predict([[90, 80]], [1])
+    expected = mask.dense(SHAPE) & (widget.layers.objects.data != 1)  # object 1 kept
+    np.testing.assert_array_equal(widget.layers.objects.data == widget.object_id, expected)
+
+
 def test_a_lost_server_is_a_message_not_a_traceback(viewer, widget):
     from triton_sam.napari.widget import SegmentAnythingWidget
 
@@ -232,3 +256,62 @@ def test_screenshot_for_the_docs(viewer, widget):
     assert image.ndim == 3 and image.shape[2] == 4 and image[..., :3].std() > 0
     if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
         Image.fromarray(image[..., :3]).save(SCREENSHOT, optimize=True)
+
+
+@pytest.fixture(scope="module")
+def video_server(sam2_video_export, embedded_triton, tmp_path_factory):
+    """The tracker over the session's tracking export (as test_video_tracker.py serves it)."""
+    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.video_config import TrackerOptions, write_video_models
+    from triton_sam.repository.writer import embedded_repository
+
+    repo = tmp_path_factory.mktemp("napari_video") / "model_repository"
+    write_video_models(
+        repo,
+        sam2_video_export.graphs,
+        sam2_video_export.config,
+        RepositoryOptions(),
+        TrackerOptions(max_sessions=2),
+    )
+    return embedded_triton(embedded_repository(repo), startup_timeout_s=180.0)
+
+
+def test_propagation_through_z_and_a_correction_match_the_video_client(viewer, video_server):
+    """A click on the middle slice tracked both ways, then a click on the last slice (a
+    correction) tracked again: slice for slice the video client's masks for the same calls."""
+    from triton_sam.napari.widget import SegmentAnythingWidget
+
+    z, y, x = 3, 33, 47
+    zz, yy, xx = np.mgrid[0:z, 0:y, 0:x]
+    volume = np.where((xx - 20 - 2 * zz) ** 2 + (yy - 15) ** 2 < 49, 220, 30).astype(np.uint8)
+    viewer.add_image(volume, name="stack")
+    tracker = SegmentAnythingWidget(viewer)
+    tracker.url.setText(video_server.grpc_url.split("://")[-1])
+    tracker.connect_button.click()
+    _settle(tracker)
+    assert tracker.propagate_button.isVisibleTo(tracker) and tracker.last_error is None
+    tracker.image.setCurrentText("stack")
+    clicks = [(1, 15, 22), (2, 15, 24)]  # (slice, row, col)
+    got = []
+    for click in clicks:
+        viewer.dims.set_current_step(0, click[0])
+        tracker.prepare_layers().points.add(list(click))
+        tracker.propagate_button.click()
+        _settle(tracker)
+        assert tracker.last_error is None, tracker.last_error
+        got.append(tracker.layers.objects.data.copy())
+
+    with SAM2VideoTritonClient(video_server.grpc_url) as client:
+        state = client.init_state(np.repeat(volume[..., None], 3, axis=-1))  # grey as RGB
+        for click, labels in zip(clicks, got, strict=True):
+            frame, row, col = click
+            client.add_new_points_or_box(state, frame, 1, points=[[col, row]], labels=[1])
+            masks = {}
+            for reverse in (False, True):
+                for f, _, logits in client.propagate_in_video(state, frame, reverse=reverse):
+                    masks[f] = logits[0, 0] > 0
+            assert sorted(masks) == [0, 1, 2]
+            for f in range(z):
+                np.testing.assert_array_equal(labels[f] == 1, masks[f], err_msg=f"slice {f}")
+        client.close_state(state)
+    tracker.close()

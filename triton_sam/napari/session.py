@@ -193,9 +193,11 @@ class Session:
             masks = self.embedded.large.predict(
                 prompt.point_coords, prompt.point_labels, prompt.box
             )
-            return (
-                masks[0].dense(self.embedded.size) if masks else np.zeros(self.embedded.size, bool)
-            )
+            # The labels layer holds the whole image anyway; the mask travelled as a crop.
+            mask = np.zeros(self.embedded.size, bool)
+            if masks:
+                masks[0].paste_into(mask)
+            return mask
         logits, _ = client.predict(prompt.point_coords, prompt.point_labels, prompt.box)
         return logits[0, 0] > 0
 

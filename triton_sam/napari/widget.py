@@ -31,7 +31,8 @@ from qtpy.QtWidgets import (
 
 from triton_sam import TritonSamError
 from triton_sam.napari import layers as L
-from triton_sam.napari.labels import add_instances, everything_labels, replace_object
+from triton_sam.napari.jobs import LongJobs
+from triton_sam.napari.labels import replace_object
 from triton_sam.napari.latest import LatestOnly
 from triton_sam.napari.prompts import Prompt, box_prompt, combine, points_prompt
 from triton_sam.napari.session import Cancelled, Session
@@ -43,7 +44,7 @@ class _Bridge(QObject):
     call = Signal(object)
 
 
-class SegmentAnythingWidget(QWidget):
+class SegmentAnythingWidget(LongJobs, QWidget):
     """Segment Anything on a triton-sam server, in napari.
 
     Args:
@@ -232,9 +233,7 @@ class SegmentAnythingWidget(QWidget):
 
     def embed(self, then: Callable[[], None] | None = None) -> None:
         """Embed the chosen image layer (its current z-slice in a stack) (Embed)."""
-        image = self._image_layer()
-        self.layers = L.ensure_layers(self.viewer, image)
-        self._watch_prompts()
+        image, _ = self._image_layer(), self.prepare_layers()
         z, session = self._z(image), self._session()
 
         def done(embedded: Any) -> None:
@@ -244,6 +243,12 @@ class SegmentAnythingWidget(QWidget):
                 then()
 
         self._run(lambda: session.embed(image.name, image.data, rgb=image.rgb, z=z), done, "Embed")
+
+    def prepare_layers(self) -> L.PromptLayers:
+        """The prompt and mask layers of the chosen image, made if missing."""
+        self.layers = L.ensure_layers(self.viewer, self._image_layer())
+        self._watch_prompts()
+        return self.layers
 
     def _needs_embed(self, image: Any) -> bool:
         e = self.session.embedded if self.session is not None else None
@@ -344,78 +349,6 @@ class SegmentAnythingWidget(QWidget):
                 preview.data = mask.astype(np.uint32)
 
         self.hover.submit(lambda: session.segment(prompt), show)
-
-    # -- long jobs -------------------------------------------------------------------------
-    def segment_everything(self, **params: Any) -> None:
-        """Every instance of the embedded image into the "SAM everything" layer."""
-        image = self._image_layer()
-        if self.layers is None or self._needs_embed(image):
-            self.embed(then=lambda: self.segment_everything(**params))
-            return
-        session, z = self.session, self._z(image)
-        self._cancel.clear()
-        self.progress.setValue(0)
-        grpc_url = session.url if session.protocol == "grpc" else None
-
-        def progress(done: int, total: int) -> None:
-            self._bridge.call.emit(lambda: self._progress(done, total))
-
-        def done(result: Any) -> None:
-            labels = everything_labels(result)
-            shape = L.spatial_shape(image)
-            data = labels if z is None else np.zeros(shape, np.uint32)
-            if z is not None:
-                data[z] = labels
-            if L.EVERYTHING in self.viewer.layers:
-                self.viewer.layers.remove(L.EVERYTHING)
-            self.viewer.add_labels(data, name=L.EVERYTHING)
-            self.progress.setValue(self.progress.maximum())
-            self.status.setText(f"Segment everything: {len(result)} instances")
-
-        job = lambda: session.everything(progress, self._cancel, grpc_url, **params)  # noqa: E731
-        self._run(job, done, "Segment everything")
-
-    def _progress(self, done: int, total: int) -> None:
-        self.progress.setMaximum(max(total, 1))
-        self.progress.setValue(done)
-
-    def propagate(self) -> None:
-        """Track the current object from this slice through the stack, both ways; again on
-        another slice to correct it (Propagate through z)."""
-        image = self._image_layer()
-        z = self._z(image)
-        if z is None:
-            self.status.setText("Propagate needs a 3-D image layer")
-            return
-        self.layers = self.layers or L.ensure_layers(self.viewer, image)
-        self._watch_prompts()
-        prompt, object_id, session = self._prompt(z), self.object_id, self.session
-        objects, data = self.layers.objects, np.asarray(image.data)
-
-        def done(frames: dict[int, dict[int, np.ndarray]]) -> None:
-            masks = {f: by_id[object_id] for f, by_id in frames.items() if object_id in by_id}
-            replace_object(objects, masks, object_id)
-            self.status.setText(f"Object {object_id} tracked through {len(masks)} slices")
-
-        job = lambda: session.propagate(image.name, data, z, object_id, prompt)  # noqa: E731
-        self._run(job, done, "Propagate")
-
-    def find_concept(self) -> None:
-        """Every instance of the phrase in the text box, each a new object."""
-        image, text, session = self._image_layer(), self.concept_text.text().strip(), self.session
-        self.layers = self.layers or L.ensure_layers(self.viewer, image)
-        z = self._z(image)
-        from triton_sam import resolve_pixel_mapping, to_sam_rgb
-
-        mapping = resolve_pixel_mapping(image.data, volume=z is not None)
-        rgb = to_sam_rgb(np.asarray(image.data[z] if z is not None else image.data), mapping)
-
-        def done(instances: np.ndarray) -> None:
-            self.object_id = add_instances(self.layers.objects, instances, self.object_id, z)
-            self.object_label.setText(f"Object {self.object_id}")
-            self.status.setText(f"{text!r}: {len(instances)} instances")
-
-        self._run(lambda: session.concepts(text, rgb), done, "Find concept")
 
     def closeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
         self.hover.close()
