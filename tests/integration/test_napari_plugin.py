@@ -252,6 +252,11 @@ def test_screenshot_for_the_docs(viewer, widget):
     """Writes docs/images/napari-plugin.png only when TRITON_SAM_SCREENSHOTS=1."""
     from PIL import Image
 
+    viewer.window.resize(1280, 760)
+    for name in ("SAM everything", "SAM preview"):
+        viewer.layers[name].visible = False
+    viewer.layers.selection.active = viewer.layers["SAM objects"]
+    viewer.reset_view()
     image = viewer.screenshot(canvas_only=False, flash=False)
     assert image.ndim == 3 and image.shape[2] == 4 and image[..., :3].std() > 0
     if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
