@@ -198,7 +198,7 @@ def test_segment_everything_fills_labels_like_the_clients_generate_masks(
     assert widget.last_error == "Segment everything: cancelled"
 
 
-def test_a_large_image_goes_through_the_servers_tiled_path(widget, sam2_tiny_server):
+def test_a_large_image_goes_through_the_servers_tiled_path(widget, client):
     """Above the size threshold (lowered here for a small image) the widget opens the image
     on the server's sam2_large model and clicks it there, as the client's LargeImage does."""
     widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] - 1
@@ -212,9 +212,8 @@ def test_a_large_image_goes_through_the_servers_tiled_path(widget, sam2_tiny_ser
         _settle(widget)
     finally:
         widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] * 64
-    with SAM2TritonClient(sam2_tiny_server.grpc_url, "sam2", "grpc") as client:
-        with client.open_array(to_sam_rgb(_image()), progress=False) as large:
-            (mask,) = large.predict([[90, 80]], [1])
+    with client.open_array(to_sam_rgb(_image()), progress=False) as large:
+        (mask,) = large.predict([[90, 80]], [1])
     expected = mask.dense(SHAPE) & (widget.layers.objects.data != 1)  # object 1 kept
     np.testing.assert_array_equal(widget.layers.objects.data == widget.object_id, expected)
 
@@ -261,6 +260,18 @@ def test_screenshot_for_the_docs(viewer, widget):
     assert image.ndim == 3 and image.shape[2] == 4 and image[..., :3].std() > 0
     if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
         Image.fromarray(image[..., :3]).save(SCREENSHOT, optimize=True)
+
+
+def test_click_latency_bench_times_both_paths(viewer, sam2_tiny_server):
+    """The bench (``triton-sam bench napari``) on the shared server: 2 timed clicks a path
+    here; TRITON_SAM_NAPARI_CLICKS=N times N and prints the table."""
+    from triton_sam.bench.napari_latency import napari_click_latency
+
+    clicks = int(os.environ.get("TRITON_SAM_NAPARI_CLICKS", "2"))
+    url = sam2_tiny_server.grpc_url.split("://")[-1]
+    report = napari_click_latency(url, clicks=clicks, shape=(256, 320), viewer=viewer)
+    assert len(report.napari_ms) == len(report.client_ms) == clicks
+    print(report.table())
 
 
 @pytest.fixture(scope="module")
