@@ -1,4 +1,6 @@
-"""The napari plugin in a real viewer against the shared SAM2.1-tiny server.
+"""The napari plugin in a real viewer against the shared SAM2.1-tiny server (and, first, the
+concept and tracker servers: the module's last test uses the shared server, so this module's
+fixtures close their clients before tests/conftest.py stops it).
 
 napari draws with OpenGL, which Qt's ``offscreen`` platform does not provide (the canvas fails
 in vispy's ``glGetParameter``), so the viewer runs on an X server: the one in ``$DISPLAY``, or
@@ -12,6 +14,8 @@ wait (``qtbot.waitUntil``) until it has no request in flight.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -43,6 +47,11 @@ def _image() -> np.ndarray:
 def display():
     """An X display for Qt's xcb platform (OpenGL through Mesa); session scope, as pytest-qt's
     ``qapp`` (the one QApplication) is, so that it exists before the application does."""
+    # OpenAI's triton package (torch imports it, e.g. for an export later in this process)
+    # segfaults when it is first imported after Mesa's OpenGL is loaded (both carry LLVM;
+    # reproduced: viewer, then `import triton`). Imported before the viewer, both live.
+    if importlib.util.find_spec("triton") is not None:
+        importlib.import_module("triton")
     if os.environ.get("DISPLAY"):
         os.environ["QT_QPA_PLATFORM"] = "xcb"
         return os.environ["DISPLAY"]
@@ -92,186 +101,36 @@ def client(sam2_tiny_server):
         yield c
 
 
-@pytest.fixture(scope="module")
-def widget(viewer, sam2_tiny_server):
+def test_concept_phrases_on_a_concept_server_match_the_client(viewer, concept_server):
+    """The concept box appears only for a server with a concept model; each instance of the
+    phrase becomes a new object, the client's masks pixel for pixel."""
     from triton_sam.napari.widget import SegmentAnythingWidget
 
-    viewer.add_image(_image(), name="cells")
-    widget = SegmentAnythingWidget(viewer)
-    viewer.window.add_dock_widget(widget, name="Segment Anything (Triton)")
-    widget.url.setText(sam2_tiny_server.grpc_url.split("://")[-1])
-    widget.protocol.setCurrentText("grpc")
-    widget.connect_button.click()
-    _settle(widget)
-    assert widget.last_error is None, widget.last_error
-    yield widget
-    widget.close()
-
-
-def _settle(widget, qtbot=None) -> None:
-    """Process Qt events until the widget has no request in flight."""
-    from qtpy.QtWidgets import QApplication
-
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while not widget.idle or widget.hover.busy:
-        assert time.monotonic() < deadline, "the widget did not finish its requests"
-        QApplication.processEvents()
-        time.sleep(0.01)
-    QApplication.processEvents()
-
-
-def _mask(client, coords_rc, labels, box=None) -> np.ndarray:
-    coords = None if coords_rc is None else np.asarray(coords_rc, float)[:, ::-1]
-    logits, _ = client.predict(coords, None if labels is None else np.asarray(labels), box)
-    return logits[0, 0] > 0
-
-
-def test_points_and_a_box_through_the_widget_give_the_clients_mask(widget, client):
-    from triton_sam.napari import layers as L
-
-    widget.embed_button.click()
-    _settle(widget)
-    points, boxes = widget.layers.points, widget.layers.boxes
-    points.add([80, 90])  # positive: new points are positive at first
-    L.set_new_point_label(points, "negative")
-    points.add([170, 220])
-    L.set_new_point_label(points, "positive")
-    boxes.add_rectangles(np.array([[30, 40], [30, 150], [130, 150], [130, 40]]))
-    widget.segment_button.click()
-    _settle(widget)
-    expected = _mask(client, [[80, 90], [170, 220]], [1, 0], np.array([40, 30, 150, 130]))
-    assert expected.any()
-    np.testing.assert_array_equal(widget.layers.objects.data == 1, expected)
-    assert set(np.unique(widget.layers.objects.data)) == {0, 1}
-    # Tools the server does not offer are hidden: no concept model here.
-    assert not widget.concept_button.isVisibleTo(widget)
-    assert widget.everything_button.isVisibleTo(widget)
-
-
-def test_commit_then_undo_takes_back_only_the_last_object(widget, client):
-    first = widget.layers.objects.data.copy()
-    widget.commit_button.click()
-    assert len(widget.layers.points.data) == 0 and len(widget.layers.boxes.data) == 0
-    widget.layers.points.add([170, 220])
-    widget.segment_button.click()
-    _settle(widget)
-    second = _mask(client, [[170, 220]], [1]) & (first == 0)  # object 1 keeps its pixels
-    assert second.any()
-    np.testing.assert_array_equal(widget.layers.objects.data == 2, second)
-    widget.undo_button.click()
-    np.testing.assert_array_equal(widget.layers.objects.data, first)
-
-
-def test_hover_storm_paints_only_the_latest_preview(widget, client):
-    before = widget.hover.counts.submitted
-    spots = [(60 + 10 * i, 70 + 12 * i) for i in range(10)]
-    for spot in spots:  # one UI-thread burst: answers arrive after the last is asked for
-        widget.hover_at(spot)
-    _settle(widget)
-    counts = widget.hover.counts
-    assert counts.failed == 0, widget.last_error
-    assert counts.submitted - before == 10
-    assert counts.painted == 1  # the newest only
-    assert counts.executed + counts.skipped == 10  # each job either ran or was never sent
-    assert counts.discarded == counts.executed - 1  # every stale answer that came back
-    np.testing.assert_array_equal(widget.layers.preview.data > 0, _mask(client, [spots[-1]], [1]))
-
-
-def test_segment_everything_fills_labels_like_the_clients_generate_masks(
-    widget, client, sam2_tiny_server
-):
-    params = {"points_per_side": 4, "points_per_batch": 8}
-    widget.segment_everything(**params)
-    _settle(widget)
-    assert widget.last_error is None, widget.last_error
-    result = client.generate_masks(grpc_url=sam2_tiny_server.grpc_url, **params)
-    expected = np.zeros(SHAPE, np.uint32)
-    masks = result.masks()
-    for k in sorted(range(len(result)), key=lambda k: -result.instances[k]["area"]):
-        expected[masks[k]] = k + 1  # larger first: smaller instances stay on top
-    np.testing.assert_array_equal(widget.viewer.layers["SAM everything"].data, expected)
-    assert widget.progress.value() == widget.progress.maximum()
-    # Cancelled before its first batch is answered: a message, no layer rewritten.
-    widget.segment_everything(**params)
-    widget.cancel_button.click()
-    _settle(widget)
-    assert widget.last_error == "Segment everything: cancelled"
-
-
-def test_a_large_image_goes_through_the_servers_tiled_path(widget, client):
-    """Above the size threshold (lowered here for a small image) the widget opens the image
-    on the server's sam2_large model and clicks it there, as the client's LargeImage does."""
-    widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] - 1
-    try:
-        widget.embed_button.click()
-        _settle(widget)
-        assert widget.session.embedded.large is not None, widget.last_error
-        widget.commit_button.click()
-        widget.layers.points.add([80, 90])
-        widget.segment_button.click()
-        _settle(widget)
-    finally:
-        widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] * 64
-    with client.open_array(to_sam_rgb(_image()), progress=False) as large:
-        (mask,) = large.predict([[90, 80]], [1])
-    expected = mask.dense(SHAPE) & (widget.layers.objects.data != 1)  # object 1 kept
-    np.testing.assert_array_equal(widget.layers.objects.data == widget.object_id, expected)
-
-
-def test_a_lost_server_is_a_message_not_a_traceback(viewer, widget):
-    from triton_sam.napari.widget import SegmentAnythingWidget
-
-    lost = SegmentAnythingWidget(viewer)
-    assert not lost.segment_button.isEnabled()  # nothing to click before connecting
-    lost.url.setText("127.0.0.1:9")  # the discard port: nothing listens
-    lost.connect_button.click()
-    _settle(lost)
-    assert "no ready Triton server at 127.0.0.1:9" in lost.status.text()
-    lost.close()
-
-
-def test_the_manifest_is_valid_and_napari_opens_the_widget(viewer):
-    import npe2
-
-    path = Path(__file__).resolve().parents[2] / "triton_sam" / "napari" / "napari.yaml"
-    manifest = npe2.PluginManifest.from_file(path)
-    assert manifest.name == "triton-sam"
-    assert [w.display_name for w in manifest.contributions.widgets] == ["Segment Anything (Triton)"]
-    manager = npe2.PluginManager.instance()
-    if "triton-sam" not in manager:
-        # The entry point exists once the package is (re)installed; a checkout whose
-        # editable install predates it registers the same file by hand.
-        manager.register(manifest)
-    dock, widget = viewer.window.add_plugin_dock_widget("triton-sam", "Segment Anything (Triton)")
-    assert type(widget).__name__ == "SegmentAnythingWidget"
-    viewer.window.remove_dock_widget(dock)
-
-
-def test_screenshot_for_the_docs(viewer, widget):
-    """Writes docs/images/napari-plugin.png only when TRITON_SAM_SCREENSHOTS=1."""
-    from PIL import Image
-
-    viewer.window.resize(1280, 760)
-    for name in ("SAM everything", "SAM preview"):
-        viewer.layers[name].visible = False
-    viewer.layers.selection.active = viewer.layers["SAM objects"]
-    viewer.reset_view()
-    image = viewer.screenshot(canvas_only=False, flash=False)
-    assert image.ndim == 3 and image.shape[2] == 4 and image[..., :3].std() > 0
-    if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
-        Image.fromarray(image[..., :3]).save(SCREENSHOT, optimize=True)
-
-
-def test_click_latency_bench_times_both_paths(viewer, sam2_tiny_server):
-    """The bench (``triton-sam bench napari``) on the shared server: 2 timed clicks a path
-    here; TRITON_SAM_NAPARI_CLICKS=N times N and prints the table."""
-    from triton_sam.bench.napari_latency import napari_click_latency
-
-    clicks = int(os.environ.get("TRITON_SAM_NAPARI_CLICKS", "2"))
-    url = sam2_tiny_server.grpc_url.split("://")[-1]
-    report = napari_click_latency(url, clicks=clicks, shape=(256, 320), viewer=viewer)
-    assert len(report.napari_ms) == len(report.client_ms) == clicks
-    print(report.table())
+    rgb = np.random.default_rng(0).integers(0, 256, (61, 83, 3)).astype(np.uint8)
+    viewer.add_image(rgb, name="photo", rgb=True)
+    concepts = SegmentAnythingWidget(viewer)
+    concepts.url.setText(concept_server.grpc_url.split("://")[-1])
+    concepts.connect_button.click()
+    _settle(concepts)
+    assert concepts.last_error is None, concepts.last_error
+    assert concepts.concept_button.isVisibleTo(concepts)
+    assert not concepts.everything_button.isVisibleTo(concepts)
+    concepts.image.setCurrentText("photo")
+    concepts.concept_text.setText("cat")
+    concepts.concept_button.click()
+    _settle(concepts)
+    assert concepts.last_error is None, concepts.last_error
+    with SAM2TritonClient(concept_server.grpc_url, "sam3_concept", "grpc") as client:
+        client.set_image(rgb)
+        found = client.predict_concepts("cat").masks
+    assert len(found) > 0  # random weights: the small model finds many "cats"
+    expected = np.zeros(rgb.shape[:2], np.uint32)
+    for k, mask in enumerate(found):
+        expected[mask & (expected == 0)] = 1 + k  # earlier instances keep their pixels
+    np.testing.assert_array_equal(concepts.layers.objects.data, expected)
+    assert concepts.object_id == 1 + len(found)
+    concepts.close()
+    viewer.layers.remove("photo")
 
 
 @pytest.fixture(scope="module")
@@ -331,3 +190,201 @@ def test_propagation_through_z_and_a_correction_match_the_video_client(viewer, v
                 np.testing.assert_array_equal(labels[f] == 1, masks[f], err_msg=f"slice {f}")
         client.close_state(state)
     tracker.close()
+    viewer.layers.remove("stack")
+
+
+@pytest.fixture(scope="module")
+def widget(viewer, sam2_tiny_server):
+    from triton_sam.napari.widget import SegmentAnythingWidget
+
+    viewer.add_image(_image(), name="cells")
+    widget = SegmentAnythingWidget(viewer)
+    viewer.window.add_dock_widget(widget, name="Segment Anything (Triton)")
+    widget.url.setText(sam2_tiny_server.grpc_url.split("://")[-1])
+    widget.protocol.setCurrentText("grpc")
+    widget.connect_button.click()
+    _settle(widget)
+    assert widget.last_error is None, widget.last_error
+    yield widget
+    widget.close()
+
+
+def _settle(widget) -> None:
+    """Process Qt events until the widget has no request in flight."""
+    from qtpy.QtWidgets import QApplication
+
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not widget.idle or widget.hover.busy:
+        assert time.monotonic() < deadline, "the widget did not finish its requests"
+        QApplication.processEvents()
+        time.sleep(0.01)
+    QApplication.processEvents()
+
+
+def _mask(client, coords_rc, labels, box=None) -> np.ndarray:
+    coords = None if coords_rc is None else np.asarray(coords_rc, float)[:, ::-1]
+    logits, _ = client.predict(coords, None if labels is None else np.asarray(labels), box)
+    return logits[0, 0] > 0
+
+
+def test_points_and_a_box_through_the_widget_give_the_clients_mask(widget, client):
+    from triton_sam.napari import layers as L
+
+    widget.embed_button.click()
+    _settle(widget)
+    points, boxes = widget.layers.points, widget.layers.boxes
+    points.add([80, 90])  # positive: new points are positive at first
+    L.set_new_point_label(points, "negative")
+    points.add([170, 220])
+    L.set_new_point_label(points, "positive")
+    boxes.add_rectangles(np.array([[30, 40], [30, 150], [130, 150], [130, 40]]))
+    widget.segment_button.click()
+    _settle(widget)
+    expected = _mask(client, [[80, 90], [170, 220]], [1, 0], np.array([40, 30, 150, 130]))
+    assert expected.any()
+    np.testing.assert_array_equal(widget.layers.objects.data == 1, expected)
+    assert set(np.unique(widget.layers.objects.data)) == {0, 1}
+    # Tools the server does not offer are hidden: no concept model here.
+    assert not widget.concept_button.isVisibleTo(widget)
+    assert widget.everything_button.isVisibleTo(widget)
+
+
+def test_commit_then_undo_takes_back_only_the_last_object(widget, client):
+    first = widget.layers.objects.data.copy()
+    widget.commit_button.click()
+    assert len(widget.layers.points.data) == 0 and len(widget.layers.boxes.data) == 0
+    widget.layers.points.add([170, 220])
+    widget.segment_button.click()
+    _settle(widget)
+    second = _mask(client, [[170, 220]], [1]) & (first == 0)  # object 1 keeps its pixels
+    assert second.any()
+    np.testing.assert_array_equal(widget.layers.objects.data == 2, second)
+    widget.undo_button.click()
+    np.testing.assert_array_equal(widget.layers.objects.data, first)
+
+
+def test_auto_mode_segments_when_a_prompt_is_added(widget, client):
+    widget.commit_button.click()
+    widget.auto.setChecked(True)
+    try:
+        widget.layers.points.add([60, 260])  # no Segment click
+        _settle(widget)
+    finally:
+        widget.auto.setChecked(False)
+    objects = widget.layers.objects.data
+    expected = _mask(client, [[60, 260]], [1]) & ~np.isin(objects, [1, 2])  # earlier objects kept
+    assert expected.any()
+    np.testing.assert_array_equal(objects == widget.object_id, expected)
+
+
+def test_hover_storm_paints_only_the_latest_preview(widget, client):
+    before = widget.hover.counts.submitted
+    spots = [(60 + 10 * i, 70 + 12 * i) for i in range(10)]
+    for spot in spots:  # one UI-thread burst: answers arrive after the last is asked for
+        widget.hover_at(spot)
+    _settle(widget)
+    counts = widget.hover.counts
+    assert counts.failed == 0, widget.last_error
+    assert counts.submitted - before == 10
+    assert counts.painted == 1  # the newest only
+    assert counts.executed + counts.skipped == 10  # each job either ran or was never sent
+    assert counts.discarded == counts.executed - 1  # every stale answer that came back
+    np.testing.assert_array_equal(widget.layers.preview.data > 0, _mask(client, [spots[-1]], [1]))
+
+
+def test_segment_everything_fills_labels_like_the_clients_generate_masks(
+    widget, client, sam2_tiny_server
+):
+    params = {"points_per_side": 4, "points_per_batch": 8}
+    widget.segment_everything(**params)
+    _settle(widget)
+    assert widget.last_error is None, widget.last_error
+    result = client.generate_masks(grpc_url=sam2_tiny_server.grpc_url, **params)
+    expected = np.zeros(SHAPE, np.uint32)
+    masks = result.masks()
+    for k in sorted(range(len(result)), key=lambda k: -result.instances[k]["area"]):
+        expected[masks[k]] = k + 1  # larger first: smaller instances stay on top
+    np.testing.assert_array_equal(widget.viewer.layers["SAM everything"].data, expected)
+    assert widget.progress.value() == widget.progress.maximum()
+    # Cancelled before its first batch is answered: a message, no layer rewritten.
+    widget.segment_everything(**params)
+    widget.cancel_button.click()
+    _settle(widget)
+    assert widget.last_error == "Segment everything: cancelled"
+
+
+def test_a_large_image_goes_through_the_servers_tiled_path(widget, client):
+    """Above the size threshold (lowered here for a small image) the widget opens the image
+    on the server's sam2_large model and clicks it there, as the client's LargeImage does."""
+    widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] - 1
+    try:
+        widget.embed_button.click()
+        _settle(widget)
+        assert widget.session.embedded.large is not None, widget.last_error
+        widget.commit_button.click()
+        before = widget.layers.objects.data.copy()
+        widget.layers.points.add([80, 90])
+        widget.segment_button.click()
+        _settle(widget)
+    finally:
+        widget.session.large_image_pixels = SHAPE[0] * SHAPE[1] * 64
+    with client.open_array(to_sam_rgb(_image()), progress=False) as large:
+        (mask,) = large.predict([[90, 80]], [1])
+    expected = mask.dense(SHAPE) & (before == 0)  # earlier objects keep their pixels
+    np.testing.assert_array_equal(widget.layers.objects.data == widget.object_id, expected)
+
+
+def test_a_lost_server_is_a_message_not_a_traceback(viewer, widget):
+    from triton_sam.napari.widget import SegmentAnythingWidget
+
+    lost = SegmentAnythingWidget(viewer)
+    assert not lost.segment_button.isEnabled()  # nothing to click before connecting
+    lost.url.setText("127.0.0.1:9")  # the discard port: nothing listens
+    lost.connect_button.click()
+    _settle(lost)
+    assert "no ready Triton server at 127.0.0.1:9" in lost.status.text()
+    lost.close()
+
+
+def test_the_manifest_is_valid_and_napari_opens_the_widget(viewer):
+    import npe2
+
+    path = Path(__file__).resolve().parents[2] / "triton_sam" / "napari" / "napari.yaml"
+    manifest = npe2.PluginManifest.from_file(path)
+    assert manifest.name == "triton-sam"
+    assert [w.display_name for w in manifest.contributions.widgets] == ["Segment Anything (Triton)"]
+    manager = npe2.PluginManager.instance()
+    if "triton-sam" not in manager:
+        # The entry point exists once the package is (re)installed; a checkout whose
+        # editable install predates it registers the same file by hand.
+        manager.register(manifest)
+    dock, widget = viewer.window.add_plugin_dock_widget("triton-sam", "Segment Anything (Triton)")
+    assert type(widget).__name__ == "SegmentAnythingWidget"
+    viewer.window.remove_dock_widget(dock)
+
+
+def test_screenshot_for_the_docs(viewer, widget):
+    """Writes docs/images/napari-plugin.png only when TRITON_SAM_SCREENSHOTS=1."""
+    from PIL import Image
+
+    viewer.window.resize(1280, 760)
+    for name in ("SAM everything", "SAM preview"):
+        viewer.layers[name].visible = False
+    viewer.layers.selection.active = viewer.layers["SAM objects"]
+    viewer.reset_view()
+    image = viewer.screenshot(canvas_only=False, flash=False)
+    assert image.ndim == 3 and image.shape[2] == 4 and image[..., :3].std() > 0
+    if os.environ.get("TRITON_SAM_SCREENSHOTS") == "1":
+        Image.fromarray(image[..., :3]).save(SCREENSHOT, optimize=True)
+
+
+def test_click_latency_bench_times_both_paths(viewer, sam2_tiny_server):
+    """The bench (``triton-sam bench napari``) on the shared server: 2 timed clicks a path
+    here; TRITON_SAM_NAPARI_CLICKS=N times N and prints the table."""
+    from triton_sam.bench.napari_latency import napari_click_latency
+
+    clicks = int(os.environ.get("TRITON_SAM_NAPARI_CLICKS", "2"))
+    url = sam2_tiny_server.grpc_url.split("://")[-1]
+    report = napari_click_latency(url, clicks=clicks, shape=(256, 320), viewer=viewer)
+    assert len(report.napari_ms) == len(report.client_ms) == clicks
+    print(report.table())

@@ -75,16 +75,26 @@ class LongJobs:
         self._run(job, done, "Propagate")
 
     def find_concept(self) -> None:
-        """Every instance of the phrase in the text box, each a new object."""
-        image, text, session = self._image_layer(), self.concept_text.text().strip(), self.session
-        self.layers = self.layers or L.ensure_layers(self.viewer, image)
-        z = self._z(image)
-        mapping = resolve_pixel_mapping(image.data, volume=z is not None)
-        rgb = to_sam_rgb(np.asarray(image.data[z] if z is not None else image.data), mapping)
+        """Every instance of the phrase in the text box, each a new object (Find concept)."""
+        image, text, session = (
+            self._image_layer(),
+            self.concept_text.text().strip(),
+            self._session(),
+        )
+        if not text:
+            self.status.setText("Type a phrase first, e.g. 'nucleus'")
+            return
+        objects, z, data = self.prepare_layers().objects, self._z(image), image.data
+
+        def job() -> np.ndarray:  # the mapping reads the whole layer: off the UI thread too
+            mapping = resolve_pixel_mapping(data, volume=z is not None)
+            return session.concepts(
+                text, to_sam_rgb(np.asarray(data if z is None else data[z]), mapping)
+            )
 
         def done(instances: np.ndarray) -> None:
-            self.object_id = add_instances(self.layers.objects, instances, self.object_id, z)
+            self.object_id = add_instances(objects, instances, self.object_id, z)
             self.object_label.setText(f"Object {self.object_id}")
             self.status.setText(f"{text!r}: {len(instances)} instances")
 
-        self._run(lambda: session.concepts(text, rgb), done, "Find concept")
+        self._run(job, done, "Find concept")

@@ -7,6 +7,7 @@ pyproject.toml holds this package to it).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -126,14 +127,14 @@ class Session:
         from triton_sam import UnsupportedModelError
 
         offer = Offer.of(served_models(self.url, self.protocol, timeout_s=self.timeout_s))
-        if not offer.families and not offer.tracker:
+        if not (offer.families or offer.tracker or offer.concepts):
             raise UnsupportedModelError(
-                f"url: the server at {self.url} offers no SAM model for points, boxes or "
-                "tracking; export one with `triton-sam setup` or `triton-sam setup-video`"
+                f"url: the server at {self.url} offers no SAM model (points and boxes, "
+                "tracking or concepts); export one with `triton-sam setup`"
             )
         self.close()
         self.offer = offer
-        if offer.families:  # a tracker-only server still propagates through z
+        if offer.families:  # a tracker or concept server alone still has its tool
             family = family or ("sam2" if "sam2" in offer.families else offer.families[0])
             self.client = SAM2TritonClient(
                 self.url, family, self.protocol, timeout_s=self.timeout_s
@@ -148,12 +149,17 @@ class Session:
         return self.client
 
     def close(self) -> None:
-        """Close every client (idempotent)."""
-        for client in (self.client, self.concept_client, self.video):
-            if client is not None:
-                client.close()
-        if self.embedded is not None and self.embedded.large is not None:
-            self.embedded.large.close()
+        """Close every client (idempotent). Best effort: the server may be gone (closing the
+        widget must not fail on it), and it frees idle images and sessions on its own."""
+        large = self.embedded.large if self.embedded is not None else None
+        for close in (
+            large.close if large is not None else None,
+            self.close_tracking,
+            *(c.close for c in (self.client, self.concept_client, self.video) if c is not None),
+        ):
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
         self.client = self.concept_client = self.video = None
         self.embedded = self.tracking = None
 
@@ -171,7 +177,8 @@ class Session:
         plane = np.asarray(data[z] if volume else data)
         size = (int(plane.shape[0]), int(plane.shape[1]))
         if self.embedded is not None and self.embedded.large is not None:
-            self.embedded.large.close()
+            with contextlib.suppress(Exception):  # the old image: freed by the server anyway
+                self.embedded.large.close()
         self.embedded = None
         if size[0] * size[1] > self.large_image_pixels and client.family.family in self.offer.large:
             large = client.open_array(to_sam_rgb(plane, mapping), progress=False)

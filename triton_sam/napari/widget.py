@@ -211,7 +211,11 @@ class SegmentAnythingWidget(LongJobs, QWidget):
             if session.client is not None:
                 self.model.setCurrentText(session.client.model_type)
             self._show_tools()
-            tools = offer.families + (["tracker"] if offer.tracker else [])
+            tools = offer.families + [
+                name
+                for name, on in (("tracker", offer.tracker), ("concepts", offer.concepts))
+                if on
+            ]
             self.status.setText(f"Connected: {', '.join(tools)}")
             show_info(f"triton-sam: connected to {session.url}")
 
