@@ -347,16 +347,31 @@ def test_a_lost_server_is_a_message_not_a_traceback(viewer, widget):
 
 
 def test_the_manifest_is_valid_and_napari_opens_the_widget(viewer):
-    import npe2
+    """The manifest the entry point names loads and validates, and napari opens its widget.
 
-    path = Path(__file__).resolve().parents[2] / "triton_sam" / "napari" / "napari.yaml"
-    manifest = npe2.PluginManifest.from_file(path)
+    An install made after the entry point was added finds the plugin by discovery; an
+    editable install that predates it (re-install to refresh its entry points) has no entry
+    point yet, so the declared manifest is registered by hand, from the same resource."""
+    from importlib import metadata, resources
+
+    import npe2
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"]["napari.manifest"]["triton-sam"]
+    module, resource = declared.split(":")
+    manifest = npe2.PluginManifest.from_file(resources.files(module) / resource)
     assert manifest.name == "triton-sam"
     assert [w.display_name for w in manifest.contributions.widgets] == ["Segment Anything (Triton)"]
     manager = npe2.PluginManager.instance()
-    if "triton-sam" not in manager:
-        # The entry point exists once the package is (re)installed; a checkout whose
-        # editable install predates it registers the same file by hand.
+    installed = [
+        e for e in metadata.entry_points(group="napari.manifest") if e.name == "triton-sam"
+    ]
+    if installed:
+        assert installed[0].value == declared
+        manager.discover()
+        assert "triton-sam" in manager
+    elif "triton-sam" not in manager:
         manager.register(manifest)
     dock, widget = viewer.window.add_plugin_dock_widget("triton-sam", "Segment Anything (Triton)")
     assert type(widget).__name__ == "SegmentAnythingWidget"
