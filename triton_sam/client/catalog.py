@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
+from triton_sam.client.endpoint import TlsOptions, bearer_headers, resolve_endpoint
 from triton_sam.client.transport import Transport
 from triton_sam.errors import ServerUnavailableError
 from triton_sam.serving.protocol import (
@@ -59,6 +59,7 @@ def served_models(
     *,
     timeout_s: float = 10.0,
     tls: TlsOptions | None = None,
+    token: str | None = None,
 ) -> list[ServedModel]:
     """The ready SAM models of the server at ``url``, sorted by name.
 
@@ -67,6 +68,7 @@ def served_models(
         protocol: ``"http"`` or ``"grpc"``.
         timeout_s: per-request timeout in seconds.
         tls: certificates for an ``https://`` server.
+        token: a bearer token for a server behind the token proxy; never logged.
 
     Returns:
         One :class:`ServedModel` per ready model whose config names a kind users talk to.
@@ -74,7 +76,12 @@ def served_models(
     Raises:
         ServerUnavailableError: no ready server at ``url``.
     """
-    transport = Transport(resolve_endpoint(url, protocol), timeout_s=timeout_s, tls=tls)
+    transport = Transport(
+        resolve_endpoint(url, protocol),
+        timeout_s=timeout_s,
+        tls=tls,
+        headers=bearer_headers(token),
+    )
     try:
         if not transport.is_server_ready():
             raise ServerUnavailableError(
@@ -102,7 +109,10 @@ def _as_dict(transport: Transport, message: Any) -> dict[str, Any]:
 
 def _model_names(transport: Transport) -> list[str]:
     stats = _as_dict(
-        transport, transport._idempotent("model statistics", "get_inference_statistics")
+        transport,
+        transport._idempotent(
+            "model statistics", "get_inference_statistics", **transport.header_kwargs()
+        ),
     )
     return sorted({m["name"] for m in stats.get("model_stats", [])})
 
@@ -110,7 +120,10 @@ def _model_names(transport: Transport) -> list[str]:
 def _kind(transport: Transport, name: str) -> str | None:
     try:
         config = _as_dict(
-            transport, transport._idempotent(f"config of {name}", "get_model_config", name)
+            transport,
+            transport._idempotent(
+                f"config of {name}", "get_model_config", name, **transport.header_kwargs()
+            ),
         )
     except Exception:  # unloaded meanwhile (or not a model we can read): not offered
         return None
