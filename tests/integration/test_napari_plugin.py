@@ -346,6 +346,42 @@ def test_a_lost_server_is_a_message_not_a_traceback(viewer, widget):
     lost.close()
 
 
+def test_a_bearer_token_reaches_the_server_through_the_token_proxy(
+    viewer, client, sam2_tiny_server
+):
+    """Behind the shipped nginx token proxy: without the token Connect is refused (a
+    message), with it the widget connects and segments; the token is never shown."""
+    from triton_sam.napari.widget import SegmentAnythingWidget
+    from triton_sam.scaleout.nginx import new_token
+    from triton_sam.scaleout.proxy import NginxProxy
+
+    token = new_token()
+    server = sam2_tiny_server
+    with NginxProxy([server.http_address], [server.grpc_address], tokens={token: "lab"}) as proxy:
+        behind = SegmentAnythingWidget(viewer)
+        behind.url.setText(proxy.grpc_address)
+        behind.connect_button.click()
+        _settle(behind)
+        assert behind.session is None and "Connect failed" in behind.last_error
+        behind.token.setText(token)
+        behind.connect_button.click()
+        _settle(behind)
+        assert behind.last_error is None, behind.last_error
+        behind.image.setCurrentText("cells")
+        layers = behind.prepare_layers()  # the layers of "cells", shared with other widgets
+        behind.object_id = int(layers.objects.data.max()) + 1
+        behind.commit()  # clears the prompts left by the tests before
+        before = layers.objects.data.copy()
+        layers.points.add([80, 90])
+        behind.segment_button.click()
+        _settle(behind)
+        assert behind.last_error is None, behind.last_error
+        expected = _mask(client, [[80, 90]], [1]) & (before == 0)
+        np.testing.assert_array_equal(layers.objects.data == behind.object_id, expected)
+        assert token not in behind.status.text()
+        behind.close()
+
+
 def test_the_manifest_is_valid_and_napari_opens_the_widget(viewer):
     """The manifest the entry point names loads and validates, and napari opens its widget.
 

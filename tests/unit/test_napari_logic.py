@@ -126,3 +126,15 @@ def test_pixels_in_memory_map_as_the_server_maps_them():
     with pytest.raises(InputValidationError) as info:
         to_sam_rgb(grey, {"kind": "percentile", "low": 1, "high": 99})
     assert info.value.field == "mapping"
+
+
+def test_a_token_becomes_the_proxys_bearer_header_and_a_bad_one_is_refused():
+    from triton_sam import InputValidationError
+    from triton_sam.client.endpoint import bearer_headers
+
+    assert bearer_headers(None) == {}
+    assert bearer_headers("abc123") == {"authorization": "Bearer abc123"}  # gRPC: lower case
+    for bad in ("", "two words", "line\nbreak"):
+        with pytest.raises(InputValidationError) as info:
+            bearer_headers(bad)
+        assert info.value.field == "token" and bad not in str(info.value) or bad == ""

@@ -103,10 +103,19 @@ class Session:
         url: the server's ``host:port`` (or a URL with scheme).
         protocol: ``"http"`` or ``"grpc"``.
         timeout_s: per-request timeout.
+        token: a bearer token for a server behind the token proxy (None: none sent).
     """
 
-    def __init__(self, url: str, protocol: str = "grpc", *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "grpc",
+        *,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+    ) -> None:
         self.url, self.protocol, self.timeout_s = url, protocol, timeout_s
+        self._token = token  # a secret: only handed to the clients, never shown
         self.offer = Offer()
         self.client: SAM2TritonClient | None = None
         self.concept_client: SAM2TritonClient | None = None
@@ -126,7 +135,9 @@ class Session:
         """
         from triton_sam import UnsupportedModelError
 
-        offer = Offer.of(served_models(self.url, self.protocol, timeout_s=self.timeout_s))
+        offer = Offer.of(
+            served_models(self.url, self.protocol, timeout_s=self.timeout_s, token=self._token)
+        )
         if not (offer.families or offer.tracker or offer.concepts):
             raise UnsupportedModelError(
                 f"url: the server at {self.url} offers no SAM model (points and boxes, "
@@ -137,7 +148,7 @@ class Session:
         if offer.families:  # a tracker or concept server alone still has its tool
             family = family or ("sam2" if "sam2" in offer.families else offer.families[0])
             self.client = SAM2TritonClient(
-                self.url, family, self.protocol, timeout_s=self.timeout_s
+                self.url, family, self.protocol, timeout_s=self.timeout_s, token=self._token
             )
         return offer
 
@@ -242,7 +253,7 @@ class Session:
             {slice: {object id: bool mask [rows, cols]}} for every slice of the stack.
         """
         if self.video is None:
-            self.video = SAM2VideoTritonClient(self.url, protocol=self.protocol)
+            self.video = SAM2VideoTritonClient(self.url, protocol=self.protocol, token=self._token)
         if self.tracking is None or self.tracking.layer_name != name:
             self.close_tracking()
             mapping = resolve_pixel_mapping(data, volume=True)
@@ -275,7 +286,7 @@ class Session:
         """Every instance of a phrase in ``rgb_plane``: bool [K, rows, cols]."""
         if self.concept_client is None:
             self.concept_client = SAM2TritonClient(
-                self.url, "sam3_concept", self.protocol, timeout_s=self.timeout_s
+                self.url, "sam3_concept", self.protocol, timeout_s=self.timeout_s, token=self._token
             )
         self.concept_client.set_image(rgb_plane)
         found = self.concept_client.predict_concepts(text)

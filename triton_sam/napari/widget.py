@@ -73,6 +73,9 @@ class SegmentAnythingWidget(LongJobs, QWidget):
     # -- layout --------------------------------------------------------------------------
     def _build(self) -> None:
         self.url = QLineEdit("localhost:8001")
+        self.token = QLineEdit()
+        self.token.setEchoMode(QLineEdit.Password)  # a secret: never shown nor logged
+        self.token.setPlaceholderText("optional: the proxy's bearer token")
         self.protocol = QComboBox()
         self.protocol.addItems(["grpc", "http"])
         self.model = QComboBox()
@@ -96,6 +99,7 @@ class SegmentAnythingWidget(LongJobs, QWidget):
         self.concept_button = self._button("Find concept", self.find_concept)
         form = QFormLayout()
         form.addRow("Server", self.url)
+        form.addRow("Token", self.token)
         form.addRow("Protocol", self.protocol)
         form.addRow("Model", self.model)
         form.addRow("Image", self.image)
@@ -201,7 +205,8 @@ class SegmentAnythingWidget(LongJobs, QWidget):
         """List the server's models and open the clients (Connect)."""
         if self.session is not None:
             self.session.close()
-        session = Session(self.url.text().strip(), self.protocol.currentText())
+        token = self.token.text().strip() or None
+        session = Session(self.url.text().strip(), self.protocol.currentText(), token=token)
         family = self.model.currentText() or None
 
         def done(offer: Any) -> None:
