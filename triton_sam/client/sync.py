@@ -46,7 +46,7 @@ class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
         retry: backoff for idempotent calls (health, encoder, stateless decoder; never
             calls on server-side state); None uses ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
         tls: certificates for an ``https://`` server (see docs/deployment.md, "Remote use and TLS").
-        token: a bearer token for a server behind the token proxy (``triton-sam proxy
+        token: a bearer token for a server behind the token proxy (``triton-sam proxy config
             --tokens-file``), sent with every request; never logged.
         use_server_embeddings: keep each image's features on the server (the
             ``<family>_session`` model): ``set_image`` sends the image once, a click sends
