@@ -17,8 +17,16 @@ from triton_sam.client import (
     queue_multiple_requests,
     wait_for_latest_result,
 )
+from triton_sam.client.catalog import ServedModel, served_models
 from triton_sam.client.large_image import LargeImage, PredictAnswer
 from triton_sam.client.large_transfer import PrecomputeResult
+
+# Applications over the public API (the napari plugin, notebooks) need two things besides the
+# clients: which models a server offers, to show only the tools it can run (served_models),
+# and the server's own intensity mapping for pixels they hold in memory, so a 16-bit or float
+# slice they embed whole reads exactly as the server's tiled path reads the same image
+# (resolve_pixel_mapping, to_sam_rgb).
+from triton_sam.client.pixel_mapping import resolve_pixel_mapping, to_sam_rgb
 from triton_sam.client.sparse_mask import SparseMask
 from triton_sam.errors import (
     BackendNotFoundError,
@@ -82,6 +90,7 @@ __all__ = [
     "RetryPolicy",
     "SAM2TritonClient",
     "SAM2VideoTritonClient",
+    "ServedModel",
     "ServerError",
     "ServerOverloadedError",
     "ServerStartError",
@@ -95,5 +104,8 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "queue_multiple_requests",
+    "resolve_pixel_mapping",
+    "served_models",
+    "to_sam_rgb",
     "wait_for_latest_result",
 ]

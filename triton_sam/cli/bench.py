@@ -363,3 +363,17 @@ def perf_analyzer_cmd(
     for cmd in commands:
         typer.echo(f"$ {cmd}")
     typer.echo(_perf_table(rows))
+
+
+@bench_app.command("napari", short_help="Click-to-mask in napari vs the Python client.")
+def bench_napari_cmd(
+    url: Annotated[str, typer.Option(help="A running server (host:port) with sam2_session.")],
+    protocol: ProtocolOpt = Protocol.grpc,
+    clicks: Annotated[int, typer.Option(min=1, help="Timed clicks per path.")] = 20,
+) -> None:
+    """The napari plugin's click-to-mask latency against SAM2TritonClient.predict, interleaved
+    on the same server (needs a display: run under ``xvfb-run -a`` when headless)."""
+    from triton_sam.bench.napari_latency import napari_click_latency
+
+    report = napari_click_latency(url, protocol=protocol.value, clicks=clicks)
+    typer.echo(report.table())

@@ -31,6 +31,25 @@ class Endpoint:
     ssl: bool
 
 
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """The header a token proxy checks (``Authorization: Bearer <token>``), or none.
+
+    The name is lower case: gRPC metadata keys must be (HTTP header names are compared
+    without case). The token is a secret: it travels in this header only, never in a
+    message, a log line or a ``repr``.
+
+    Raises:
+        InputValidationError: (field ``token``) a token that is not one printable word.
+    """
+    if token is None:
+        return {}
+    from triton_sam.errors import InputValidationError
+
+    if not isinstance(token, str) or not token.isprintable() or not token or " " in token:
+        raise InputValidationError("token", "expected one printable word (the proxy's token)")
+    return {"authorization": f"Bearer {token}"}
+
+
 def resolve_endpoint(url: str | None, protocol: str) -> Endpoint:
     """Turn a user URL (or ``$TRITON_URL``, or the default port) into an Endpoint.
 

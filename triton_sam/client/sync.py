@@ -13,7 +13,7 @@ from triton_sam.client import everything as everything_client
 from triton_sam.client.closing import ClosesOnExit
 from triton_sam.client.concept_session import ConceptSession
 from triton_sam.client.decode_request import EncodedImage
-from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
+from triton_sam.client.endpoint import TlsOptions, bearer_headers, resolve_endpoint
 from triton_sam.client.everything import EverythingResult
 from triton_sam.client.image_session import ImageSession, model_properties
 from triton_sam.client.large_opening import OpensLargeImages
@@ -46,6 +46,8 @@ class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
         retry: backoff for idempotent calls (health, encoder, stateless decoder; never
             calls on server-side state); None uses ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
         tls: certificates for an ``https://`` server (see docs/deployment.md, "Remote use and TLS").
+        token: a bearer token for a server behind the token proxy (``triton-sam proxy config
+            --tokens-file``), sent with every request; never logged.
         use_server_embeddings: keep each image's features on the server (the
             ``<family>_session`` model): ``set_image`` sends the image once, a click sends
             the image id and its prompts (a few hundred bytes instead of 4-21 MiB). None
@@ -81,6 +83,7 @@ class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
         tls: TlsOptions | None = None,
         session_model: str | None = None,
         use_server_embeddings: bool | None = None,
+        token: str | None = None,
     ) -> None:
         family = get_family(model_type)
         # Concept families (text prompts) are served by one model that keeps the features.
@@ -100,6 +103,7 @@ class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
             timeout_s=timeout_s,
             retry=retry,
             tls=tls,
+            headers=bearer_headers(token),
             on_request=self._sent,
         )
         self._concept = ConceptSession(self._transport, self.session_model)
@@ -305,6 +309,7 @@ class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
                 progress=progress,
                 timeout_s=job_timeout_s,
                 tls=self._transport.tls,
+                headers=self._transport.headers or None,
             )
 
         if image is None:

@@ -140,20 +140,32 @@ class Transport(Link):
         with contextlib.suppress(Exception):  # the next attempt reports what is wrong
             self.reconnect()
 
+    def header_kwargs(self) -> dict[str, Any]:
+        """``headers=`` for tritonclient's calls besides inference (health, metadata,
+        config, statistics) when this transport has headers (a bearer token behind the
+        token proxy), else nothing: those calls then go as they always did."""
+        return {"headers": self.headers} if self.headers else {}
+
     def is_server_ready(self) -> bool:
         """True when the server answers and reports ready; False when unreachable."""
         try:
-            return bool(self._client.is_server_ready())
+            return bool(self._client.is_server_ready(**self.header_kwargs()))
         except Exception:
             return False
 
     def is_model_ready(self, model: str) -> bool:
         """True when ``model`` is loaded and ready."""
-        return bool(self._idempotent(f"readiness of {model}", "is_model_ready", model))
+        return bool(
+            self._idempotent(
+                f"readiness of {model}", "is_model_ready", model, **self.header_kwargs()
+            )
+        )
 
     def model_metadata(self, model: str) -> dict[str, Any]:
         """The model's metadata (inputs/outputs with shapes and datatypes) as a dict."""
-        meta = self._idempotent(f"metadata of {model}", "get_model_metadata", model)
+        meta = self._idempotent(
+            f"metadata of {model}", "get_model_metadata", model, **self.header_kwargs()
+        )
         if self.endpoint.protocol == "grpc":
             from google.protobuf.json_format import MessageToDict
 

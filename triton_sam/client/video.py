@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from triton_sam.client.closing import ClosesOnExit
-from triton_sam.client.endpoint import TlsOptions, resolve_endpoint
+from triton_sam.client.endpoint import TlsOptions, bearer_headers, resolve_endpoint
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
 from triton_sam.client.video_api import Masks, PointsPrompt, Propagation, VideoPredictorAPI
@@ -61,6 +61,7 @@ class SAM2VideoTritonClient(VideoPredictorAPI[VideoState], ClosesOnExit):
             on a CPU).
         retry: backoff for idempotent calls; None uses the default policy.
         tls: certificates for an ``https://`` server.
+        token: a bearer token for a server behind the token proxy; never logged.
 
     Raises:
         ServerUnavailableError: no ready server, or no ready tracker model.
@@ -82,10 +83,15 @@ class SAM2VideoTritonClient(VideoPredictorAPI[VideoState], ClosesOnExit):
         timeout_s: float = 600.0,
         retry: RetryPolicy | None = None,
         tls: TlsOptions | None = None,
+        token: str | None = None,
     ) -> None:
         self.model = model
         self.transport = Transport(
-            resolve_endpoint(url, protocol), timeout_s=timeout_s, retry=retry, tls=tls
+            resolve_endpoint(url, protocol),
+            timeout_s=timeout_s,
+            retry=retry,
+            tls=tls,
+            headers=bearer_headers(token),
         )
         self.bytes_sent = 0  # request tensor payloads (frames, prompts), for reports
         try:
