@@ -25,7 +25,7 @@ UV_VERSION    := 0.13.9
 
 PERF_ANALYZER := $(VENV)/tools/perf_analyzer/perf_analyzer
 
-.PHONY: install demo test test-fast lint clean perf-analyzer micro-sam lock check-latest proxy-tools browser-tools docs docs-tools label-studio test-label-studio
+.PHONY: install demo test test-fast lint clean perf-analyzer micro-sam lock check-latest proxy-tools browser-tools qt-tools docs docs-tools label-studio test-label-studio
 
 # --no-cache-dir: the torch wheels would otherwise be kept twice (cache + venv), ~3 GB more.
 PIP := $(BIN)/python -m pip install -q --no-cache-dir
@@ -138,6 +138,11 @@ onnxruntime-backend: $(ORT_BACKEND)/libtriton_onnxruntime.so
 proxy-tools:
 	@bash scripts/install_nginx.sh
 
+# Debian's Xvfb and the X libraries of PyQt5's xcb plugin for the napari plugin's tests
+# (a real viewer on a virtual screen); installs only what is missing (apt-get, root or sudo).
+qt-tools:
+	@bash scripts/install_qt_tools.sh
+
 # Debian's chromium + chromium-driver for the web annotator's browser test (headless, driven
 # by selenium from the lock); installs only when either is missing (apt-get, root or sudo).
 browser-tools:
@@ -167,7 +172,7 @@ docs: $(DOCS_STAMP)
 # Every tier, each one's time printed at the end (.ci/tiers): lint, the import contracts,
 # the docs build and the unit tier beside the export, integration and parity tiers (one
 # pytest run: their exports and servers are shared). docs/development.md: one tier alone.
-test: $(STAMP) $(PERF_ANALYZER) $(MICRO_SAM)/.installed $(LABEL_STUDIO)/.installed proxy-tools browser-tools $(DOCS_STAMP)
+test: $(STAMP) $(PERF_ANALYZER) $(MICRO_SAM)/.installed $(LABEL_STUDIO)/.installed proxy-tools browser-tools qt-tools $(DOCS_STAMP)
 	BIN=$(BIN) bash .ci/tiers
 
 test-fast: $(STAMP) $(MICRO_SAM)/.installed

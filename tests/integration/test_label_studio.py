@@ -66,6 +66,7 @@ def _label_studio_installed() -> None:
     if not LABEL_STUDIO.exists():
         pytest.fail(f"no Label Studio at {VENV}: `make label-studio` installs it")
 
+
 USER, PASSWORD = "annotator@example.com", "a-long-test-password"
 LS_TOKEN = "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"  # Label Studio's legacy API token
 BACKEND_TOKEN = "c3" * 32  # the backend's token, sent by Label Studio as Basic password
