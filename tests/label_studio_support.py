@@ -163,6 +163,7 @@ class FakeLabelStudio(ThreadingHTTPServer):
     def __init__(self, images: dict[str, bytes], label_config: str = BRUSH_CONFIG) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.images, self.label_config = images, label_config
+        self.image_gets: dict[str, int] = {}  # path -> GETs answered with the file
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
     @property
@@ -193,6 +194,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
         if parts.path in self.server.images:
+            gets = self.server.image_gets
+            gets[parts.path] = gets.get(parts.path, 0) + 1
             return self._send(200, self.server.images[parts.path])
         if parts.path == "/api/projects/1":
             return self._json({"id": 1, "label_config": self.server.label_config})

@@ -135,6 +135,7 @@ def test_a_click_answers_the_python_clients_mask_pixel_for_pixel_and_tenants_sta
         {"result": [keypoint_region(*CLICK, W, H)]},
     )
     before = encodes(sam2_tiny_server, encoder)
+    gets = label_studio.image_gets.get("/data/upload/1/cells.png", 0)
     answer = requests.post(f"{url}/predict", json=body, headers=basic("ls", TOKEN_A), timeout=300)
     assert answer.status_code == 200, answer.text
     [prediction] = answer.json()["results"]
@@ -152,11 +153,14 @@ def test_a_click_answers_the_python_clients_mask_pixel_for_pixel_and_tenants_sta
     again = requests.post(f"{url}/predict", json=body, headers=basic("ls", TOKEN_A), timeout=300)
     assert again.json()["results"][0]["result"][0]["value"]["rle"] == region["value"]["rle"]
     assert encodes(sam2_tiny_server, encoder) == before + 1  # from tenant A's cache
+    # the second click reused the image the first fetched from Label Studio
+    assert label_studio.image_gets["/data/upload/1/cells.png"] == gets + 1
     other = requests.post(
         f"{url}/predict", json=body, headers={"Authorization": f"Bearer {TOKEN_B}"}, timeout=300
     )
     assert other.json()["results"][0]["result"][0]["value"]["rle"] == region["value"]["rle"]
     assert encodes(sam2_tiny_server, encoder) == before + 2  # tenant B cannot use A's cache
+    assert label_studio.image_gets["/data/upload/1/cells.png"] == gets + 2  # nor its fetch
 
 
 def test_a_box_answers_a_polygon_when_the_config_asks_for_one(backend, sam2_tiny_server):

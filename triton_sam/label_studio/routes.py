@@ -41,6 +41,7 @@ from triton_sam.label_studio.auth import TokenTenants, Unauthenticated
 from triton_sam.label_studio.config import parse_labeling_config
 from triton_sam.label_studio.fetch import Fetcher, FetchPolicy
 from triton_sam.label_studio.prompts import parse_context
+from triton_sam.label_studio.recent import RecentImages
 from triton_sam.label_studio.segment import Overloaded, Segmenter, TritonOptions
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class _Backend:
         self.options = options
         self.tenants = TokenTenants(options.tokens)
         self.fetcher = Fetcher(options.fetch)
+        self.images = RecentImages(self.fetcher)
         self.segmenter = Segmenter(options.triton)
 
     async def health(self, request: Request) -> Response:
@@ -163,7 +165,7 @@ class _Backend:
             raise errors.InputValidationError(field, "missing: the task has no image URL there")
         with self.segmenter.admit():
             fetched = await asyncio.to_thread(
-                self.fetcher.fetch_image, data[config.image_key], field
+                self.images.fetch_image, data[config.image_key], field, tenant=tenant
             )
             image, size = fetched
             if size != prompt.size:
