@@ -113,3 +113,28 @@ def test_an_entry_ensemble_without_its_normalized_encoder_says_what_to_do():
     transport = FakeTransport("h:8000", "http", models=set(PAIR), ensembles={"sam2_encoder"})
     with pytest.raises(ServerUnavailableError, match="sam2_encoder_normalized.*setup paintera"):
         _connect(transport, False)
+
+
+def test_the_speculative_clients_token_and_headers_go_on_both_of_its_transports(monkeypatch):
+    """Blocking calls (set_image, predict_sync) and asyncio calls carry the same headers: a
+    proxy's bearer token, a gateway's tenant; before, the blocking transport sent none."""
+    import asyncio
+
+    from triton_sam import SpeculativeSAM2Client
+    from triton_sam.client import flow
+
+    monkeypatch.setattr(flow, "run", lambda *a, **k: None)  # no server: skip the check
+    client = SpeculativeSAM2Client(
+        "localhost:1", token="abc123", headers={"triton-sam-tenant": "lab-a"}
+    )
+    expected = {"authorization": "Bearer abc123", "triton-sam-tenant": "lab-a"}
+    assert client._conn._blocking().headers == expected
+
+    async def asyncio_headers() -> dict:
+        transport = client._conn.transport()
+        try:
+            return dict(transport.headers)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(asyncio_headers()) == expected

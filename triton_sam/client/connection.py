@@ -20,7 +20,7 @@ import numpy as np
 from triton_sam.client import flow
 from triton_sam.client.async_transport import AsyncTransport
 from triton_sam.client.decode_request import DecodeRequest, EncodedImage, check_embedding
-from triton_sam.client.endpoint import Endpoint, TlsOptions, resolve_endpoint
+from triton_sam.client.endpoint import Endpoint, TlsOptions, bearer_headers, resolve_endpoint
 from triton_sam.client.image_session import ImageSession, model_properties
 from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
@@ -53,8 +53,10 @@ class Connection:
         session_model: str | None = None,
         use_server_embeddings: bool | None = None,
         headers: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
-        self.headers = dict(headers or {})  # on every asyncio request (a gateway's tenant)
+        # on every request, blocking or asyncio: a gateway's tenant, a proxy's bearer token
+        self.headers = {**bearer_headers(token), **(headers or {})}
         self.core = ImageSession(
             model_type,
             encoder_model=encoder_model,
@@ -92,7 +94,11 @@ class Connection:
             raise ServerUnavailableError("client: closed; create a new SpeculativeSAM2Client")
         if self._sync is None:
             self._sync = Transport(
-                self.endpoint, timeout_s=self.timeout_s, retry=self.retry, tls=self.tls
+                self.endpoint,
+                timeout_s=self.timeout_s,
+                retry=self.retry,
+                tls=self.tls,
+                headers=self.headers,
             )
         if not self._connected:
             try:

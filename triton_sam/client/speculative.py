@@ -61,6 +61,8 @@ class SpeculativeSAM2Client(LatestWinsSessions, ClosesOnExit):
         retry: backoff for idempotent calls (health, encoder, stateless decoder); None uses
             ``DEFAULT_RETRY``, ``NO_RETRY`` disables it.
         tls: certificates for a ``grpcs://`` / ``https://`` server.
+        token: a bearer token for a server behind the token proxy (``triton-sam proxy
+            --tokens-file``), sent with every request; never logged.
         use_server_embeddings / session_model: as :class:`SAM2TritonClient` (features kept
             by the ``<family>_session`` model when the server offers it; a click the server
             cannot serve re-embeds the image and retries once).
