@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
@@ -225,15 +226,11 @@ def image_size(data: bytes, max_pixels: int, field: str) -> tuple[int, int]:
         ImageTooLargeError: more than ``max_pixels`` pixels.
         ImageFetchError: not an image PIL reads.
     """
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if image.getexif().get(_ORIENTATION_TAG) in _QUARTER_TURNS:
-                width, height = height, width
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
-        raise ImageFetchError(field, f"not an image ({type(e).__name__})") from None
-    if width * height > max_pixels:
-        raise ImageTooLargeError(field, f"{width}x{height} pixels, at most {max_pixels} (H * W)")
+    with _opened(data, field) as image:
+        width, height = image.size
+        if image.getexif().get(_ORIENTATION_TAG) in _QUARTER_TURNS:
+            width, height = height, width
+    _check_pixels(width, height, max_pixels, field)
     return width, height
 
 
@@ -244,15 +241,24 @@ def decode_rgb(data: bytes, max_pixels: int, field: str) -> np.ndarray:
         ImageTooLargeError: more than ``max_pixels`` pixels.
         ImageFetchError: not an image PIL reads.
     """
+    with _opened(data, field) as image:
+        _check_pixels(*image.size, max_pixels, field)
+        return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+
+
+@contextmanager
+def _opened(data: bytes, field: str) -> Iterator[Image.Image]:
+    """The image in ``data``; what PIL cannot read is an :class:`ImageFetchError` naming
+    ``field`` (our own refusals raised inside pass through as they are)."""
     try:
         with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if width * height > max_pixels:
-                raise ImageTooLargeError(
-                    field, f"{width}x{height} pixels, at most {max_pixels} (H * W)"
-                )
-            return np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
+            yield image
     except ImageFetchError:
         raise
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
         raise ImageFetchError(field, f"not an image ({type(e).__name__})") from None
+
+
+def _check_pixels(width: int, height: int, max_pixels: int, field: str) -> None:
+    if width * height > max_pixels:
+        raise ImageTooLargeError(field, f"{width}x{height} pixels, at most {max_pixels} (H * W)")
