@@ -7,6 +7,7 @@ and labels layers for the objects, the hover preview and segment-everything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,23 +39,31 @@ def spatial_shape(image: Any) -> tuple[int, ...]:
     return shape[:-1] if image.rgb else shape
 
 
-def _labels(viewer: Any, name: str, shape: tuple[int, ...], **kwargs: Any) -> Any:
-    if name in viewer.layers and viewer.layers[name].data.shape == shape:
+def _kept(viewer: Any, name: str, fits: Callable[[Any], bool]) -> Any | None:
+    """The layer called ``name`` when it ``fits`` the image; one that does not (another
+    image's shape) is removed, so the caller makes it anew."""
+    if name not in viewer.layers:
+        return None
+    if fits(viewer.layers[name]):
         return viewer.layers[name]
-    if name in viewer.layers:
-        viewer.layers.remove(name)
-    return viewer.add_labels(np.zeros(shape, np.uint32), name=name, **kwargs)
+    viewer.layers.remove(name)
+    return None
+
+
+def _labels(viewer: Any, name: str, shape: tuple[int, ...], **kwargs: Any) -> Any:
+    layer = _kept(viewer, name, lambda layer: layer.data.shape == shape)
+    if layer is None:
+        layer = viewer.add_labels(np.zeros(shape, np.uint32), name=name, **kwargs)
+    return layer
 
 
 def ensure_layers(viewer: Any, image: Any) -> PromptLayers:
     """The prompt and mask layers for ``image``, made if missing (or of another shape)."""
     shape = spatial_shape(image)
     ndim = len(shape)
-    if POINTS in viewer.layers and viewer.layers[POINTS].ndim == ndim:
-        points = viewer.layers[POINTS]
-    else:
-        if POINTS in viewer.layers:
-            viewer.layers.remove(POINTS)
+    same_ndim = lambda layer: layer.ndim == ndim  # noqa: E731
+    points = _kept(viewer, POINTS, same_ndim)
+    if points is None:
         points = viewer.add_points(
             np.empty((0, ndim)),
             ndim=ndim,
@@ -65,11 +74,8 @@ def ensure_layers(viewer: Any, image: Any) -> PromptLayers:
             face_color_cycle=list(POINT_COLOURS),
             size=max(4, max(shape[-2:]) // 60),
         )
-    if BOXES in viewer.layers and viewer.layers[BOXES].ndim == ndim:
-        boxes = viewer.layers[BOXES]
-    else:
-        if BOXES in viewer.layers:
-            viewer.layers.remove(BOXES)
+    boxes = _kept(viewer, BOXES, same_ndim)
+    if boxes is None:
         boxes = viewer.add_shapes(
             ndim=ndim, name=BOXES, face_color="transparent", edge_color="yellow", edge_width=2
         )
