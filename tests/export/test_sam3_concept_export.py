@@ -1,4 +1,4 @@
-"""SAM3 concept export: three graphs with the spec's contract, verified against Sam3Model.
+"""SAM3 concept export: four graphs with the spec's contract, verified against Sam3Model.
 
 The export under test is the session's one (``concept_build``: small random-init Sam3Model,
 re-scaled weights, python target); its ORT-vs-torch check ran at build time over dynamic
@@ -57,8 +57,9 @@ def test_export_matches_torch_within_the_stated_tolerances(concept_build):
     print("\nORT vs torch max abs error:", {k: f"{v:.2e}" for k, v in errors.items()})
     expected = {
         "vision.fpn_features.0", "vision.fpn_features.1", "vision.fpn_features.2",
-        "text.text_features", "decoder.scores", "decoder.boxes", "decoder.masks",
-        "decoder.query_index", "decoder.num_instances", "decoder.presence",
+        "text.text_features", "exemplar.exemplar_features",
+        "decoder.scores", "decoder.boxes", "decoder.masks", "decoder.query_index",
+        "decoder.num_instances", "decoder.presence",
     }  # fmt: skip
     assert set(errors) == expected
     assert set(build.export.tolerance) == expected  # every output checked, within its own
@@ -81,7 +82,7 @@ def test_verification_collects_every_mismatch_then_raises_once(concept_build, co
     wrong_vision = {t.name: np.zeros((1, *t.shape), np.float32) + 1e3 for t in fam.vision.outputs}
     result = type(build.export)(graphs, build.export.tokenizer, build.export.pad_token_id)
     checked = {"text": [("bad", feeds, wrong)], "vision": [("bad", pixels, wrong_vision)]}
-    checked["decoder"] = []
+    checked["exemplar"] = checked["decoder"] = []
     with pytest.raises(ExportValidationError) as raised:
         _verify(result, fam, checked)
     lines = raised.value.mismatches

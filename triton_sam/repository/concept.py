@@ -1,7 +1,9 @@
-"""Repository entries of a concept family: three ONNX graphs and the ``sam3_concept`` model.
+"""Repository entries of a concept family: four ONNX graphs and the ``sam3_concept`` model.
 
 - ``<family>_vision`` serves like an encoder (batch = images, the encoder's queue bounds);
 - ``<family>_text`` like a decoder, with room for every phrase of a request in one batch;
+- ``<family>_exemplar`` one image per call (upstream's ``roi_align`` call unrolls the
+  traced batch, see ``sam3_concept_wrappers.ConceptExemplars``), the decoder's queue bounds;
 - ``<family>_decoder`` like an encoder: it is heavy per image (each of its items is one image
   with its phrases; 66 MB of mask logits per phrase inside the graph at any width);
 - ``<family>`` (the serving model, python backend in both targets): one instance (its caches
@@ -10,7 +12,7 @@
   the dependency-free ``triton_sam.serving`` modules as the package ``triton_sam_serving``
   and the checkpoint's ``tokenizer.json``.
 
-All four are written as one atomic set (:func:`triton_sam.repository.writer.write_models`).
+All five are written as one atomic set (:func:`triton_sam.repository.writer.write_models`).
 """
 
 from __future__ import annotations
@@ -69,8 +71,14 @@ class ConceptOptions:
 def graph_configs(
     family: ConceptFamilySpec, options: cfg.RepositoryOptions, concept: ConceptOptions
 ) -> dict[str, cfg.ModelConfig]:
-    """Configs of the three graphs, by role (bounds per ``GraphSpec.batching``)."""
-    configs = {g.role: cfg.graph_config(g, options) for g in family.graphs}
+    """Configs of the four graphs, by role (bounds per ``GraphSpec.batching``; the exemplar
+    graph, which has none, takes one image per call)."""
+    _, queue, timeout = options.bounds("decoder")
+    one_image = {"max_batch_size": 1, "max_queue_size": queue, "queue_timeout_us": timeout}
+    configs = {
+        g.role: cfg.graph_config(g, options, **({} if g.batching else one_image))
+        for g in family.graphs
+    }
     # Every phrase of a request fits in one text batch.
     text = configs["text"]
     text.max_batch_size = max(text.max_batch_size, concept.max_phrases)
@@ -167,11 +175,12 @@ def concept_artifacts(
     options: cfg.RepositoryOptions,
     concept: ConceptOptions | None = None,
 ) -> list[ModelFiles]:
-    """The three graphs and the serving model, as artifacts of one build.
+    """The four graphs and the serving model, as artifacts of one build.
 
     Args:
         family: the concept family (names, tensors).
-        graphs: role (``"vision"``, ``"text"``, ``"decoder"``) -> exported ``.onnx``.
+        graphs: role (``"vision"``, ``"text"``, ``"exemplar"``, ``"decoder"``) -> exported
+            ``.onnx``.
         tokenizer: the ``tokenizer.json`` to ship; pad_token_id: its padding id.
         options: target and serving options of the repository.
         concept: bounds of the serving model.
@@ -193,7 +202,7 @@ def write_concept_models(
     """Write :func:`concept_artifacts` (same keyword arguments) as one atomic set.
 
     Returns:
-        The model names written: vision, text, decoder, serving model.
+        The model names written: vision, text, exemplar, decoder, serving model.
 
     Raises:
         RepositoryError / InputValidationError: as ``writer.write_models``.

@@ -48,6 +48,9 @@ from triton_sam_serving.session_call import checked, preferred_memory
 
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"
+# The decoder's prompt: a phrase's text tokens, then its exemplar tokens if it has any.
+PROMPT_FEATURES = "prompt_features"
+PROMPT_MASK = "prompt_mask"
 DECODER_OUTPUTS = ("scores", "boxes", "query_index", "num_instances", "presence")
 
 
@@ -227,8 +230,8 @@ class TritonPythonModel:
         for start in range(0, len(text), step):
             feeds = [
                 *image_feeds,
-                pb_utils.Tensor(TEXT_FEATURES, text[None, start : start + step]),
-                pb_utils.Tensor(ATTENTION_MASK, token_mask[None, start : start + step]),
+                pb_utils.Tensor(PROMPT_FEATURES, text[None, start : start + step]),
+                pb_utils.Tensor(PROMPT_MASK, token_mask[None, start : start + step]),
                 pb_utils.Tensor("threshold", np.array([[threshold]], np.float32)),
                 pb_utils.Tensor("max_instances", np.array([[limit]], np.int64)),
             ]
