@@ -262,6 +262,7 @@ def test_graph_configs_serve_like_encoder_and_decoder():
     )
     assert configs["vision"].max_batch_size == 2 and configs["decoder"].max_batch_size == 2
     assert configs["text"].max_batch_size == 16  # every phrase of a request in one batch
+    assert configs["exemplar"].max_batch_size == 1  # roi_align's unrolled batch: one image
     dims = {o.name: list(o.dims) for o in configs["decoder"].output}
     assert dims["masks"] == [-1, -1, 288, 288] and dims["boxes"] == [-1, -1, 4]
 

@@ -52,6 +52,10 @@ class ConceptOptions:
         phrases_per_decode: phrases per decoder call; a request's calls run concurrently.
             Bounds the decoder's memory: 66 MB of mask logits per phrase inside the graph.
         max_image_pixels: largest image (H x W) accepted; masks are resized to it.
+        max_exemplars: exemplars kept for later requests' ``exemplar_ids`` (LRU beyond, fair
+            between tenants); each is (boxes + 1) x width floats (17 KiB for 16 boxes at
+            width 256).
+        max_boxes: exemplar boxes one request may carry.
     """
 
     max_images: int = 8
@@ -60,9 +64,12 @@ class ConceptOptions:
     max_phrases: int = protocol.MAX_PHRASES
     phrases_per_decode: int = 4
     max_image_pixels: int = protocol.MAX_IMAGE_PIXELS
+    max_exemplars: int = 256
+    max_boxes: int = protocol.MAX_BOXES
 
     def __post_init__(self) -> None:
-        for name in ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode"):
+        counts = ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode")
+        for name in (*counts, "max_exemplars", "max_boxes"):
             check_int(name, getattr(self, name), minimum=1)
         check_int("max_bytes", self.max_bytes, minimum=0)
         check_int("max_image_pixels", self.max_image_pixels, minimum=1)
@@ -109,6 +116,9 @@ def build_serving_config(
         TensorSpec(protocol.THRESHOLD, "float32", (1,)),
         TensorSpec(protocol.MASK_THRESHOLD, "float32", (1,)),
         TensorSpec(protocol.MAX_INSTANCES, "int32", (1,)),
+        TensorSpec(protocol.EXEMPLAR_BOXES, "float32", (-1, 4)),
+        TensorSpec(protocol.EXEMPLAR_LABELS, "int32", (-1,)),
+        TensorSpec(protocol.EXEMPLAR_IDS, "bytes", (-1,)),
     )
     for spec in inputs:  # all optional: see the protocol (embed, probe, predict)
         message = _io(spec, cfg.model_config_pb2.ModelInput)
@@ -118,6 +128,7 @@ def build_serving_config(
         TensorSpec(protocol.IMAGE_ID, "bytes", (1,)),
         TensorSpec(protocol.IMAGE_SIZE, "int32", (2,)),
         TensorSpec(protocol.ENCODED, "int32", (1,)),
+        TensorSpec(protocol.EXEMPLAR_ID, "bytes", (1,)),
         TensorSpec(protocol.PRESENCE, "float32", (-1,)),
         TensorSpec(protocol.NUM_INSTANCES, "int32", (-1,)),
         TensorSpec(protocol.PHRASE_INDEX, "int32", (-1,)),
@@ -150,6 +161,9 @@ def build_serving_config(
         max_phrases=concept.max_phrases,
         phrases_per_decode=concept.phrases_per_decode,
         max_image_pixels=concept.max_image_pixels,
+        exemplar_model=family.exemplar.model,
+        max_exemplars=concept.max_exemplars,
+        max_boxes=concept.max_boxes,
     )
     cfg.set_parameters(config, served, kind=protocol.KIND)
     return config
