@@ -27,11 +27,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from concept_wire import raw_infer
 
-from triton_sam.client.transport import translate_error
 from triton_sam.errors import EmbeddingNotFoundError
 from triton_sam.serving.protocol import concept as protocol
-from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
 
@@ -58,28 +57,8 @@ IMAGE_B = _image((240, 300), 22)
 
 
 def _infer(server, inputs: dict, outputs, tenant: str | None = None) -> dict[str, np.ndarray]:
-    """One gRPC request, as a third-party client sends it; our translated error on refusal."""
-    import tritonclient.grpc as grpc
-
-    kinds = {"uint8": "UINT8", "float32": "FP32", "int32": "INT32", "object": "BYTES"}
-    tensors = []
-    for name, array in inputs.items():
-        tensor = grpc.InferInput(name, list(array.shape), kinds[array.dtype.name])
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    client = grpc.InferenceServerClient(server.grpc_address)
-    try:
-        result = client.infer(
-            protocol.MODEL,
-            tensors,
-            outputs=[grpc.InferRequestedOutput(n) for n in outputs],
-            headers={TENANT_HEADER: tenant} if tenant else None,
-        )
-    except Exception as e:
-        raise translate_error(e, what=f"infer on {protocol.MODEL}") from e
-    finally:
-        client.close()
-    return {n: result.as_numpy(n)[0] for n in outputs}
+    """One gRPC request, as a third-party client sends it (batch dim dropped)."""
+    return {n: v[0] for n, v in raw_infer(server, "grpc", inputs, outputs, tenant).items()}
 
 
 def _request(image=None, *, text=None, boxes=None, labels=None, ids=None, k=200) -> dict:

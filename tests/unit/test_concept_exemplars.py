@@ -203,3 +203,47 @@ def test_prompts_are_text_tokens_then_exemplar_tokens_all_valid(model):
     assert prompts.shape == (2, 37, WIDTH) and prompt_mask.shape == (2, 37)
     np.testing.assert_array_equal(prompts[:, 32:], 1)
     np.testing.assert_array_equal(prompt_mask.sum(1), [3 + 5, 3 + 5])
+
+
+# -- client side -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, field, message",
+    [
+        ({"boxes": [[1, 2, 3, 4], [5, 6, 4, 8]]}, "boxes[1]", "(5, 6, 4, 8) is empty"),
+        ({"boxes": [[1, 2, 3, 4], [0, 0, 33, 4]]}, "boxes[1]", "outside the image"),
+        ({"boxes": [[-0.5, 2, 3, 4]]}, "boxes[0]", "outside the image"),
+        ({"boxes": [[1, 2, 3, 4], [1, np.nan, 3, 4]]}, "boxes[1]", "not finite"),
+        ({"boxes": [[1, 2, 3, 4]] * 17}, "boxes", "shape [17, 4], expected [G, 4]"),
+        ({"boxes": [[1, 2, 3, 4]], "box_labels": [2]}, "box_labels", "got [2], expected"),
+        ({"boxes": [[1, 2, 3, 4]], "box_labels": [1, 0]}, "box_labels", "per box (1)"),
+        ({"box_labels": [1]}, "box_labels", "given without boxes"),
+        ({"exemplar_ids": ["a"] * 5}, "exemplar_ids", "got 5 ids, expected 1 to 4"),
+        ({"exemplar_ids": ["a", ""]}, "exemplar_ids[1]", "expected an exemplar_id"),
+    ],
+)
+def test_client_refuses_bad_exemplars_naming_the_field(kwargs, field, message):
+    from triton_sam.client.concept_exemplars import check_exemplars
+    from triton_sam.errors import InputValidationError
+
+    args = {"boxes": None, "box_labels": None, "exemplar_ids": None} | kwargs
+    with pytest.raises(InputValidationError, match=re.escape(message)) as raised:
+        check_exemplars(args["boxes"], args["box_labels"], args["exemplar_ids"], HW)
+    assert raised.value.field == field
+
+
+def test_client_sends_exemplars_as_the_protocol_names_them():
+    from triton_sam.client.concept_exemplars import check_exemplars
+    from triton_sam.client.concepts import ConceptImage
+
+    image = ConceptImage.of(np.zeros((*HW, 3), np.uint8), protocol.MODEL)
+    exemplars = check_exemplars([1, 2, 3, 4], [0], "kept-id", HW)  # one box, one id
+    options = {"threshold": 0.3, "mask_threshold": 0.5, "max_instances": None}
+    inputs = image.predict_inputs([], **options, exemplars=exemplars)
+    assert protocol.TEXT not in inputs  # exemplars alone: the server prompts with "visual"
+    np.testing.assert_array_equal(inputs[protocol.EXEMPLAR_BOXES], [[[1, 2, 3, 4]]])
+    assert inputs[protocol.EXEMPLAR_BOXES].dtype == np.float32
+    np.testing.assert_array_equal(inputs[protocol.EXEMPLAR_LABELS], [[0]])
+    assert inputs[protocol.EXEMPLAR_LABELS].dtype == np.int32
+    assert inputs[protocol.EXEMPLAR_IDS].tolist() == [[b"kept-id"]]
+    text_only = image.predict_inputs(["cat"], **options)
+    assert not {protocol.EXEMPLAR_BOXES, protocol.EXEMPLAR_IDS} & set(text_only)
