@@ -147,6 +147,9 @@ def _assert_every_query_matches(ours: dict, outputs, hw: tuple[int, int]) -> Non
     h, w = hw
     boxes = outputs.pred_boxes.numpy()[0] * np.array([w, h, w, h], np.float32)
     np.testing.assert_allclose(ours["boxes"], boxes, atol=BOX_ATOL_PX, rtol=0)
+    score_error = np.abs(ours["scores"] - scores).max()
+    print(f"\nmax |ours - upstream|: scores {score_error:.2e}, boxes ", end="")
+    print(f"{np.abs(ours['boxes'] - boxes).max():.2e} px")
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +200,7 @@ def test_the_id_on_its_own_image_gives_the_same_instances_masks_included(concept
     np.testing.assert_allclose(again["scores"], scores[best], atol=SCORE_ATOL, rtol=0)
     expected = outputs.pred_masks.numpy()[0][best]
     np.testing.assert_allclose(again["masks_logits"], expected, atol=LOGIT_ATOL, rtol=0)
+    print(f"\nk={k}, max |logits - upstream| {np.abs(again['masks_logits'] - expected).max():.2e}")
     assert bytes(again["exemplar_id"][0]) == b""  # no boxes sent: nothing new kept
 
 
