@@ -120,3 +120,26 @@ def test_wrappers_stay_in_eval_mode_after_an_export(concept_spec, concept_checkp
         {},
     )
     assert not any(m.training for m in model.modules())
+
+
+def test_exemplar_graph_takes_one_image_and_refuses_two_loudly(concept_build, concept_spec):
+    # upstream's roi_align call unrolls the traced batch: the repository serves the graph with
+    # max_batch_size 1; a batch of 2 must fail, never answer for the first image only.
+    import onnxruntime as ort
+
+    repo, _ = concept_build
+    graph = concept_spec.family.exemplar
+    session = ort.InferenceSession(
+        str(repo / graph.model / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+    def feeds(batch: int, boxes: int) -> dict[str, np.ndarray]:
+        level = np.zeros((batch, *graph.inputs[0].shape), np.float32)
+        box = np.tile(np.float32([0.5, 0.5, 0.2, 0.3]), (batch, boxes, 1))
+        return {graph.inputs[0].name: level, "exemplar_boxes": box,
+                "exemplar_labels": np.ones((batch, boxes), np.int64)}  # fmt: skip
+
+    [tokens] = session.run(None, feeds(1, 5))
+    assert tokens.shape == (1, 5 + 1, concept_spec.family.width)  # 5 boxes + CLS
+    with pytest.raises(Exception, match="Split"):
+        session.run(None, feeds(2, 3))
