@@ -113,7 +113,7 @@ class TritonPythonModel:
             }
             phrases = concept_request.phrases(
                 pb_utils, request, self.settings.max_phrases
-            )  # [] = embed or probe only
+            )  # []: embed or probe only, or exemplars alone
             threshold = concept_request.scalar(
                 pb_utils, request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1
             )
@@ -130,16 +130,17 @@ class TritonPythonModel:
                     self.settings.num_queries,
                 )
             )
-            self.tokenizer.encode(phrases)  # refuses > 32 tokens before any graph runs
+            tokens = self.tokenizer.encode(phrases)  # refuses > 32 tokens before any graph runs
             ids = concept_exemplars.exemplar_ids(pb_utils, request, protocol.MAX_EXEMPLAR_IDS)
             kept = self.exemplars.tokens(tenant, ids)  # NOT_FOUND before any graph runs
             image_id, encoded, (features, hw) = await self._image(request, runs, tenant)
             exemplar_id, exemplars = await self._exemplars(request, features, hw, tenant, kept)
             if exemplars is not None and not phrases:
                 phrases = [protocol.EXEMPLAR_ONLY_PHRASE]
+                tokens = self.tokenizer.encode(phrases)
             decoded = []
             if phrases:
-                token_ids, token_mask = self.tokenizer.encode(phrases)
+                token_ids, token_mask = tokens
                 text = await self._text(token_ids, token_mask, tenant)
                 prompts, prompt_mask = _prompts(text, token_mask, exemplars)
                 decoded = await self._decode(
