@@ -1,4 +1,4 @@
-"""SAM3 concept export: three graphs with the spec's contract, verified against Sam3Model.
+"""SAM3 concept export: four graphs with the spec's contract, verified against Sam3Model.
 
 The export under test is the session's one (``concept_build``: small random-init Sam3Model,
 re-scaled weights, python target); its ORT-vs-torch check ran at build time over dynamic
@@ -57,8 +57,9 @@ def test_export_matches_torch_within_the_stated_tolerances(concept_build):
     print("\nORT vs torch max abs error:", {k: f"{v:.2e}" for k, v in errors.items()})
     expected = {
         "vision.fpn_features.0", "vision.fpn_features.1", "vision.fpn_features.2",
-        "text.text_features", "decoder.scores", "decoder.boxes", "decoder.masks",
-        "decoder.query_index", "decoder.num_instances", "decoder.presence",
+        "text.text_features", "exemplar.exemplar_features",
+        "decoder.scores", "decoder.boxes", "decoder.masks", "decoder.query_index",
+        "decoder.num_instances", "decoder.presence",
     }  # fmt: skip
     assert set(errors) == expected
     assert set(build.export.tolerance) == expected  # every output checked, within its own
@@ -81,7 +82,7 @@ def test_verification_collects_every_mismatch_then_raises_once(concept_build, co
     wrong_vision = {t.name: np.zeros((1, *t.shape), np.float32) + 1e3 for t in fam.vision.outputs}
     result = type(build.export)(graphs, build.export.tokenizer, build.export.pad_token_id)
     checked = {"text": [("bad", feeds, wrong)], "vision": [("bad", pixels, wrong_vision)]}
-    checked["decoder"] = []
+    checked["exemplar"] = checked["decoder"] = []
     with pytest.raises(ExportValidationError) as raised:
         _verify(result, fam, checked)
     lines = raised.value.mismatches
@@ -119,3 +120,26 @@ def test_wrappers_stay_in_eval_mode_after_an_export(concept_spec, concept_checkp
         {},
     )
     assert not any(m.training for m in model.modules())
+
+
+def test_exemplar_graph_takes_one_image_and_refuses_two_loudly(concept_build, concept_spec):
+    # upstream's roi_align call unrolls the traced batch: the repository serves the graph with
+    # max_batch_size 1; a batch of 2 must fail, never answer for the first image only.
+    import onnxruntime as ort
+
+    repo, _ = concept_build
+    graph = concept_spec.family.exemplar
+    session = ort.InferenceSession(
+        str(repo / graph.model / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+    def feeds(batch: int, boxes: int) -> dict[str, np.ndarray]:
+        level = np.zeros((batch, *graph.inputs[0].shape), np.float32)
+        box = np.tile(np.float32([0.5, 0.5, 0.2, 0.3]), (batch, boxes, 1))
+        return {graph.inputs[0].name: level, "exemplar_boxes": box,
+                "exemplar_labels": np.ones((batch, boxes), np.int64)}  # fmt: skip
+
+    [tokens] = session.run(None, feeds(1, 5))
+    assert tokens.shape == (1, 5 + 1, concept_spec.family.width)  # 5 boxes + CLS
+    with pytest.raises(Exception, match="Split"):
+        session.run(None, feeds(2, 3))

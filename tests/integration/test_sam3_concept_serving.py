@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import requests
+from concept_wire import raw_infer as _raw
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.client.transport import translate_error
 from triton_sam.errors import EmbeddingNotFoundError, InputValidationError, InvalidRequestError
 from triton_sam.serving import images, masks
 from triton_sam.serving.protocol import concept as protocol
@@ -28,32 +28,6 @@ def _rgb(h: int, w: int, seed: int) -> np.ndarray:
 
 
 IMAGE = _rgb(61, 83, 0)
-
-
-def _raw(server, protocol_name: str, inputs: dict[str, np.ndarray], outputs=("num_instances",)):
-    """One request with tritonclient directly; returns outputs or raises our translated error."""
-    if protocol_name == "http":
-        import tritonclient.http as module
-
-        client = module.InferenceServerClient(server.http_address)
-    else:
-        import tritonclient.grpc as module
-
-        client = module.InferenceServerClient(server.grpc_address)
-    kinds = {"uint8": "UINT8", "float32": "FP32", "int32": "INT32", "object": "BYTES"}
-    tensors = []
-    for name, array in inputs.items():
-        tensor = module.InferInput(name, list(array.shape), kinds[array.dtype.name])
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    requested = [module.InferRequestedOutput(n) for n in outputs]
-    try:
-        result = client.infer(MODEL, tensors, outputs=requested)
-    except Exception as e:
-        raise translate_error(e, what=f"infer on {MODEL}") from e
-    finally:
-        client.close()
-    return {n: result.as_numpy(n) for n in outputs}
 
 
 def _text(*phrases: bytes) -> np.ndarray:

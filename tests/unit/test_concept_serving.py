@@ -228,7 +228,10 @@ def test_concept_family_contract_scales_with_width():
     small = concept_family(width=64)
     assert [t.shape for t in small.vision.outputs] == [(64, 288, 288), (64, 144, 144), (64, 72, 72)]
     assert small.text.outputs[0].shape == (32, 64)
-    assert SAM3_CONCEPT_FAMILY.decoder.inputs[3].shape == (-1, 32, 256)
+    # prompts x tokens (32 text tokens, then exemplar tokens if any) x width
+    assert SAM3_CONCEPT_FAMILY.decoder.inputs[3].shape == (-1, -1, 256)
+    assert [t.shape for t in small.exemplar.inputs] == [(64, 72, 72), (-1, 4), (-1,)]
+    assert small.exemplar.outputs[0].shape == (-1, 64)  # G boxes + 1 CLS token
     masks_out = {t.name: t.shape for t in SAM3_CONCEPT_FAMILY.decoder.outputs}["masks"]
     assert masks_out == (-1, -1, 288, 288)
 
@@ -259,6 +262,7 @@ def test_graph_configs_serve_like_encoder_and_decoder():
     )
     assert configs["vision"].max_batch_size == 2 and configs["decoder"].max_batch_size == 2
     assert configs["text"].max_batch_size == 16  # every phrase of a request in one batch
+    assert configs["exemplar"].max_batch_size == 1  # roi_align's unrolled batch: one image
     dims = {o.name: list(o.dims) for o in configs["decoder"].output}
     assert dims["masks"] == [-1, -1, 288, 288] and dims["boxes"] == [-1, -1, 4]
 

@@ -53,8 +53,12 @@ def model(monkeypatch):
         max_phrases=4,
         phrases_per_decode=4,
         max_image_pixels=10**6,
+        exemplar_model="exemplar",
+        max_exemplars=4,
+        max_boxes=3,
     )
     instance.images, instance.phrases = cache.LruCache(4), cache.LruCache(8)
+    instance.exemplars = module.concept_exemplars.ExemplarStore(4)
     instance.bls_calls = []
 
     async def bls(model_name, inputs, outputs, *, gpu):

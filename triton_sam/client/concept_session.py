@@ -52,7 +52,8 @@ class ConceptSession:
         options: dict[str, object],
         mask_format: str,
     ) -> concepts.ConceptPrediction:
-        """Every instance of ``phrases`` (checked) in the current image (set)."""
+        """Every instance of ``phrases`` (checked; [] with exemplars alone) and the exemplars
+        in ``options`` in the current image (set)."""
         image = self.image
         assert image is not None
         outputs = concepts.output_names(mask_format)
@@ -73,5 +74,7 @@ class ConceptSession:
     def _infer(
         self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]
     ) -> dict[str, np.ndarray]:
-        # Idempotent: embed and probe are, and a predict keeps nothing on the server.
+        # Idempotent: embed and probe are; a predict keeps nothing on the server but the
+        # exemplar of its boxes, and a retried one only keeps an unused second copy (evicted
+        # in LRU order), with the same answer.
         return self.transport.infer(self.model, inputs, outputs, idempotent=True)

@@ -4,8 +4,9 @@ The ``sam3_concept`` serving model (``triton_sam/serving/concept_model.py``) kee
 features; :class:`ConceptImage` is one image from the client's side. The clients add the I/O:
 ``set_image`` asks whether the server holds the image's content id (:meth:`ConceptImage.
 probe_inputs`) and sends the pixels only when it does not (:meth:`ConceptImage.embed_inputs`);
-``predict_concepts`` sends the id and the phrases (:meth:`ConceptImage.predict_inputs`), and
-after a miss (evicted, server restarted) resends them with the pixels, once.
+``predict_concepts`` sends the id and the prompts (:meth:`ConceptImage.predict_inputs`: phrases,
+exemplar boxes, ids of exemplars kept by the server), and after a miss (evicted, server
+restarted) resends them with the pixels, once.
 
 Limits are the protocol's (``triton_sam.serving.protocol.concept``), checked here first so a
 bad call fails before anything is sent; the server checks them again (and counts tokens).
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from triton_sam.client.concept_exemplars import Exemplars
 from triton_sam.errors import InputValidationError
 from triton_sam.serving import images, masks
 from triton_sam.serving.protocol import concept as protocol
@@ -41,15 +43,17 @@ _COMMON_OUTPUTS = (
     protocol.QUERY_INDEX,
     protocol.SCORES,
     protocol.BOXES,
+    protocol.EXEMPLAR_ID,
 )
 
 
 @dataclass(frozen=True)
 class ConceptPrediction:
-    """The instances of N phrases on one image, phrase by phrase, each in query order.
+    """The instances of N prompts on one image, prompt by prompt, each in query order.
 
     Attributes:
-        phrases: the phrases, as given.
+        phrases: the phrases, as given; with exemplars and no phrase, the one prompt's
+            phrase, ``"visual"`` (``Sam3Processor``'s for that case).
         image_size: (H, W) of the image.
         presence: float32 [N] probability that phrase i is in the image at all.
         phrase_index: int32 [K] which phrase each instance belongs to.
@@ -60,6 +64,8 @@ class ConceptPrediction:
         rle: COCO RLE of each mask, ``{"size": [H, W], "counts": str}`` (``pycocotools``
             decodes it), for ``mask_format="rle"``; else None.
         low_res_logits: float32 [K, 288, 288] mask logits (``mask_format="logits"``), else None.
+        exemplar_id: the id the server keeps this call's boxes under, for ``exemplar_ids``
+            of later calls (on any image, this tenant only); None when no boxes were sent.
     """
 
     phrases: tuple[str, ...]
@@ -72,6 +78,7 @@ class ConceptPrediction:
     masks: np.ndarray | None = None
     rle: list[dict[str, Any]] | None = None
     low_res_logits: np.ndarray | None = None
+    exemplar_id: str | None = None
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
@@ -240,11 +247,20 @@ class ConceptImage:
         threshold: float,
         mask_threshold: float,
         max_instances: int | None,
+        exemplars: Exemplars | None = None,
         with_pixels: bool = False,
     ) -> dict[str, np.ndarray]:
-        """One call's inputs: the image id (or the pixels, after a miss) and the phrases."""
+        """One call's inputs: the image id (or the pixels, after a miss), the phrases (none:
+        the exemplars alone) and the exemplars."""
         inputs = self.embed_inputs() if with_pixels else self.probe_inputs()
-        inputs[protocol.TEXT] = bytes_tensor(phrases)
+        if phrases:
+            inputs[protocol.TEXT] = bytes_tensor(phrases)
+        if exemplars is not None and exemplars.boxes is not None:
+            inputs[protocol.EXEMPLAR_BOXES] = exemplars.boxes[None]
+            if exemplars.labels is not None:
+                inputs[protocol.EXEMPLAR_LABELS] = exemplars.labels[None]
+        if exemplars is not None and exemplars.ids:
+            inputs[protocol.EXEMPLAR_IDS] = bytes_tensor(exemplars.ids)
         inputs[protocol.THRESHOLD] = np.array([[threshold]], np.float32)
         inputs[protocol.MASK_THRESHOLD] = np.array([[mask_threshold]], np.float32)
         if max_instances is not None:
@@ -256,11 +272,16 @@ def parse_prediction(
     out: dict[str, np.ndarray], phrases: Sequence[str], mask_format: str
 ) -> ConceptPrediction:
     """Turn the serving model's outputs (batch dim 1) into a :class:`ConceptPrediction`;
-    RLE or PNG masks are decoded to bool [K, H, W]."""
+    RLE or PNG masks are decoded to bool [K, H, W]. ``phrases`` empty: exemplars alone, whose
+    one prompt has the phrase ``"visual"``."""
     h, w = (int(v) for v in out[protocol.IMAGE_SIZE].reshape(-1))
     k = int(out[protocol.SCORES].shape[-1])
+    exemplar_id = None
+    if protocol.EXEMPLAR_ID in out:
+        exemplar_id = bytes(out[protocol.EXEMPLAR_ID].reshape(-1)[0]).decode() or None
     prediction = {
-        "phrases": tuple(phrases),
+        "exemplar_id": exemplar_id,
+        "phrases": tuple(phrases) or (protocol.EXEMPLAR_ONLY_PHRASE,),
         "image_size": (h, w),
         "presence": out[protocol.PRESENCE].reshape(-1).astype(np.float32),
         "phrase_index": out[protocol.PHRASE_INDEX].reshape(-1).astype(np.int32),

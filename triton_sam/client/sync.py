@@ -11,6 +11,7 @@ import numpy as np
 from triton_sam.client import concepts, flow, image_io, startup
 from triton_sam.client import everything as everything_client
 from triton_sam.client.closing import ClosesOnExit
+from triton_sam.client.concept_exemplars import check_exemplars
 from triton_sam.client.concept_session import ConceptSession
 from triton_sam.client.decode_request import EncodedImage
 from triton_sam.client.endpoint import TlsOptions, bearer_headers, resolve_endpoint
@@ -21,7 +22,7 @@ from triton_sam.client.prediction import Prediction
 from triton_sam.client.retry import RetryPolicy
 from triton_sam.client.transport import Transport
 from triton_sam.client.wire import SentBytes
-from triton_sam.errors import ImageNotSetError, UnsupportedModelError
+from triton_sam.errors import ImageNotSetError, InputValidationError, UnsupportedModelError
 from triton_sam.models.registry import get_family, is_concept_family
 
 
@@ -318,49 +319,71 @@ class SAM2TritonClient(OpensLargeImages, ClosesOnExit):
         first, fallback = everything_client.job_requests(image, cached, params_json)
         return everything_client.with_fallback(run, first, fallback)
 
-    # -- concept segmentation (text prompts; model_type="sam3_concept") --------------------
+    # -- concept segmentation (text and exemplar prompts; model_type="sam3_concept") -------
     def predict_concepts(
         self,
-        text: str | Sequence[str],
+        text: str | Sequence[str] | None = None,
         *,
+        boxes: Any = None,
+        box_labels: Any = None,
+        exemplar_ids: Sequence[str] | None = None,
         threshold: float = concepts.protocol.DEFAULT_THRESHOLD,
         mask_threshold: float = concepts.protocol.DEFAULT_MASK_THRESHOLD,
         max_instances: int | None = None,
         mask_format: str = "rle",
     ) -> concepts.ConceptPrediction:
-        """Every instance of each phrase in the current image, as ``Sam3Processor``'s
+        """Every instance of each prompt in the current image, as ``Sam3Processor``'s
         ``post_process_instance_segmentation`` gives them.
 
+        A prompt is a phrase, followed by the call's exemplars when it has any; exemplars
+        without a phrase make one prompt (``Sam3Processor``'s phrase ``"visual"``).
+
         Args:
-            text: a noun phrase ("red car") or several (one call, one decoder pass each).
+            text: a noun phrase ("red car") or several (one call, one decoder pass each), or
+                None with exemplars alone.
+            boxes: [G, 4] (x0, y0, x1, y1) in pixels of the current image, each around an
+                example of the concept; encoded on this image and kept by the server under
+                the prediction's ``exemplar_id``.
+            box_labels: [G] 1 (example) or 0 (counter-example); default all 1.
+            exemplar_ids: ``exemplar_id`` values of earlier calls (any image, this tenant):
+                their exemplars applied to this image without resending theirs.
             threshold: keep instances whose score (sigmoid(logit) x presence) exceeds it.
             mask_threshold: binarise mask probabilities (after resizing) above it.
-            max_instances: at most this many instances per phrase, the best scores
+            max_instances: at most this many instances per prompt, the best scores
                 (default: all that pass the threshold, up to the model's 200 queries).
             mask_format: how masks travel: ``"rle"`` (COCO RLE, decoded here), ``"png"``,
                 ``"logits"`` (288x288 low-res logits, not resized) or ``"none"``.
 
         Returns:
             A :class:`~triton_sam.client.concepts.ConceptPrediction` (boxes in pixels of the
-            original image; masks bool [K, H, W] for "rle"/"png").
+            original image; masks bool [K, H, W] for "rle"/"png"; ``exemplar_id`` with boxes).
 
         Raises:
             UnsupportedModelError: the client's family takes points and boxes, not text.
             ImageNotSetError: no image set.
-            InputValidationError: bad phrases or options (named), before anything is sent.
+            InputValidationError: bad phrases, boxes or options (named: ``boxes[1]``...),
+                before anything is sent.
             InvalidRequestError: the server refused the request (e.g. a phrase of more than
                 32 tokens); the message names the field.
+            EmbeddingNotFoundError: an ``exemplar_ids`` entry the server does not hold (never
+                answered to this tenant, evicted, or the server restarted).
         """
         if not self._concepts:
             raise UnsupportedModelError(
                 f"model_type: {self.model_type!r} takes points and boxes; text prompts need "
                 "model_type='sam3_concept'"
             )
-        phrases = concepts.check_phrases(text)
+        phrases = [] if text is None else concepts.check_phrases(text)
         concepts.check_options(threshold, mask_threshold, max_instances, mask_format)
         self._require_image()
+        exemplars = check_exemplars(boxes, box_labels, exemplar_ids, self._concept.image.orig_hw)
+        if not phrases and not exemplars:
+            raise InputValidationError(
+                "text", "got no phrase, boxes or exemplar_ids; expected at least one prompt"
+            )
         options = {"threshold": threshold, "mask_threshold": mask_threshold}
         options["max_instances"] = max_instances
+        options["exemplars"] = exemplars
         prediction = self._concept.predict(phrases, options, mask_format)
         self.last_timings_ms = self._concept.last_timings_ms
         return prediction

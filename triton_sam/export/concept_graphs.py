@@ -1,4 +1,4 @@
-"""Export of a concept family's three graphs, traced and finished by the shared steps of
+"""Export of a concept family's four graphs, traced and finished by the shared steps of
 :mod:`triton_sam.export` (output dims written from the spec, what Triton's onnxruntime backend
 compares with ``config.pbtxt``), with the concept family's ORT-vs-torch check (per-output
 tolerances, one report of every mismatch)."""
@@ -79,7 +79,8 @@ def export_graphs(
     out_dir: Path,
     options: ExportOptions | None = None,
 ) -> ConceptExportResult:
-    """Export ``spec`` to ``out_dir/{vision,text,decoder}.onnx`` + ``tokenizer.json``, verified.
+    """Export ``spec`` to ``out_dir/{vision,text,exemplar,decoder}.onnx`` + ``tokenizer.json``,
+    verified.
 
     Args:
         spec: a concept variant.
@@ -137,9 +138,15 @@ def export_graphs(
 
 def _axes(graph: GraphSpec) -> dict[str, dict[int, str]]:
     """Dim 0 is Triton's batch; each -1 of the spec is a named dynamic axis. Names are
-    shared where the dims are the same: ``phrases`` and the instance count ``instances``."""
-    names = {"scores": ["phrases", "instances"], "boxes": ["phrases", "instances"]}
-    names |= {"masks": ["phrases", "instances"], "query_index": ["phrases", "instances"]}
+    shared where the dims are the same: ``phrases`` (prompts per image), the instance count
+    ``instances``, the tokens of a prompt ``prompt_tokens``, the exemplar boxes ``boxes``."""
+    per_instance = ["phrases", "instances"]
+    names = {n: per_instance for n in ("scores", "boxes", "masks", "query_index")}
+    names |= {
+        n: ["phrases", "prompt_tokens"] for n in (contract.PROMPT_FEATURES, contract.PROMPT_MASK)
+    }
+    names |= {contract.EXEMPLAR_BOXES: ["boxes"], contract.EXEMPLAR_LABELS: ["boxes"]}
+    names |= {contract.EXEMPLAR_FEATURES: ["exemplar_tokens"]}
     axes: dict[str, dict[int, str]] = {}
     for t in (*graph.inputs, *graph.outputs):
         axes[t.name] = {0: "batch"}
@@ -162,7 +169,10 @@ def _cases(
     dim of 1 in it).
 
     Realistic decoder inputs: features from the vision wrapper on random pixels, text
-    features from the text wrapper on random tokens with different lengths.
+    features from the text wrapper on random tokens with different lengths, exemplar tokens
+    from the exemplar wrapper on each image's random boxes. The decoder is traced on prompts
+    with exemplar tokens (36 tokens), so text-only prompts (32) check that the prompt length
+    stayed symbolic.
     """
     size = fam.preprocessing.image_size
     pixels = rng.standard_normal((2, 3, size, size)).astype(np.float32)
@@ -171,28 +181,76 @@ def _cases(
         features = [f.numpy() for f in wrappers["vision"](torch.from_numpy(pixels))]
         text = wrappers["text"](torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     names = fam.feature_names
+    level = fam.exemplar.inputs[0].name
 
-    def decoder_case(images: int, rows: list[int], threshold: float, limit: int) -> dict:
+    def exemplar_case(image: int, count: int) -> dict:
+        boxes, labels = _random_boxes(rng, count)
+        feeds = {level: np.ascontiguousarray(features[names.index(level)][image : image + 1])}
+        return feeds | {contract.EXEMPLAR_BOXES: boxes, contract.EXEMPLAR_LABELS: labels}
+
+    exemplar_cases = [
+        ("1 image x 1 box", exemplar_case(0, 1)),
+        ("1 image x 3 boxes", exemplar_case(1, 3)),
+    ]
+    # The decoder's exemplar tokens: 3 boxes + CLS = 4 per image.
+    tokens = np.concatenate(
+        [
+            run_torch(wrappers["exemplar"], fam.exemplar, exemplar_case(i, 3))[
+                contract.EXEMPLAR_FEATURES
+            ]
+            for i in range(2)
+        ]
+    )
+
+    def decoder_case(
+        images: int, rows: list[int], threshold: float, limit: int, *, exemplars: bool = False
+    ) -> dict:
         feeds = {n: np.ascontiguousarray(f[:images]) for n, f in zip(names, features, strict=True)}
-        feeds[contract.TEXT_FEATURES] = text[rows].reshape(images, -1, *text.shape[1:])
-        feeds[contract.ATTENTION_MASK] = mask[rows].reshape(images, -1, mask.shape[-1])
+        prompts = text[rows].reshape(images, -1, *text.shape[1:])
+        prompt_mask = mask[rows].reshape(images, -1, mask.shape[-1])
+        if exemplars:  # each image's exemplar tokens after each of its phrases' text tokens
+            per = prompts.shape[1]
+            extra = np.repeat(tokens[:images, None], per, axis=1)
+            prompts = np.concatenate([prompts, extra], axis=2)
+            valid = np.ones(extra.shape[:3], np.int64)
+            prompt_mask = np.concatenate([prompt_mask, valid], axis=2)
+        feeds[contract.PROMPT_FEATURES] = np.ascontiguousarray(prompts)
+        feeds[contract.PROMPT_MASK] = np.ascontiguousarray(prompt_mask)
         feeds[contract.THRESHOLD] = np.full((images, 1), threshold, np.float32)
         feeds[contract.MAX_INSTANCES] = np.full((images, 1), limit, np.int64)
         return feeds
 
-    queries, threshold = fam.num_queries, 0.5  # tracing only needs some threshold
-    if verify:  # every query of every (image, phrase) checked below: place the threshold
+    queries, threshold, exemplar_threshold = fam.num_queries, 0.5, 0.5  # tracing: any will do
+    if verify:  # every query of every (image, prompt) checked below: place the thresholds
         everything = decoder_case(2, [0, 1, 4, 2, 3, 0], -1.0, queries)
         threshold = _gap(run_torch(wrappers["decoder"], fam.decoder, everything)["scores"])
+        everything = decoder_case(2, [0, 1, 4, 2, 3, 0], -1.0, queries, exemplars=True)
+        scores = run_torch(wrappers["decoder"], fam.decoder, everything)["scores"]
+        exemplar_threshold = _gap(scores)
     return {
         "vision": [("batch=2", {fam.vision.inputs[0].name: pixels})],
         "text": [("batch=5", {contract.INPUT_IDS: ids, contract.ATTENTION_MASK: mask})],
+        "exemplar": exemplar_cases,
         "decoder": [
             ("1 image x 3 phrases, threshold", decoder_case(1, [0, 1, 4], threshold, queries)),
             ("1 image x 1 phrase, max_instances=3", decoder_case(1, [2], -1.0, 3)),
             ("2 images x 2 phrases, threshold", decoder_case(2, [0, 1, 2, 3], threshold, queries)),
+            (
+                "2 images x 2 phrases + 3 exemplars, threshold",
+                decoder_case(2, [0, 1, 2, 3], exemplar_threshold, queries, exemplars=True),
+            ),
         ],
     }
+
+
+def _random_boxes(rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` boxes [1, count, 4] (cx, cy, w, h), normalised, inside the image, 2% to 50%
+    of its side, and labels [1, count] alternating positive (1) and negative (0)."""
+    size = rng.uniform(0.02, 0.5, (count, 2))
+    centre = size / 2 + rng.uniform(0, 1, (count, 2)) * (1 - size)
+    boxes = np.concatenate([centre, size], axis=1).astype(np.float32)[None]
+    labels = (np.arange(count) % 2 == 0).astype(np.int64)[None]
+    return boxes, labels
 
 
 def _random_tokens(

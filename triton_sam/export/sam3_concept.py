@@ -1,12 +1,15 @@
-"""SAM3 concept exporter: transformers' ``Sam3Model`` as three verified ONNX graphs.
+"""SAM3 concept exporter: transformers' ``Sam3Model`` as four verified ONNX graphs.
 
 The wrappers call upstream's own code, so the graphs compute what transformers computes:
 
 - vision = ``Sam3Model.get_vision_features(pixel_values).fpn_hidden_states[:-1]`` (the levels
   ``Sam3Model.forward`` reads; the 0.5-scale level is dropped upstream too);
 - text = ``Sam3Model.get_text_features(input_ids, attention_mask).pooler_output``;
+- exemplar = ``Sam3Model.geometry_encoder`` on the 72x72 level, one image's boxes and labels
+  (what ``Sam3Model.forward`` runs for ``input_boxes``);
 - decoder = ``Sam3Model.forward(vision_embeds=..., text_embeds=..., attention_mask=...)`` on
-  one image's features tiled across its N phrases, followed by the processor's scoring
+  one image's features tiled across its N prompts (text tokens, then exemplar tokens: the
+  concatenation upstream builds from ``input_boxes``), followed by the processor's scoring
   (sigmoid(logit) x sigmoid(presence)), the threshold and a top-k, written as arithmetic (no
   data-dependent Python branch): see ``sam3_concept_wrappers.ConceptDecoder``.
 
@@ -338,6 +341,11 @@ def wrap_vision(model: nn.Module) -> nn.Module:
 def wrap_text(model: nn.Module) -> nn.Module:
     """The ONNX-exportable text graph of a built ``Sam3Model`` (in eval mode)."""
     return wrappers.ConceptText(model).eval()
+
+
+def wrap_exemplar(model: nn.Module) -> nn.Module:
+    """The ONNX-exportable exemplar (geometry encoder) graph of a built ``Sam3Model``."""
+    return wrappers.ConceptExemplars(model).eval()
 
 
 def wrap_decoder(model: nn.Module) -> nn.Module:

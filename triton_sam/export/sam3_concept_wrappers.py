@@ -1,8 +1,9 @@
-"""The ONNX-exportable wrappers of ``Sam3Model``: vision, text and decoder graphs.
+"""The ONNX-exportable wrappers of ``Sam3Model``: vision, text, exemplar and decoder graphs.
 
 Each calls upstream's own code (``get_vision_features``, ``get_text_features``,
-``Sam3Model.forward``), so the graphs compute what transformers computes; the decoder adds the
-processor's scoring, the threshold and a top-k, as arithmetic (no data-dependent branch).
+``geometry_encoder``, ``Sam3Model.forward``), so the graphs compute what transformers
+computes; the decoder adds the processor's scoring, the threshold and a top-k, as arithmetic
+(no data-dependent branch).
 """
 
 from __future__ import annotations
@@ -29,19 +30,62 @@ class ConceptText(ModelWrapper):
         ).pooler_output
 
 
-class ConceptDecoder(ModelWrapper):
-    """One image's features x N phrases -> the instances each phrase keeps.
+class ConceptExemplars(ModelWrapper):
+    """One image's coarsest features and its exemplar boxes -> the exemplar prompt tokens.
 
-    Inputs (B = images, N = phrases per image, C = width, T = 32):
-        fpn_features.0/1/2 as the vision graph returns them; text_features [B,N,T,C] and
-        attention_mask [B,N,T] int64 as the text graph / tokenizer give them; threshold [B,1]
-        float32; max_instances [B,1] int64 (>= 1).
+    What ``Sam3Model.forward`` computes from ``input_boxes`` / ``input_boxes_labels`` when
+    none is padding (label -10): ``geometry_encoder`` on the 72x72 level (ROI-aligned box
+    features, the box coordinates and their sine encoding, a positive/negative label
+    embedding, then one CLS token and the encoder's layers, which cross-attend to the image).
+
+    Inputs (G = boxes, at least 1):
+        fpn_features.2 [1,C,72,72] as the vision graph returns it; exemplar_boxes [1,G,4]
+        float32 (cx, cy, w, h) normalised to [0, 1] by the original image's width and height
+        (what ``Sam3Processor`` sends as ``input_boxes``); exemplar_labels [1,G] int64, 1 for a
+        positive example of the concept, 0 for a negative one.
+    Outputs:
+        exemplar_features [1,G+1,C]: the G box tokens then the CLS token, every one valid.
+        They follow the text tokens in the decoder's prompt.
+
+    One image per call: upstream hands ``roi_align`` one box tensor per image
+    (``boxes.unbind(0)``), which the tracer unrolls for the traced batch, so the graph is
+    served with a batch of 1 (the serving model encodes one image's boxes per call anyway).
+    """
+
+    def forward(
+        self, fpn_2: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        position = position_encoding(self.model, fpn_2)
+        valid = torch.ones(labels.shape, dtype=torch.bool)
+        out = self.model.geometry_encoder(
+            box_embeddings=boxes,
+            box_mask=valid,
+            box_labels=labels,
+            img_feats=(fpn_2,),
+            img_pos_embeds=(position,),
+        )
+        return out.last_hidden_state
+
+
+class ConceptDecoder(ModelWrapper):
+    """One image's features x N prompts -> the instances each prompt keeps.
+
+    Inputs (B = images, N = prompts per image, C = width, P = tokens per prompt):
+        fpn_features.0/1/2 as the vision graph returns them; prompt_features [B,N,P,C] and
+        prompt_mask [B,N,P] int64: a phrase's 32 text tokens and their attention mask (as the
+        text graph / tokenizer give them), followed by its exemplar tokens (the exemplar
+        graph's, every one valid: mask 1) if it has any; threshold [B,1] float32;
+        max_instances [B,1] int64 (>= 1).
+
+    ``Sam3Model.forward`` with ``input_boxes`` concatenates the same tokens and masks (text,
+    then geometry) before the DETR encoder; past that point it reads only the concatenation,
+    so passing it as ``text_embeds`` computes what upstream computes with boxes.
     Outputs (K = the most instances any phrase of the batch keeps, at least 1):
         scores [B,N,K] = sigmoid(logit) x sigmoid(presence); boxes [B,N,K,4] (x0, y0, x1, y1)
         normalised to [0, 1]; masks [B,N,K,288,288] mask logits; query_index [B,N,K] int64;
         num_instances [B,N] int64; presence [B,N] = sigmoid(presence logit).
 
-    Phrase (b, n) keeps the queries whose score exceeds ``threshold`` (Sam3Processor's
+    Prompt (b, n) keeps the queries whose score exceeds ``threshold`` (Sam3Processor's
     ``scores > threshold``), at most ``max_instances`` of them (the highest scores), in query
     order as the processor returns them: its first ``num_instances[b, n]`` entries; the rest
     of its K entries are padding (the next-best queries, scores at or below the threshold).
@@ -52,24 +96,24 @@ class ConceptDecoder(ModelWrapper):
         fpn_0: torch.Tensor,
         fpn_1: torch.Tensor,
         fpn_2: torch.Tensor,
-        text_features: torch.Tensor,
-        attention_mask: torch.Tensor,
+        prompt_features: torch.Tensor,
+        prompt_mask: torch.Tensor,
         threshold: torch.Tensor,
         max_instances: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         from transformers.modeling_outputs import BaseModelOutputWithPooling
         from transformers.models.sam3.modeling_sam3 import Sam3VisionEncoderOutput
 
-        batch, phrases = text_features.shape[0], text_features.shape[1]
+        batch, phrases = prompt_features.shape[0], prompt_features.shape[1]
         features = [_tile(f, phrases) for f in (fpn_0, fpn_1, fpn_2)]
         vision = Sam3VisionEncoderOutput(
             # Sam3Model.forward drops the last level (the 0.5 scale); None stands in for it.
             fpn_hidden_states=(*features, None),
-            fpn_position_encoding=(*(self._position_encoding(f) for f in features), None),
+            fpn_position_encoding=(*(position_encoding(self.model, f) for f in features), None),
         )
-        text = BaseModelOutputWithPooling(pooler_output=text_features.flatten(0, 1))
+        text = BaseModelOutputWithPooling(pooler_output=prompt_features.flatten(0, 1))
         out = self.model(
-            vision_embeds=vision, text_embeds=text, attention_mask=attention_mask.flatten(0, 1)
+            vision_embeds=vision, text_embeds=text, attention_mask=prompt_mask.flatten(0, 1)
         )
         presence = out.presence_logits.sigmoid()  # [BN, 1]
         scores = out.pred_logits.sigmoid() * presence  # [BN, Q], post_process_* order
@@ -87,12 +131,14 @@ class ConceptDecoder(ModelWrapper):
             presence.reshape(batch, phrases),
         )
 
-    def _position_encoding(self, features: torch.Tensor) -> torch.Tensor:
-        # A constant of the level's shape (upstream's sine encoding). Built for batch 1 and
-        # expanded, so the traced graph keeps the batch dim symbolic instead of baking it in.
-        encode = self.model.vision_encoder.neck.position_encoding
-        one = encode((1, *features.shape[1:]), features.device, features.dtype)
-        return one.expand(features.shape[0], -1, -1, -1)
+
+def position_encoding(model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """The sine position encoding of a feature level [B, C, H, W], as upstream's vision neck
+    builds it: a constant of the level's shape. Built for batch 1 and expanded, so the traced
+    graph keeps the batch dim symbolic instead of baking it in."""
+    encode = model.vision_encoder.neck.position_encoding
+    one = encode((1, *features.shape[1:]), features.device, features.dtype)
+    return one.expand(features.shape[0], -1, -1, -1)
 
 
 def _tile(features: torch.Tensor, phrases: int) -> torch.Tensor:

@@ -48,7 +48,7 @@ def get_family(name: str) -> FamilySpec:
 
 
 def is_concept_family(family: object) -> bool:
-    """True for a text-prompted family (``ConceptFamilySpec``: three graphs behind a serving
+    """True for a text-prompted family (``ConceptFamilySpec``: four graphs behind a serving
     model) rather than an encoder/decoder pair (``FamilySpec``)."""
     from triton_sam.models.sam3_concept import ConceptFamilySpec  # light: specs only
 

@@ -1,4 +1,5 @@
-"""SAM3 concept segmentation family: text prompts -> every instance, as transformers' Sam3Model.
+"""SAM3 concept segmentation family: text and exemplar prompts -> every instance, as
+transformers' Sam3Model.
 
 Ground truth is transformers' ``Sam3Model`` with ``Sam3Processor``:
 
@@ -11,16 +12,23 @@ Ground truth is transformers' ``Sam3Model`` with ``Sam3Processor``:
   sigmoid(presence) > threshold, masks = bilinear resize of sigmoid(mask logits) to the
   original size > mask_threshold, boxes (xyxy, normalised) times (W, H, W, H).
 
-Three graphs, so each runs as often as it must and no more:
+Four graphs, so each runs as often as it must and no more:
 
 - **vision** (once per image): ``pixel_values`` -> the three FPN levels the DETR encoder and
   the mask decoder read (``fpn_hidden_states[:-1]``: 288x288, 144x144, 72x72 at the FPN
   width). The position encodings are constants of these shapes and live in the decoder.
 - **text** (once per phrase): token ids + attention mask -> ``get_text_features`` (the CLIP
   encoder and the projection to the DETR width), [32, width] per phrase.
-- **decoder** (per image and phrases): one image's features (batch = images) and N phrases
-  (a per-item dim) -> the instances that pass ``threshold``, at most ``max_instances`` per
-  phrase (the highest scores), in query order as the processor returns them. Scoring,
+- **exemplar** (once per image with exemplar boxes): the 72x72 level and G boxes (normalised
+  cx, cy, w, h, as ``Sam3Processor`` sends ``input_boxes``) with their labels (1 positive,
+  0 negative) -> ``Sam3Model.geometry_encoder``'s G + 1 prompt tokens (the boxes', then a
+  CLS token). One image per call (upstream's ``roi_align`` call unrolls the batch).
+- **decoder** (per image and prompts): one image's features (batch = images) and N prompts
+  (a per-item dim), each P tokens: a phrase's 32 text tokens, followed by exemplar tokens when
+  it has exemplars (what ``Sam3Model.forward`` concatenates from ``text_embeds`` and the
+  geometry encoder's output; a prompt with exemplars and no phrase uses the processor's
+  phrase ``"visual"``) -> the instances that pass ``threshold``, at most ``max_instances``
+  per prompt (the highest scores), in query order as the processor returns them. Scoring,
   thresholding and the top-k happen inside the graph, so the [N, 200, 288, 288] mask logits
   (66 MB per phrase at full size) never leave it; only the selected masks do.
 
@@ -45,6 +53,14 @@ FEATURE_NAMES = ("fpn_features.0", "fpn_features.1", "fpn_features.2")
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 TEXT_FEATURES = "text_features"
+EXEMPLAR_BOXES = "exemplar_boxes"
+EXEMPLAR_LABELS = "exemplar_labels"
+EXEMPLAR_FEATURES = "exemplar_features"
+PROMPT_FEATURES = "prompt_features"
+PROMPT_MASK = "prompt_mask"
+# The phrase Sam3Processor substitutes when boxes come without text (``_resolve_text_prompts``):
+# Sam3Model always reads text tokens, so exemplar-only prompts carry this phrase's.
+EXEMPLAR_ONLY_PHRASE = "visual"
 THRESHOLD = "threshold"
 MAX_INSTANCES = "max_instances"
 SCORES = "scores"
@@ -57,12 +73,13 @@ PRESENCE = "presence"
 
 @dataclass(frozen=True)
 class ConceptFamilySpec:
-    """A text-prompted family: three graphs behind one serving model.
+    """A concept family (text and exemplar prompts): four graphs behind one serving model.
 
     Attributes:
         family: short name, also the client's ``model_type`` (``"sam3_concept"``).
         preprocessing: image geometry (the SAM3 tracker's).
-        vision / text / decoder: the three graphs' contracts and default model names.
+        vision / text / exemplar / decoder: the four graphs' contracts and default model
+            names.
         serving_model: the python-backend model clients call (tokenises, caches, decodes,
             encodes masks); see ``triton_sam/serving/concept_model.py``.
         exporter: dotted module path of the exporter (imports torch; loaded lazily).
@@ -75,6 +92,7 @@ class ConceptFamilySpec:
     preprocessing: Preprocessing
     vision: GraphSpec
     text: GraphSpec
+    exemplar: GraphSpec
     decoder: GraphSpec
     serving_model: str
     exporter: str
@@ -83,9 +101,9 @@ class ConceptFamilySpec:
     context_length: int = CONTEXT_LENGTH
 
     @property
-    def graphs(self) -> tuple[GraphSpec, GraphSpec, GraphSpec]:
-        """The three graphs in data order: vision, text, decoder."""
-        return (self.vision, self.text, self.decoder)
+    def graphs(self) -> tuple[GraphSpec, ...]:
+        """The four graphs in data order: vision, text, exemplar, decoder."""
+        return (self.vision, self.text, self.exemplar, self.decoder)
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -116,12 +134,18 @@ def concept_family(
         TensorSpec(INPUT_IDS, "int64", (CONTEXT_LENGTH,)),
         TensorSpec(ATTENTION_MASK, "int64", (CONTEXT_LENGTH,)),
     )
+    exemplar_inputs = (
+        features[2],
+        TensorSpec(EXEMPLAR_BOXES, "float32", (-1, 4)),
+        TensorSpec(EXEMPLAR_LABELS, "int64", (-1,)),
+    )
     decoder_inputs = (
         *features,
-        # N phrases per image: a per-item dim, so one request is one image with its phrases
-        # and the dynamic batcher can still stack images.
-        TensorSpec(TEXT_FEATURES, "float32", (-1, CONTEXT_LENGTH, width)),
-        TensorSpec(ATTENTION_MASK, "int64", (-1, CONTEXT_LENGTH)),
+        # N prompts per image: a per-item dim, so one request is one image with its prompts
+        # and the dynamic batcher can still stack images. P tokens per prompt: 32 text tokens,
+        # then exemplar tokens if any (P varies with the exemplars, so it is dynamic).
+        TensorSpec(PROMPT_FEATURES, "float32", (-1, -1, width)),
+        TensorSpec(PROMPT_MASK, "int64", (-1, -1)),
         TensorSpec(THRESHOLD, "float32", (1,)),
         TensorSpec(MAX_INSTANCES, "int64", (1,)),
     )
@@ -146,6 +170,14 @@ def concept_family(
             tokens,
             (TensorSpec(TEXT_FEATURES, "float32", (CONTEXT_LENGTH, width)),),
             "decoder",
+        ),
+        # Served one image per call (see the module docstring): its bounds are set by the
+        # repository writer, not by a batching role.
+        exemplar=GraphSpec(
+            "exemplar",
+            f"{family}_exemplar",
+            exemplar_inputs,
+            (TensorSpec(EXEMPLAR_FEATURES, "float32", (-1, width)),),
         ),
         decoder=GraphSpec(
             "decoder", f"{family}_decoder", decoder_inputs, decoder_outputs, "encoder"

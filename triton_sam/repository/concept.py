@@ -1,7 +1,9 @@
-"""Repository entries of a concept family: three ONNX graphs and the ``sam3_concept`` model.
+"""Repository entries of a concept family: four ONNX graphs and the ``sam3_concept`` model.
 
 - ``<family>_vision`` serves like an encoder (batch = images, the encoder's queue bounds);
 - ``<family>_text`` like a decoder, with room for every phrase of a request in one batch;
+- ``<family>_exemplar`` one image per call (upstream's ``roi_align`` call unrolls the
+  traced batch, see ``sam3_concept_wrappers.ConceptExemplars``), the decoder's queue bounds;
 - ``<family>_decoder`` like an encoder: it is heavy per image (each of its items is one image
   with its phrases; 66 MB of mask logits per phrase inside the graph at any width);
 - ``<family>`` (the serving model, python backend in both targets): one instance (its caches
@@ -10,7 +12,7 @@
   the dependency-free ``triton_sam.serving`` modules as the package ``triton_sam_serving``
   and the checkpoint's ``tokenizer.json``.
 
-All four are written as one atomic set (:func:`triton_sam.repository.writer.write_models`).
+All five are written as one atomic set (:func:`triton_sam.repository.writer.write_models`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class ConceptOptions:
         phrases_per_decode: phrases per decoder call; a request's calls run concurrently.
             Bounds the decoder's memory: 66 MB of mask logits per phrase inside the graph.
         max_image_pixels: largest image (H x W) accepted; masks are resized to it.
+        max_exemplars: exemplars kept for later requests' ``exemplar_ids`` (LRU beyond, fair
+            between tenants); each is (boxes + 1) x width floats (17 KiB for 16 boxes at
+            width 256).
+        max_boxes: exemplar boxes one request may carry.
     """
 
     max_images: int = 8
@@ -58,9 +64,12 @@ class ConceptOptions:
     max_phrases: int = protocol.MAX_PHRASES
     phrases_per_decode: int = 4
     max_image_pixels: int = protocol.MAX_IMAGE_PIXELS
+    max_exemplars: int = 256
+    max_boxes: int = protocol.MAX_BOXES
 
     def __post_init__(self) -> None:
-        for name in ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode"):
+        counts = ("max_images", "max_phrases_cached", "max_phrases", "phrases_per_decode")
+        for name in (*counts, "max_exemplars", "max_boxes"):
             check_int(name, getattr(self, name), minimum=1)
         check_int("max_bytes", self.max_bytes, minimum=0)
         check_int("max_image_pixels", self.max_image_pixels, minimum=1)
@@ -69,8 +78,14 @@ class ConceptOptions:
 def graph_configs(
     family: ConceptFamilySpec, options: cfg.RepositoryOptions, concept: ConceptOptions
 ) -> dict[str, cfg.ModelConfig]:
-    """Configs of the three graphs, by role (bounds per ``GraphSpec.batching``)."""
-    configs = {g.role: cfg.graph_config(g, options) for g in family.graphs}
+    """Configs of the four graphs, by role (bounds per ``GraphSpec.batching``; the exemplar
+    graph, which has none, takes one image per call)."""
+    _, queue, timeout = options.bounds("decoder")
+    one_image = {"max_batch_size": 1, "max_queue_size": queue, "queue_timeout_us": timeout}
+    configs = {
+        g.role: cfg.graph_config(g, options, **({} if g.batching else one_image))
+        for g in family.graphs
+    }
     # Every phrase of a request fits in one text batch.
     text = configs["text"]
     text.max_batch_size = max(text.max_batch_size, concept.max_phrases)
@@ -101,6 +116,9 @@ def build_serving_config(
         TensorSpec(protocol.THRESHOLD, "float32", (1,)),
         TensorSpec(protocol.MASK_THRESHOLD, "float32", (1,)),
         TensorSpec(protocol.MAX_INSTANCES, "int32", (1,)),
+        TensorSpec(protocol.EXEMPLAR_BOXES, "float32", (-1, 4)),
+        TensorSpec(protocol.EXEMPLAR_LABELS, "int32", (-1,)),
+        TensorSpec(protocol.EXEMPLAR_IDS, "bytes", (-1,)),
     )
     for spec in inputs:  # all optional: see the protocol (embed, probe, predict)
         message = _io(spec, cfg.model_config_pb2.ModelInput)
@@ -110,6 +128,7 @@ def build_serving_config(
         TensorSpec(protocol.IMAGE_ID, "bytes", (1,)),
         TensorSpec(protocol.IMAGE_SIZE, "int32", (2,)),
         TensorSpec(protocol.ENCODED, "int32", (1,)),
+        TensorSpec(protocol.EXEMPLAR_ID, "bytes", (1,)),
         TensorSpec(protocol.PRESENCE, "float32", (-1,)),
         TensorSpec(protocol.NUM_INSTANCES, "int32", (-1,)),
         TensorSpec(protocol.PHRASE_INDEX, "int32", (-1,)),
@@ -142,6 +161,9 @@ def build_serving_config(
         max_phrases=concept.max_phrases,
         phrases_per_decode=concept.phrases_per_decode,
         max_image_pixels=concept.max_image_pixels,
+        exemplar_model=family.exemplar.model,
+        max_exemplars=concept.max_exemplars,
+        max_boxes=concept.max_boxes,
     )
     cfg.set_parameters(config, served, kind=protocol.KIND)
     return config
@@ -167,11 +189,12 @@ def concept_artifacts(
     options: cfg.RepositoryOptions,
     concept: ConceptOptions | None = None,
 ) -> list[ModelFiles]:
-    """The three graphs and the serving model, as artifacts of one build.
+    """The four graphs and the serving model, as artifacts of one build.
 
     Args:
         family: the concept family (names, tensors).
-        graphs: role (``"vision"``, ``"text"``, ``"decoder"``) -> exported ``.onnx``.
+        graphs: role (``"vision"``, ``"text"``, ``"exemplar"``, ``"decoder"``) -> exported
+            ``.onnx``.
         tokenizer: the ``tokenizer.json`` to ship; pad_token_id: its padding id.
         options: target and serving options of the repository.
         concept: bounds of the serving model.
@@ -193,7 +216,7 @@ def write_concept_models(
     """Write :func:`concept_artifacts` (same keyword arguments) as one atomic set.
 
     Returns:
-        The model names written: vision, text, decoder, serving model.
+        The model names written: vision, text, exemplar, decoder, serving model.
 
     Raises:
         RepositoryError / InputValidationError: as ``writer.write_models``.

@@ -1,4 +1,5 @@
-"""The ``sam3_concept`` serving model: an image and text phrases in, instances out (python/BLS).
+"""The ``sam3_concept`` serving model: an image, text phrases and exemplar boxes in, instances
+out (python/BLS).
 
 The repository writer copies this file to ``sam3_concept/1/model.py`` and ships beside it
 ``triton_sam_serving/`` (the dependency-free modules of :mod:`triton_sam.serving`) and the
@@ -13,10 +14,15 @@ One request (one image, N phrases):
    ``image_id``, looks the features up (NOT_FOUND when it does not hold them).
 2. text: each phrase is tokenised here (Sam3Processor's tokenizer, padded to 32, refused
    beyond 32), and ``<family>_text`` runs once for the phrases whose tokens are not cached.
-3. decoder: ``<family>_decoder`` runs on the image's features (batch 1) and the phrases (a
+3. exemplars: the request's boxes (pixels, checked against its image) run
+   ``<family>_exemplar`` on the image's 72x72 level; their tokens are kept under a new
+   ``exemplar_id`` (``concept_exemplars.ExemplarStore``, per tenant), and the tokens of the
+   ``exemplar_ids`` it names are looked up there. All of them follow each phrase's text tokens
+   in its prompt; exemplars without a phrase prompt with Sam3Processor's ``"visual"``.
+4. decoder: ``<family>_decoder`` runs on the image's features (batch 1) and the prompts (a
    per-item dim, ``phrases_per_decode`` at a time, concurrently), thresholding and keeping the
    top ``max_instances`` inside the graph, so only the kept low-res masks cross BLS.
-4. post-processing (Sam3Processor's): boxes to original pixels; masks only in the encodings
+5. post-processing (Sam3Processor's): boxes to original pixels; masks only in the encodings
    the request asked for (COCO RLE, PNG, or the low-res logits).
 
 Tenants (``protocol/tenancy.py``): the image and phrase caches are keyed by (tenant, id) and
@@ -38,7 +44,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the package shipped beside
-from triton_sam_serving import cache, concept_request, images, masks, model_io
+from triton_sam_serving import cache, concept_exemplars, concept_request, images, masks, model_io
 from triton_sam_serving import protocol as envelope
 from triton_sam_serving.bounds import RequestError
 from triton_sam_serving.concept_request import Tokenizer
@@ -48,6 +54,12 @@ from triton_sam_serving.session_call import checked, preferred_memory
 
 TEXT_FEATURES = "text_features"
 ATTENTION_MASK = "attention_mask"
+# The decoder's prompt: a phrase's text tokens, then its exemplar tokens if it has any.
+PROMPT_FEATURES = "prompt_features"
+PROMPT_MASK = "prompt_mask"
+EXEMPLAR_BOXES = "exemplar_boxes"
+EXEMPLAR_LABELS = "exemplar_labels"
+EXEMPLAR_FEATURES = "exemplar_features"
 DECODER_OUTPUTS = ("scores", "boxes", "query_index", "num_instances", "presence")
 
 
@@ -75,6 +87,7 @@ class TritonPythonModel:
         )
         self.images = cache.LruCache(self.settings.max_images, self.settings.max_bytes)
         self.phrases = cache.LruCache(self.settings.max_phrases_cached)
+        self.exemplars = concept_exemplars.ExemplarStore(self.settings.max_exemplars)
         self.on_gpu = args.get("model_instance_kind") == "GPU"
         self.device_id = int(args.get("model_instance_device_id") or 0)
 
@@ -84,7 +97,7 @@ class TritonPythonModel:
         return list(await asyncio.gather(*(self._answer(r, runs) for r in requests)))
 
     def finalize(self):
-        self.images = self.phrases = None
+        self.images = self.phrases = self.exemplars = None
 
     # -- one request ---------------------------------------------------------------------
     async def _answer(self, request, runs):
@@ -100,7 +113,7 @@ class TritonPythonModel:
             }
             phrases = concept_request.phrases(
                 pb_utils, request, self.settings.max_phrases
-            )  # [] = embed or probe only
+            )  # []: embed or probe only, or exemplars alone
             threshold = concept_request.scalar(
                 pb_utils, request, protocol.THRESHOLD, protocol.DEFAULT_THRESHOLD, 0, 1
             )
@@ -117,13 +130,24 @@ class TritonPythonModel:
                     self.settings.num_queries,
                 )
             )
-            token_ids, token_mask = self.tokenizer.encode(phrases)  # refuses > 32 tokens
+            tokens = self.tokenizer.encode(phrases)  # refuses > 32 tokens before any graph runs
+            ids = concept_exemplars.exemplar_ids(pb_utils, request, protocol.MAX_EXEMPLAR_IDS)
+            kept = self.exemplars.tokens(tenant, ids)  # NOT_FOUND before any graph runs
             image_id, encoded, (features, hw) = await self._image(request, runs, tenant)
+            exemplar_id, exemplars = await self._exemplars(request, features, hw, tenant, kept)
+            if exemplars is not None and not phrases:
+                phrases = [protocol.EXEMPLAR_ONLY_PHRASE]
+                tokens = self.tokenizer.encode(phrases)
             decoded = []
             if phrases:
+                token_ids, token_mask = tokens
                 text = await self._text(token_ids, token_mask, tenant)
-                decoded = await self._decode(features, text, token_mask, threshold, limit, wanted)
+                prompts, prompt_mask = _prompts(text, token_mask, exemplars)
+                decoded = await self._decode(
+                    features, prompts, prompt_mask, threshold, limit, wanted
+                )
             outputs = self._outputs(decoded, hw, mask_threshold, wanted)
+            outputs[protocol.EXEMPLAR_ID] = np.array([[exemplar_id.encode()]], dtype=np.object_)
             outputs[protocol.IMAGE_ID] = np.array([[image_id.encode()]], dtype=np.object_)
             outputs[protocol.IMAGE_SIZE] = np.array([hw], np.int32)
             outputs[protocol.ENCODED] = np.array([[encoded]], np.int32)
@@ -189,6 +213,32 @@ class TritonPythonModel:
         self.images.put(key, entry, self.settings.feature_bytes, owner=key[0])
         return entry
 
+    async def _exemplars(self, request, features, hw, tenant, kept):
+        """(id of the request's boxes' exemplar or "", every exemplar token of the request
+        [T, C] or None): its boxes' tokens (encoded now, on its image, and kept for
+        ``tenant``), then ``kept``, the tokens of its ``exemplar_ids``."""
+        found = concept_exemplars.boxes(pb_utils, request, hw, self.settings.max_boxes)
+        exemplar_id, parts = "", list(kept)
+        if found is not None:
+            boxes, labels = found
+            level = self.settings.feature_names[-1]  # the 72x72 level the geometry encoder reads
+            image = features[level]
+            feeds = [
+                image if not isinstance(image, np.ndarray) else pb_utils.Tensor(level, image),
+                pb_utils.Tensor(
+                    EXEMPLAR_BOXES, concept_exemplars.normalised_cxcywh(boxes, hw)[None]
+                ),
+                pb_utils.Tensor(EXEMPLAR_LABELS, labels[None]),
+            ]
+            response = await self._bls(
+                self.settings.exemplar_model, feeds, [EXEMPLAR_FEATURES], gpu=False
+            )
+            tokens = pb_utils.get_output_tensor_by_name(response, EXEMPLAR_FEATURES).as_numpy()
+            tokens = np.array(tokens[0])  # out of the stub's shared memory: it is kept
+            exemplar_id = self.exemplars.keep(tenant, tokens)
+            parts.insert(0, tokens)
+        return exemplar_id, (np.concatenate(parts) if parts else None)
+
     async def _text(self, token_ids, token_mask, tenant):
         """Text features [N, 32, C] of the phrases; the text graph runs for the uncached."""
         keys = [
@@ -213,8 +263,8 @@ class TritonPythonModel:
                 self.phrases.put(keys[i], fresh[keys[i]], value.nbytes, owner=tenant)
         return np.stack([fresh[k] if k in fresh else self.phrases.get(k) for k in keys])
 
-    async def _decode(self, features, text, token_mask, threshold, limit, wanted):
-        """Decoder outputs per phrase, concatenated over ``phrases_per_decode`` chunks."""
+    async def _decode(self, features, prompts, prompt_mask, threshold, limit, wanted):
+        """Decoder outputs per prompt, concatenated over ``phrases_per_decode`` chunks."""
         names = list(DECODER_OUTPUTS)
         if wanted & set(protocol.MASK_OUTPUTS):
             names.append("masks")
@@ -224,11 +274,11 @@ class TritonPythonModel:
         ]
         step = self.settings.phrases_per_decode
         jobs = []
-        for start in range(0, len(text), step):
+        for start in range(0, len(prompts), step):
             feeds = [
                 *image_feeds,
-                pb_utils.Tensor(TEXT_FEATURES, text[None, start : start + step]),
-                pb_utils.Tensor(ATTENTION_MASK, token_mask[None, start : start + step]),
+                pb_utils.Tensor(PROMPT_FEATURES, prompts[None, start : start + step]),
+                pb_utils.Tensor(PROMPT_MASK, prompt_mask[None, start : start + step]),
                 pb_utils.Tensor("threshold", np.array([[threshold]], np.float32)),
                 pb_utils.Tensor("max_instances", np.array([[limit]], np.int64)),
             ]
@@ -284,3 +334,15 @@ class TritonPythonModel:
             model_name=model, inputs=inputs, requested_output_names=list(outputs), **memory
         )
         return checked(await request.async_exec(), model)
+
+
+def _prompts(text, token_mask, exemplars):
+    """The decoder's prompts: text [N, 32, C] and its mask [N, 32], each followed by the
+    exemplar tokens [T, C] (all valid) when there are any: [N, 32 + T, C], [N, 32 + T]."""
+    if exemplars is None:
+        return text, token_mask
+    count = len(text)
+    tokens = np.broadcast_to(exemplars[None], (count, *exemplars.shape)).astype(text.dtype)
+    prompts = np.concatenate([text, tokens], axis=1)
+    valid = np.ones((count, len(exemplars)), token_mask.dtype)
+    return prompts, np.concatenate([token_mask, valid], axis=1)

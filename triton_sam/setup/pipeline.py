@@ -137,7 +137,7 @@ def build_repository(
         checkpoints_dir: the checkpoints directory, to tell a verified download from a
             user's file in the recorded provenance.
         concept: bounds of a concept family's serving model (``ConceptOptions``; default
-            when None). Concept families write three graphs and the serving model instead
+            when None). Concept families write four graphs and the serving model instead
             of a pair (``repository/concept.py``).
         everything: also export and write ``<family>_everything_decoder`` (SAM1, SAM2.1:
             segment everything, ``repository/everything_decoder.py``), after the pair's models.
@@ -289,7 +289,7 @@ def _build_concept(
     concept: ConceptOptions | None,
     metadata: dict[str, str],
 ) -> RepositoryBuild:
-    """Export a concept family's three graphs and write them with the serving model."""
+    """Export a concept family's four graphs and write them with the serving model."""
     from triton_sam.export import graph_edits
     from triton_sam.export.concept_graphs import export_graphs
     from triton_sam.repository.concept import write_concept_models
