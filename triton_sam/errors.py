@@ -136,6 +136,13 @@ class HandleNotFoundError(ServerError):
     restarted): open the dataset or send the array again (``open_dataset`` / ``open_array``)."""
 
 
+class ExemplarNotFoundError(ServerError):
+    """The server holds no concept exemplar of yours under this id (never issued, issued to
+    another tenant, evicted as its tenant's least recently used, or the server restarted):
+    draw the exemplar boxes again on an image (``predict_concepts(boxes=...)``) for a new id.
+    Not retried: the exemplar's image is not the current one, so resending pixels cannot help."""
+
+
 class FrameIndexError(InputValidationError, IndexError):
     """A frame index outside the video (or a frame the server was never sent)."""
 

@@ -11,7 +11,7 @@ import requests
 from concept_wire import raw_infer as _raw
 
 from triton_sam.client import SAM2TritonClient
-from triton_sam.errors import EmbeddingNotFoundError, InputValidationError, InvalidRequestError
+from triton_sam.errors import ExemplarNotFoundError, InputValidationError, InvalidRequestError
 from triton_sam.serving.protocol import concept as protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(600)]
@@ -38,7 +38,7 @@ def test_client_keeps_an_exemplar_and_applies_it_to_another_image(concept_server
         assert on_b.exemplar_id is None and on_b.image_size == (40, 56) and len(on_b) == 200
         text_only = c.predict_concepts("cat", **none)
         assert np.abs(text_only.scores - on_b.scores).max() > 1e-3  # the exemplar counts
-        with pytest.raises(EmbeddingNotFoundError, match=r"exemplar_ids\[0\]"):
+        with pytest.raises(ExemplarNotFoundError, match=r"exemplar_ids\[0\]"):
             c.predict_concepts("cat", exemplar_ids=["A" * 22])
 
 

@@ -29,7 +29,7 @@ import pytest
 import torch
 from concept_wire import raw_infer
 
-from triton_sam.errors import EmbeddingNotFoundError
+from triton_sam.errors import ExemplarNotFoundError
 from triton_sam.serving.protocol import concept as protocol
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
@@ -216,5 +216,5 @@ def test_the_id_applies_image_a_exemplars_to_image_b(concept_server, upstream, w
 def test_another_tenant_cannot_use_the_id(concept_server, with_text):
     exemplar_id = bytes(with_text[0]["exemplar_id"][0]).decode()
     request = _request(IMAGE_B, text=PHRASE, ids=[exemplar_id])
-    with pytest.raises(EmbeddingNotFoundError, match=r"exemplar_ids\[0\]: .* is not held"):
+    with pytest.raises(ExemplarNotFoundError, match=r"exemplar_ids\[0\]: .* is not held"):
         _infer(concept_server, request, ("num_instances",), tenant="team-x")

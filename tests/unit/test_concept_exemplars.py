@@ -17,6 +17,7 @@ from pb_stand_in import Tensor
 
 from triton_sam.repository import concept as concept_repo
 from triton_sam.serving import cache, concept_exemplars
+from triton_sam.serving import protocol as envelope
 from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.protocol import concept as protocol
 from triton_sam.serving.protocol.concept import ConceptSettings
@@ -247,3 +248,35 @@ def test_client_sends_exemplars_as_the_protocol_names_them():
     assert inputs[protocol.EXEMPLAR_IDS].tolist() == [[b"kept-id"]]
     text_only = image.predict_inputs(["cat"], **options)
     assert not {protocol.EXEMPLAR_BOXES, protocol.EXEMPLAR_IDS} & set(text_only)
+
+
+@pytest.mark.parametrize("status", ["404", "StatusCode.NOT_FOUND"])
+def test_an_exemplar_miss_is_its_own_error_and_is_not_retried_with_pixels(status):
+    """An image miss makes the client resend the image; an exemplar miss cannot be cured so
+    (the exemplar was drawn on another image), so it has its own code and error."""
+    from tritonclient.utils import InferenceServerException
+
+    from triton_sam.client.concept_session import ConceptSession
+    from triton_sam.client.wire_errors import translate_error
+    from triton_sam.errors import EmbeddingNotFoundError, ExemplarNotFoundError
+
+    miss = concept_exemplars.ExemplarMiss("exemplar_ids[0]: 'x' is not held")
+    assert miss.code == envelope.ERR_EXEMPLAR_NOT_FOUND
+    assert envelope.ERROR_STATUS[miss.code] == "NOT_FOUND"
+    wire = InferenceServerException(msg=envelope.error_message(miss.code, str(miss)), status=status)
+    error = translate_error(wire, what="infer on sam3_concept")
+    assert isinstance(error, ExemplarNotFoundError)
+    assert not isinstance(error, EmbeddingNotFoundError) and "boxes" in str(error)
+
+    sent = []
+
+    class _Transport:
+        def infer(self, model, inputs, outputs, idempotent):
+            sent.append(sorted(inputs))
+            raise error
+
+    session = ConceptSession(_Transport(), "sam3_concept")
+    session.image = types.SimpleNamespace(predict_inputs=lambda phrases, **kw: {"image_id": 1})
+    with pytest.raises(ExemplarNotFoundError):
+        session.predict(["cat"], {"exemplar_ids": ["x"]}, "none")
+    assert len(sent) == 1  # no second request with the pixels

@@ -11,6 +11,7 @@ import re
 
 from triton_sam.errors import (
     EmbeddingNotFoundError,
+    ExemplarNotFoundError,
     HandleNotFoundError,
     InferenceTimeoutError,
     InvalidRequestError,
@@ -60,6 +61,11 @@ def translate_error(e: Exception, *, what: str) -> Exception:
         parsed = protocol.parse_error(status, message)
         if parsed is not None and parsed[0] == protocol.ERR_EMBEDDING_NOT_FOUND:
             return EmbeddingNotFoundError(f"{what}: {message}")
+        if parsed is not None and parsed[0] == protocol.ERR_EXEMPLAR_NOT_FOUND:
+            return ExemplarNotFoundError(
+                f"{what}: {message}; draw the exemplar boxes again (predict_concepts(boxes=...)) "
+                "for a new id"
+            )
         if parsed is not None and parsed[0] == protocol.ERR_HANDLE_NOT_FOUND:
             return HandleNotFoundError(
                 f"{what}: {message}; the image was closed, evicted or the server restarted: "

@@ -3,7 +3,8 @@
 
 Shipped beside ``concept_model.py`` (see :mod:`triton_sam.serving`); ``pb_utils`` is passed
 in. Refusals are :class:`~.bounds.RequestError` naming the field (``exemplar_boxes[1]: ...``)
-or :class:`ExemplarMiss` (NOT_FOUND) for an id the server does not hold for the tenant.
+or :class:`ExemplarMiss` (``ExemplarNotFound``, status NOT_FOUND) for an id the server does
+not hold for the tenant.
 
 Why a store: SAM3's geometry encoder pools the exemplar's features out of the image it was
 drawn on (ROI align) and cross-attends to that image, so an exemplar is a set of prompt
@@ -34,7 +35,7 @@ class ExemplarMiss(envelope.ProtocolError):
     """An ``exemplar_ids`` entry this instance does not hold for the request's tenant."""
 
     def __init__(self, message):
-        super().__init__(envelope.ERR_EMBEDDING_NOT_FOUND, message)
+        super().__init__(envelope.ERR_EXEMPLAR_NOT_FOUND, message)
 
 
 def boxes(pb_utils, request, hw, max_boxes: int):

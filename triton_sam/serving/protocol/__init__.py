@@ -70,6 +70,9 @@ ERR_CANCELLED = "Cancelled"  # cancelled while queued: answered unrun
 ERR_OVERLOADED = "Overloaded"
 ERR_INTERNAL = "Internal"
 ERR_HANDLE_NOT_FOUND = "HandleNotFound"  # a large image's handle unknown, evicted or another's
+# an exemplar id the concept model does not hold for the tenant: resending the image would not
+# help (the exemplar was drawn on another image), so it is not EmbeddingNotFound
+ERR_EXEMPLAR_NOT_FOUND = "ExemplarNotFound"
 # code -> the python backend's TritonError code it is answered with
 ERROR_STATUS = {
     ERR_INVALID_INPUT: "INVALID_ARG",
@@ -84,6 +87,7 @@ ERROR_STATUS = {
     ERR_OVERLOADED: "UNAVAILABLE",
     ERR_INTERNAL: "INTERNAL",
     ERR_HANDLE_NOT_FOUND: "NOT_FOUND",
+    ERR_EXEMPLAR_NOT_FOUND: "NOT_FOUND",
 }
 # how a client library reports each TritonError code (tritonclient's status(): the HTTP status
 # code, or str(grpc.StatusCode))
