@@ -11,8 +11,14 @@ a time), so the ratio is the cost (or gain) of serving:
   get_vision_features`` once per image, then per call ``Sam3Model`` on the phrases with
   ``vision_embeds`` and ``post_process_instance_segmentation`` (masks at the original size).
 
-Figures: images/s (set_image / vision), phrases/s and instances/s (predict), and the bytes a
-request sends and the payload it gets back.
+Exemplar queries (one phrase and two example boxes, one positive and one negative) are timed
+the same way: on the image they were drawn on (Triton encodes the boxes and keeps them under a
+new ``exemplar_id``; transformers runs ``Sam3Model`` with ``input_boxes``), and, Triton only,
+the kept id applied to a new image (nothing re-sent, no boxes re-encoded; upstream has no
+cross-image exemplars to time it against).
+
+Figures: images/s (set_image / vision), phrases/s, queries/s and instances/s (predict), p50 and
+p95 per call, and the bytes a request sends and the payload it gets back.
 """
 
 from __future__ import annotations
@@ -38,13 +44,15 @@ class ConceptBenchReport:
         """Record the latencies of one stage (one sample per call)."""
         a = np.asarray(seconds, dtype=np.float64)
         row: dict[str, object] = {"path": path, "stage": stage, "calls": int(a.size)}
-        row |= {"p50_ms": float(np.median(a) * 1e3), "mean_ms": float(a.mean() * 1e3)}
+        row |= {"p50_ms": float(np.median(a) * 1e3), "p95_ms": float(np.percentile(a, 95) * 1e3)}
+        row |= {"mean_ms": float(a.mean() * 1e3)}
         self.rows.append(row | extra)
 
     def markdown(self) -> str:
         """The rows as a markdown table."""
-        columns = ["path", "stage", "calls", "p50_ms", "mean_ms", "per_s", "unit", "sent_bytes"]
-        columns.append("received_bytes")
+        columns = ["path", "stage", "calls", "p50_ms", "p95_ms", "mean_ms", "per_s", "unit"]
+        columns.append("sent_bytes")
+        columns += ["received_bytes", "server_exemplar_runs"]
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in self.rows:
             cells = []
@@ -72,8 +80,16 @@ class Workload:
     repeats: int
 
 
-def bench_triton(url: str, protocol: str, work: Workload, report: ConceptBenchReport) -> None:
-    """Time set_image (new images) and predict_concepts (cached image, ``repeats`` calls)."""
+def bench_triton(
+    url: str,
+    protocol: str,
+    work: Workload,
+    report: ConceptBenchReport,
+    stats_url: str | None = None,
+) -> None:
+    """Time set_image (new images) and predict_concepts (cached image, ``repeats`` calls);
+    with ``stats_url`` (Triton's HTTP endpoint) the exemplar rows also say how many times
+    the server ran its exemplar graph for them, read from its statistics."""
     from triton_sam.client import SAM2TritonClient
 
     images, phrases, threshold, repeats = work.images, work.phrases, work.threshold, work.repeats
@@ -114,6 +130,49 @@ def bench_triton(url: str, protocol: str, work: Workload, report: ConceptBenchRe
         per_s = len(phrases) * len(boxes) / sum(boxes)
         report.add(path, f"predict {len(phrases)} phrases, boxes only", boxes, per_s=per_s,
                    unit="phrases")  # fmt: skip
+        _bench_triton_exemplars(client, path, work, report, stats_url)
+
+
+def exemplar_boxes(hw: tuple[int, int]) -> tuple[list[list[float]], list[int]]:
+    """Two example boxes (x0, y0, x1, y1 pixels) inside an (H, W) image: a positive one and a
+    negative one, as a user draws "more like this" and "not this"."""
+    h, w = hw
+    return [[0.1 * w, 0.1 * h, 0.35 * w, 0.4 * h], [0.55 * w, 0.5 * h, 0.9 * w, 0.85 * h]], [1, 0]
+
+
+def _bench_triton_exemplars(
+    client, path: str, work: Workload, report: ConceptBenchReport, stats_url: str | None
+) -> None:
+    """Exemplar queries on the image they were drawn on, then their id on new images."""
+    from triton_sam.bench.counters import read_counters
+
+    def exemplar_runs() -> int:  # what the server says its exemplar graph ran (0: not asked)
+        if stats_url is None:
+            return 0
+        return read_counters(stats_url, None, "sam3_concept_exemplar").executed
+
+    phrase, threshold = work.phrases[0], work.threshold
+    boxes, labels = exemplar_boxes(work.images[-1].shape[:2])
+    drawn, kept_id, sent, before = [], None, 0, exemplar_runs()
+    for _ in range(work.repeats):
+        t0 = time.perf_counter()
+        found = client.predict_concepts(phrase, boxes=boxes, box_labels=labels, threshold=threshold)
+        drawn.append(time.perf_counter() - t0)
+        kept_id, sent = found.exemplar_id, client.last_request_bytes
+    after = exemplar_runs()
+    runs = after - before if stats_url else ""
+    report.add(path, "exemplars: phrase + 2 boxes", drawn, per_s=len(drawn) / sum(drawn),
+               unit="queries", sent_bytes=sent, server_exemplar_runs=runs)  # fmt: skip
+    applied = []
+    for image in work.images[1:]:  # each a new image: the id is all that travels
+        client.set_image(image)
+        t0 = time.perf_counter()
+        client.predict_concepts(phrase, exemplar_ids=[kept_id], threshold=threshold)
+        applied.append(time.perf_counter() - t0)
+        sent = client.last_request_bytes
+    runs = exemplar_runs() - after if stats_url else ""
+    report.add(path, "exemplar id on a new image", applied, per_s=len(applied) / sum(applied),
+               unit="queries", sent_bytes=sent, server_exemplar_runs=runs)  # fmt: skip
 
 
 def bench_transformers(checkpoint: Path, work: Workload, report: ConceptBenchReport) -> None:
@@ -167,6 +226,22 @@ def bench_transformers(checkpoint: Path, work: Workload, report: ConceptBenchRep
         instances += sum(len(r["scores"]) for r in results)
     _add_predictions(report, "transformers", one, many, len(phrases), instances, 0, 0, 0)
 
+    boxes, labels = exemplar_boxes(hw)
+    prompts = processor(text=[phrases[0]], input_boxes=[boxes], input_boxes_labels=[labels],
+                        original_sizes=[list(hw)], return_tensors="pt")  # fmt: skip
+    keys = ("input_ids", "attention_mask", "input_boxes", "input_boxes_labels")
+    drawn = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            outputs = model(vision_embeds=features, **{k: prompts[k] for k in keys})
+        processor.post_process_instance_segmentation(
+            outputs, threshold=threshold, mask_threshold=0.5, target_sizes=[hw]
+        )
+        drawn.append(time.perf_counter() - t0)
+    report.add("transformers", "exemplars: phrase + 2 boxes", drawn,
+               per_s=len(drawn) / sum(drawn), unit="queries")  # fmt: skip
+
 
 def _add_predictions(
     report: ConceptBenchReport,
@@ -215,9 +290,11 @@ def run_concept_bench(
     images: int = 3,
     repeats: int = 3,
     threshold: float = 0.5,
+    stats_url: str | None = None,
 ) -> ConceptBenchReport:
     """Benchmark the served model (``urls``: protocol -> URL) against ``Sam3Model`` loaded
-    from ``checkpoint`` (the same weights the server exported), in one run."""
+    from ``checkpoint`` (the same weights the server exported), in one run; ``stats_url``
+    (Triton's HTTP endpoint) adds the server's own count of exemplar graph runs."""
     report = ConceptBenchReport(settings={
         "phrases": list(phrases), "images": images, "repeats": repeats, "threshold": threshold,
         "image_size": "640x480", "concurrency": 1,
@@ -225,7 +302,7 @@ def run_concept_bench(
     for seed, (protocol, url) in enumerate(urls.items()):
         # new images for every path: the server would answer a probe for ones it holds
         work = Workload(sample_images(images + 1, seed=seed), phrases, threshold, repeats)
-        bench_triton(url, protocol, work, report)
+        bench_triton(url, protocol, work, report, stats_url)
     work = Workload(sample_images(images + 1, seed=len(urls)), phrases, threshold, repeats)
     bench_transformers(checkpoint, work, report)
     return report
@@ -273,6 +350,7 @@ def bench_local(
             phrases=phrases,
             images=images,
             repeats=repeats,
+            stats_url=server.http_url,
         )
     report.settings["model"] = spec.name
     return report
