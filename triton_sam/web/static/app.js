@@ -516,7 +516,8 @@ async function segmentConcept(phrase) {
   try {
     const result = await concepts(model.name, image, rgb, prompt);
     exemplars.keep(result.exemplarId, prompt, image);
-    if (state.image !== image) return; // another image meanwhile
+    if (state.image !== image) return; // another image meanwhile: not its objects
+    remember();
     const room = MAX_OBJECTS - state.objects.length;
     result.masks.slice(0, room).forEach((rle, k) => {
       const object = newObject();
