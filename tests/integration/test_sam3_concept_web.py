@@ -120,10 +120,10 @@ def shown_masks(browser) -> list[str]:
     return js(browser, "return annotator.state.objects.filter(o => o.rle).map(o => o.rle)")
 
 
-def assert_page_shows(shown: list[str], expected: np.ndarray, hw) -> None:
-    """The page's objects are the Python client's instances, in order (up to the page's 255
-    objects: a random-init model can answer more)."""
-    assert len(shown) == min(len(expected), MAX_OBJECTS - 1)
+def assert_page_shows(shown: list[str], expected: np.ndarray, hw, room: int) -> None:
+    """The objects an answer added are the Python client's instances, in order, up to the
+    ``room`` the page had left of its 255 objects (a random-init model can answer more)."""
+    assert len(shown) == min(len(expected), room)
     for counts, mask in zip(shown, expected, strict=False):
         np.testing.assert_array_equal(mask_codec.decode_rle(counts, hw), mask)
 
@@ -133,9 +133,10 @@ def test_exemplar_boxes_on_the_page_are_predict_concepts_boxes_and_the_id_is_kep
 ):
     """(b) A "more like this" and a "less like this" box, no phrase: the page's instances are
     ``predict_concepts(boxes=..., box_labels=...)``'s. (c) The exemplar id the server
-    answered is kept: on a second image the page sends it (no boxes) with a phrase, and its
-    instances are ``predict_concepts(phrase, exemplar_ids=[id])``'s. A box the server refuses
-    shows its message naming ``exemplar_boxes[0]``; Clear forgets everything."""
+    answered is kept: on a second image the page sends it (no boxes), alone and then with a
+    phrase, and its instances are ``predict_concepts([phrase,] exemplar_ids=[id])``'s. A box
+    the server refuses shows its message naming ``exemplar_boxes[0]``; Clear forgets
+    everything."""
     from selenium.webdriver.support.ui import Select
 
     server = concept_server
@@ -170,9 +171,12 @@ def test_exemplar_boxes_on_the_page_are_predict_concepts_boxes_and_the_id_is_kep
         assert status == f"Exemplars: in use: exemplar {first['exemplarId'][:8]}… (1 more, 1 less)"
 
         open_image(browser, paths[1])
-        second = segment_all(browser, "cat")
+        second = segment_all(browser, "")  # the kept exemplar alone
         on_b = shown_masks(browser)
-        assert second["boxes"] == [] and second["ids"] == [first["exemplarId"]]
+        third = segment_all(browser, "cat")  # and with a phrase
+        on_b_cat = shown_masks(browser)[len(on_b) :]
+        for answer in (second, third):
+            assert answer["boxes"] == [] and answer["ids"] == [first["exemplarId"]]
 
         # A box past the image (the page clamps drags, so one is planted as a stale or
         # scripted one would be): the server's refusal is shown, naming the box.
@@ -196,14 +200,22 @@ def test_exemplar_boxes_on_the_page_are_predict_concepts_boxes_and_the_id_is_kep
         client.set_image(IMAGE_A)
         by_boxes = client.predict_concepts(boxes=boxes, box_labels=first["labels"], threshold=0.0)
         client.set_image(IMAGE_B)
-        by_id = client.predict_concepts("cat", exemplar_ids=[first["exemplarId"]], threshold=0.0)
+        by_id = client.predict_concepts(exemplar_ids=[first["exemplarId"]], threshold=0.0)
+        by_id_cat = client.predict_concepts(
+            "cat", exemplar_ids=[first["exemplarId"]], threshold=0.0
+        )
     print(
         f"\nexemplars on A: {len(by_boxes.masks)} instances; kept id with 'cat' on B: "
-        f"{len(by_id.masks)}; sent {first['sent']} B then {second['sent']} B"
+        f"{len(by_id.masks)}; sent {first['sent']} B then {second['sent']} B, {third['sent']} B"
     )
     assert first["instances"] == len(by_boxes.masks) == QUERIES
     assert second["instances"] == len(by_id.masks) == QUERIES
+    assert third["instances"] == len(by_id_cat.masks) == QUERIES
     # Some masks have pixels, or equality would prove little.
     assert by_boxes.masks.any(axis=(1, 2)).sum() > 0 and by_id.masks.any(axis=(1, 2)).sum() > 0
-    assert_page_shows(on_a, by_boxes.masks, IMAGE_A.shape[:2])
-    assert_page_shows(on_b, by_id.masks, IMAGE_B.shape[:2])
+    # Each image opens with one empty object; the third answer had what the second left.
+    assert_page_shows(on_a, by_boxes.masks, IMAGE_A.shape[:2], room=MAX_OBJECTS - 1)
+    assert_page_shows(on_b, by_id.masks, IMAGE_B.shape[:2], room=MAX_OBJECTS - 1)
+    room = MAX_OBJECTS - 1 - len(on_b)
+    assert_page_shows(on_b_cat, by_id_cat.masks, IMAGE_B.shape[:2], room=room)
+    assert not np.array_equal(by_id.masks, by_id_cat.masks)  # the phrase mattered
