@@ -18,9 +18,20 @@ Tolerances (stated, tight):
 - scores: |ours - upstream| <= 1e-4 (the requirement is 1e-3)
 - logits at the original resolution and low-res logits: |ours - upstream| <= 1e-4
 - binary masks (logits > 0): IoU >= 0.99
+
+``sam3_session`` in original pixels (its finished masks, for clients that are not ours):
+raw KServe requests (the image file's bytes, then ``points`` / ``labels`` / ``box``) answer
+``masks_rle`` that equal the Python client's masks exactly (one decoder, one rule:
+``serving/rules.py``'s ``Sam3ProcessorRule``, one threshold) and transformers'
+``post_process_masks(...) > 0`` except at pixels whose upstream logit is within 1e-4 of 0
+(onnxruntime and torch round differently there, so such a pixel may fall either side; no other
+pixel may differ). A planted coordinate bug (the axes swapped: x scaled by 1008 / H), sent
+through the session model's model-frame path, must fail that comparison.
 """
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pytest
@@ -30,6 +41,7 @@ from prompt_matrix import prompt_matrix
 from servers import module_server
 
 from triton_sam.client import SAM2TritonClient
+from triton_sam.serving import masks as mask_codec
 from triton_sam.tools.sample import sample_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(900)]
@@ -263,3 +275,111 @@ def test_speculative_client_talks_to_either_layout(parity_server, upstream, layo
     assert_same(direct, *ref)
     np.testing.assert_allclose(streamed[0], direct.masks, atol=LOGIT_ATOL, rtol=0)
     np.testing.assert_allclose(streamed[1], direct.iou_predictions, atol=SCORE_ATOL, rtol=0)
+
+
+# -- sam3_session in original pixels: finished masks --------------------------------------------
+PIXEL_PROMPTS = ["multimask", "clicks_with_negative", "box_and_click"]
+
+
+def session_infer(http, inputs: dict[str, np.ndarray], outputs) -> dict[str, np.ndarray]:
+    """One raw KServe v2 request (binary tensors) to ``sam3_session``: no triton_sam code."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    tensors = []
+    for name, value in inputs.items():
+        tensor = httpclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value, binary_data=True)
+        tensors.append(tensor)
+    wanted = [httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs]
+    result = http.infer("sam3_session", tensors, outputs=wanted)
+    return {n: result.as_numpy(n) for n in outputs}
+
+
+@pytest.fixture(scope="module")
+def session_http(parity_server):
+    """(HTTP client, image id): the image's PNG bytes embedded by ``sam3_session``."""
+    import tritonclient.http as httpclient
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(IMAGE).save(buffer, format="PNG")
+    with httpclient.InferenceServerClient(parity_server.http_url.split("://")[-1]) as http:
+        image = np.array([[buffer.getvalue()]], dtype=np.object_)
+        answer = session_infer(http, {"image_bytes": image}, ["image_id"])
+        yield http, answer["image_id"][0][0].decode()
+
+
+def served_masks(session_http, kwargs) -> tuple[np.ndarray, np.ndarray]:
+    """(masks bool [M, H, W], scores [M]) the session model finishes from pixel prompts."""
+    http, image_id = session_http
+    inputs = {"image_id": np.array([[image_id]], dtype=np.object_)}
+    if "point_coords" in kwargs:
+        inputs["points"] = np.array([kwargs["point_coords"]], np.float32)
+        inputs["labels"] = np.array([kwargs["point_labels"]], np.int32)
+    if "box" in kwargs:
+        inputs["box"] = np.array([kwargs["box"]], np.float32)
+    inputs["multimask_output"] = np.array([[int(kwargs.get("multimask_output", False))]], np.int32)
+    out = session_infer(http, inputs, ["masks_rle", "mask_scores", "image_size"])
+    assert tuple(out["image_size"][0]) == (H, W)
+    masks = np.stack([mask_codec.decode_rle(c, (H, W)) for c in out["masks_rle"][0]])
+    return masks, out["mask_scores"][0]
+
+
+def assert_masks_match_upstream(masks: np.ndarray, ref_logits: np.ndarray) -> int:
+    """Masks equal upstream's logits > 0 except where |logit| <= LOGIT_ATOL; returns how many
+    pixels differ (every one of them that close to the threshold)."""
+    assert masks.shape == ref_logits.shape
+    differ = masks != (ref_logits > 0)
+    far = differ & (np.abs(ref_logits) > LOGIT_ATOL)
+    assert not far.any(), f"{int(differ.sum())} pixels differ, {int(far.sum())} away from 0"
+    return int(differ.sum())
+
+
+@pytest.mark.parametrize("name", PIXEL_PROMPTS)
+def test_session_finished_masks_equal_the_client_and_transformers(
+    session_http, parity_server, upstream, name
+):
+    kwargs = PROMPTS[name]
+    masks, scores = served_masks(session_http, kwargs)
+    assert masks.shape[0] == (3 if kwargs.get("multimask_output") else 1)
+    assert 0 < masks.mean() < 1  # both classes present, or equality would be vacuous
+    with SAM2TritonClient(parity_server.http_url, model_type="sam3") as c:
+        assert c.uses_server_embeddings
+        c.set_image(IMAGE)
+        ours = c.predict_full(**kwargs)
+    np.testing.assert_array_equal(masks, ours.masks[0] > 0)
+    np.testing.assert_array_equal(scores, ours.iou_predictions[0])
+    ref_masks, ref_scores, _ = upstream.predict(**kwargs)
+    differ = assert_masks_match_upstream(masks, ref_masks)
+    np.testing.assert_allclose(scores, ref_scores, atol=SCORE_ATOL, rtol=0)
+    print(f"\n{name}: {differ} of {masks.size} pixels differ from transformers")
+
+
+def test_a_planted_coordinate_bug_fails_the_pixel_comparison(session_http, upstream):
+    """The box-and-click prompt with x scaled by 1008 / H and y by 1008 / W, sent in the model
+    frame (``point_coords``: the path kept for clients that map prompts themselves): its masks
+    must fail the comparison the served masks pass."""
+    from triton_sam.models.sam3 import IMAGE_SIZE, PREPROCESSING
+    from triton_sam.serving import prompt_frame
+
+    http, image_id = session_http
+    kwargs = PROMPTS["box_and_click"]
+    corners = np.array(kwargs["box"], np.float32).reshape(2, 2)
+    swapped = np.concatenate([np.array(kwargs["point_coords"], np.float32), corners])
+    swapped *= np.array([IMAGE_SIZE / H, IMAGE_SIZE / W], np.float32)
+    coords = np.concatenate([swapped, np.zeros((1, 2), np.float32)])  # + the padding point
+    labels = np.array([[*kwargs["point_labels"], 2, 3, -1]], np.float32)
+    out = session_infer(
+        http,
+        {
+            "image_id": np.array([[image_id]], dtype=np.object_),
+            "point_coords": coords[None],
+            "point_labels": labels,
+        },
+        ["masks"],
+    )
+    wrong = prompt_frame.upsample(out["masks"], (H, W), PREPROCESSING)[0] > 0
+    ref_masks, _, _ = upstream.predict(**kwargs)
+    with pytest.raises(AssertionError, match="away from 0"):
+        assert_masks_match_upstream(wrong, ref_masks)

@@ -27,15 +27,29 @@ from triton_sam.web.serve import WebServer, served_family
 pytest.importorskip("uvicorn")
 web = pytest.importorskip("aiohttp.web")
 
+
+def rendered_session(family: str, name: str) -> dict:
+    """A family's session model config as Triton's config endpoint answers it (JSON)."""
+    from google.protobuf.json_format import MessageToDict
+
+    from triton_sam.models.registry import get_family
+    from triton_sam.repository.config import RepositoryOptions
+    from triton_sam.repository.session_config import build_session_config
+
+    config = build_session_config(get_family(family), RepositoryOptions(), name=name)
+    return MessageToDict(config, preserving_proto_field_name=True)
+
+
 CONFIGS = {
     "sam2_session": {
         "parameters": {KIND_PARAM: {"string_value": KIND_EMBEDDING_CACHE}},
         "input": [{"name": "image_id"}, {"name": "points"}, {"name": "labels"}],
     },
-    "sam3_session": {  # a session model without pixel prompts: the page cannot use it
-        "parameters": {KIND_PARAM: {"string_value": KIND_EMBEDDING_CACHE}},
-        "input": [{"name": "image_id"}, {"name": "input_points"}],
-    },
+    # The SAM3 tracker's session model as the repository writes it (pixel prompts: offered),
+    # and one over a decoder in the onnx-community layout (prompts in the model's frame only:
+    # the page cannot use it).
+    "sam3_session": rendered_session("sam3", "sam3_session"),
+    "sam3c_session": rendered_session("sam3_onnx_community", "sam3c_session"),
     "sam3_concept": {"parameters": {KIND_PARAM: {"string_value": KIND_CONCEPT}}, "input": []},
     "sam2_decoder": {"parameters": {}, "input": [{"name": "point_coords"}]},
     "sam1_session": {  # loaded, not ready
@@ -212,15 +226,25 @@ def test_the_page_and_the_models_it_can_use(site):
     page = requests.get(f"{base}/", timeout=10)
     assert page.status_code == 200 and page.url.endswith("/web/")
     assert '<script type="module" src="app.js">' in page.text
-    for name in ("app.js", "kserve.js", "lane.js", "rle.js", "export.js", "style.css"):
+    for name in (
+        "app.js",
+        "kserve.js",
+        "exemplars.js",
+        "lane.js",
+        "rle.js",
+        "export.js",
+        "style.css",
+    ):
         assert requests.get(f"{base}/web/{name}", timeout=10).status_code == 200, name
     models = requests.get(f"{base}/web/models", timeout=10).json()["models"]
     # pixel-prompt session models that are ready, and concept models; nothing else
     assert [(m["name"], m["kind"]) for m in models] == [
         ("sam2_session", "session"),
         ("sam3_concept", "concept"),
+        ("sam3_session", "session"),
     ]
     assert json.dumps(models).count("SAM2.1") == 1
+    assert models[-1]["label"] == "SAM3 tracker (sam3_session)"
 
 
 def test_models_answer_503_when_triton_is_unreachable():

@@ -71,7 +71,8 @@ from triton_sam.serving.protocol.parameters import ParameterError, to_parameters
 SESSION_SOURCE = SERVING_DIR / "embedding_cache_model.py"
 # What the session model imports beside its model.py (triton_sam_serving/...).
 SHIPPED_MODULES = imported_modules(SESSION_SOURCE)
-# Prompts in original pixels and finished masks (point_list decoders: SAM1, SAM2.1).
+# Prompts in original pixels and finished masks (point_list decoders: SAM1, SAM2.1, the SAM3
+# tracker as exported; each mapped by its own upstream rule, serving/rules.py).
 PIXEL_INPUTS = (
     TensorSpec(protocol.POINTS, "float32", (-1, 2)),
     TensorSpec(protocol.LABELS, "int32", (-1,)),

@@ -43,10 +43,11 @@ it); within one tenant the content-addressed cache is shared (the image id is a 
 the pixels). The bounds (``max_images``, ``max_bytes``) are global, shared fairly between the
 tenants holding entries (:mod:`triton_sam.serving.cache`).
 
-Point-list families (SAM1, SAM2.1) also take prompts in original pixels (``points``,
-``labels``, ``box``, ``multimask_output``) and can answer finished masks at the original size
-(``masks_rle`` / ``masks_png`` / ``masks_bits`` with ``mask_boxes``, ``mask_scores``,
-``image_size``). Bounds on every request: :mod:`triton_sam.serving.bounds`.
+Point-list families (SAM1, SAM2.1, the SAM3 tracker) also take prompts in original pixels
+(``points``, ``labels``, ``box``, ``multimask_output``) and can answer finished masks at the
+original size (``masks_rle`` / ``masks_png`` / ``masks_bits`` with ``mask_boxes``,
+``mask_scores``, ``image_size``), each family by its upstream processor's rule
+(:mod:`triton_sam.serving.rules`). Bounds on every request: :mod:`triton_sam.serving.bounds`.
 """
 
 import json

@@ -9,8 +9,9 @@
 // viewport.js's; every position between the screen and the image goes through its View.
 // window.annotator exposes the state and timings (read by the browser test).
 
-import { ServerError, authHeaders, concepts, embed, everything, predict, setToken } from "./kserve.js";
+import { ServerError, authHeaders, concepts, embed, everything, exemplarGone, predict, setToken } from "./kserve.js";
 import { Lane } from "./lane.js";
+import { Exemplars } from "./exemplars.js";
 import { decode } from "./rle.js";
 import { coco, grayPng, labels } from "./export.js";
 import { Viewport } from "./viewport.js";
@@ -33,10 +34,15 @@ const ui = {
   model: $("model"), file: $("file"), stage: $("stage"), image: $("image"), masks: $("masks"),
   hover: $("hover"), marks: $("marks"), objects: $("objects"), stats: $("stats"),
   error: $("error"), errorText: $("error-text"), refine: $("refine"), concept: $("concept"),
-  phrase: $("phrase"), everything: $("everything"), tokenForm: $("token-form"), token: $("token"),
+  phrase: $("phrase"), threshold: $("threshold"), everything: $("everything"), tokenForm: $("token-form"), token: $("token"),
   datasetForm: $("dataset-form"), dataset: $("dataset"), datasetKey: $("dataset-key"),
   sliceLabel: $("slice-label"), slice: $("slice"),
 };
+// Concept mode's "more like this" / "less like this" boxes and the exemplar ids kept.
+const exemplars = new Exemplars(
+  { mode: $("exemplar-mode"), status: $("exemplars"), clear: $("exemplars-clear") },
+  () => drawMarks(),
+);
 
 const state = {
   models: [],
@@ -375,6 +381,7 @@ function adopt(image) {
   before?.prefetch?.close();
   if (before?.large?.uploaded) closeLarge(before.large.model, before.large.handle); // its pixels go
   state.image = image;
+  exemplars.imageChanged(image);
   state.objects = [newObject()];
   state.current = 0;
   state.history = [];
@@ -494,7 +501,7 @@ async function switchModel(name) {
 
 async function segmentConcept(phrase) {
   const model = state.models.find((m) => m.kind === "concept");
-  if (!model || !state.image || !phrase) return;
+  if (!model || !state.image || !(phrase || exemplars.any(state.image))) return;
   if (state.image.large) {
     showError(new Error("concepts on a large image: not on this page yet (the concept model takes the whole image)"));
     return;
@@ -503,8 +510,13 @@ async function segmentConcept(phrase) {
   const pixels = ui.image.getContext("2d").getImageData(0, 0, width, height).data;
   const rgb = new Uint8Array(width * height * 3);
   for (let i = 0, j = 0; i < pixels.length; i += 4, j += 3) rgb.set(pixels.subarray(i, i + 3), j);
+  const image = state.image;
+  const prompt = { phrase, threshold: ui.threshold.valueAsNumber, ...exemplars.request(image) };
+  const what = [phrase && `"${phrase}"`, prompt.boxes.length + prompt.ids.length && "exemplars"].filter(Boolean).join(" + ");
   try {
-    const result = await concepts(model.name, state.image, rgb, phrase);
+    const result = await concepts(model.name, image, rgb, prompt);
+    exemplars.keep(result.exemplarId, prompt, image);
+    if (state.image !== image) return; // another image meanwhile: not its objects
     remember();
     const room = MAX_OBJECTS - state.objects.length;
     result.masks.slice(0, room).forEach((rle, k) => {
@@ -515,11 +527,18 @@ async function segmentConcept(phrase) {
       state.objects.push(object);
     });
     drawAll();
-    stats.concepts.push({ phrase, instances: result.masks.length, sent: result.sent });
+    stats.concepts.push({
+      phrase, instances: result.masks.length, sent: result.sent, exemplarId: result.exemplarId,
+      boxes: prompt.boxes, labels: prompt.labels, ids: prompt.ids,
+    });
     const kept = result.masks.length > room ? ` (${room} kept: ${MAX_OBJECTS} objects at most)` : "";
-    showStats(`"${phrase}": ${result.masks.length} instances${kept} · sent ${result.sent} B · received ${result.received} B`);
+    showStats(`${what}: ${result.masks.length} instances${kept} · sent ${result.sent} B · received ${result.received} B`);
   } catch (e) {
-    showError(e, `Could not segment "${phrase}"`);
+    // A kept exemplar the server no longer holds (evicted, restarted): the message says so
+    // and names it; the page stops sending it.
+    const gone = exemplarGone(e);
+    if (gone !== null) exemplars.forget(gone);
+    showError(e, `Could not segment ${what}`);
   }
 }
 
@@ -629,6 +648,7 @@ function drawMarks(drag) {
       ctx.stroke();
     }
   });
+  exemplars.draw(ctx, state.image, scale);
   if (drag) {
     ctx.setLineDash([4 * scale, 3 * scale]);
     ctx.strokeStyle = "#fff";
@@ -696,7 +716,7 @@ function imagePoint(event) {
 let press = null; // {x, y, clientX, clientY, shift}
 
 ui.marks.addEventListener("pointerdown", (event) => {
-  if (!onServer() || event.button !== 0 || viewport.panning) return;
+  if (!(onServer() || exemplars.drawsOn(state.image)) || event.button !== 0 || viewport.panning) return;
   ui.marks.setPointerCapture(event.pointerId);
   const [x, y] = imagePoint(event);
   press = { x, y, clientX: event.clientX, clientY: event.clientY, shift: event.shiftKey, dragging: false };
@@ -713,7 +733,7 @@ ui.marks.addEventListener("pointermove", (event) => {
     }
     return;
   }
-  hover(imagePoint(event), event.shiftKey, event.timeStamp);
+  if (!exemplars.drawsOn(state.image)) hover(imagePoint(event), event.shiftKey, event.timeStamp);
 });
 
 ui.marks.addEventListener("pointerup", (event) => {
@@ -721,6 +741,13 @@ ui.marks.addEventListener("pointerup", (event) => {
   const start = press;
   press = null;
   const t0 = event.timeStamp; // same clock as performance.now()
+  if (exemplars.drawsOn(state.image)) {
+    // Concept mode: a drag is an exemplar box for the next "Segment all"; a click, nothing.
+    const [x, y] = imagePoint(event);
+    if (start.dragging) exemplars.add([Math.min(start.x, x), Math.min(start.y, y), Math.max(start.x, x), Math.max(start.y, y)], state.image);
+    else drawMarks();
+    return;
+  }
   remember();
   const object = current();
   if (start.dragging) {
@@ -738,7 +765,7 @@ ui.marks.addEventListener("pointerleave", () => {
 });
 
 document.addEventListener("keydown", (event) => {
-  if (event.target instanceof HTMLInputElement && event.target.type === "text") return;
+  if (event.target instanceof HTMLInputElement && ["text", "number"].includes(event.target.type)) return;
   const key = event.key.toLowerCase();
   if ((event.ctrlKey || event.metaKey) && key === "z") {
     event.preventDefault();
@@ -851,6 +878,8 @@ async function start() {
   ui.model.replaceChildren(...sessions.map((m) => new Option(m.label, m.name)));
   state.model = sessions[0]?.name ?? null;
   ui.concept.hidden = !state.models.some((m) => m.kind === "concept");
+  // Without a session model a drag has nothing else to draw: exemplars by default.
+  if (!sessions.length) ui.concept.querySelector("#exemplar-mode").value = "1";
   ui.datasetForm.hidden = !state.models.some((m) => m.kind === "large");
   showEverything();
   if (!state.models.length) showError(new Error("the server offers no model this page can use"));
@@ -863,6 +892,7 @@ const idle = () =>
 window.annotator = {
   state,
   stats,
+  exemplars,
   hoverLane,
   viewport,
   /** Opens a dataset the server reads (what the dataset form does). */

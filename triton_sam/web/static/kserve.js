@@ -142,22 +142,40 @@ export async function predict(model, imageId, prompts, options, signal) {
 }
 
 /**
- * Instances of a text phrase on a concept model. The pixels (UINT8 [H, W, 3], binary) go
- * once per image: the answer's image_id is kept on `image` (image.conceptIds[model]) and sent
- * instead next time; when the server no longer holds it, the pixels go again.
+ * Instances of a concept on a concept model: a phrase, exemplar boxes (in pixels of `image`,
+ * labelled 1 "more like this" / 0 "less like this") and the ids of exemplars the server keeps
+ * (drawn on earlier images), any of them. The pixels (UINT8 [H, W, 3], binary) go once per
+ * image: the answer's image_id is kept on `image` (image.conceptIds[model]) and sent instead
+ * next time; when the server no longer holds it, the pixels go again.
+ * @param prompt {phrase, boxes: [[x0, y0, x1, y1]...], labels: [0 | 1...], ids: [string...],
+ *   threshold: keep instances scoring above it (not finite: the server's default)}
+ * Resolves {masks, scores, size, exemplarId (of the boxes sent; null without), sent, received}.
  */
-export async function concepts(model, image, rgb, phrase, signal) {
+export async function concepts(model, image, rgb, prompt, signal) {
   image.conceptIds ??= {};
   const known = image.conceptIds[model];
-  const text = { name: "text", shape: [1, 1], datatype: "BYTES", data: [phrase] };
-  const outputs = ["image_id", "masks_rle", "scores", "image_size"].map((name) => ({ name }));
+  const prompts = [];
+  if (Number.isFinite(prompt.threshold)) prompts.push({ name: "threshold", shape: [1, 1], datatype: "FP32", data: [prompt.threshold] });
+  if (prompt.phrase) prompts.push({ name: "text", shape: [1, 1], datatype: "BYTES", data: [prompt.phrase] });
+  const boxes = prompt.boxes ?? [];
+  if (boxes.length) {
+    prompts.push({ name: "exemplar_boxes", shape: [1, boxes.length, 4], datatype: "FP32", data: boxes.flat() });
+    prompts.push({ name: "exemplar_labels", shape: [1, boxes.length], datatype: "INT32", data: prompt.labels });
+  }
+  const ids = prompt.ids ?? [];
+  if (ids.length) prompts.push({ name: "exemplar_ids", shape: [1, ids.length], datatype: "BYTES", data: ids });
+  const names = ["image_id", "masks_rle", "scores", "image_size"];
+  if (boxes.length) names.push("exemplar_id");
+  const outputs = names.map((name) => ({ name }));
   let answer;
   if (known) {
-    const inputs = [{ name: "image_id", shape: [1, 1], datatype: "BYTES", data: [known] }, text];
+    const inputs = [{ name: "image_id", shape: [1, 1], datatype: "BYTES", data: [known] }, ...prompts];
     try {
       answer = await infer(model, JSON.stringify({ inputs, outputs }), { "Content-Type": "application/json" }, signal);
     } catch (e) {
-      if (!(e instanceof ServerError) || e.code !== "EmbeddingNotFound") throw e;
+      // Only the image is cured by sending the pixels again, not a kept exemplar the server
+      // no longer holds (its message names exemplar_ids[i]).
+      if (!(e instanceof ServerError) || e.code !== "EmbeddingNotFound" || exemplarGone(e) !== null) throw e;
     }
   }
   if (!answer) {
@@ -167,7 +185,7 @@ export async function concepts(model, image, rgb, phrase, signal) {
       datatype: "UINT8",
       parameters: { binary_data_size: rgb.byteLength },
     };
-    const header = encoder.encode(JSON.stringify({ inputs: [pixels, text], outputs }));
+    const header = encoder.encode(JSON.stringify({ inputs: [pixels, ...prompts], outputs }));
     const headers = {
       "Content-Type": "application/octet-stream",
       "Inference-Header-Content-Length": String(header.length),
@@ -180,9 +198,20 @@ export async function concepts(model, image, rgb, phrase, signal) {
     masks: out.masks_rle.data,
     scores: out.scores.data,
     size: out.image_size.data,
+    exemplarId: out.exemplar_id?.data[0] || null,
     sent: answer.sent,
     received: answer.received,
   };
+}
+
+/**
+ * The index in exemplar_ids of the kept exemplar a refusal says the server no longer holds
+ * (code ExemplarNotFound, or EmbeddingNotFound from servers before that code), else null.
+ */
+export function exemplarGone(error) {
+  if (!(error instanceof ServerError) || !["ExemplarNotFound", "EmbeddingNotFound"].includes(error.code)) return null;
+  const found = /exemplar_ids\[(\d+)\]/.exec(error.message);
+  return found ? Number(found[1]) : null;
 }
 
 /**
