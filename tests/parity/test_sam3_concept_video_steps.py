@@ -1,0 +1,376 @@
+"""Concept tracking's orchestration (``triton_sam.serving.concept_video``) against
+transformers' own implementation of each step (``Sam3VideoModel``, ``Sam3VideoProcessor``,
+transformers 5.23), on seeded synthetic inputs. No network runs: the detector's and the
+tracker's outputs are synthetic (``tests/concept_video_support.py``), and upstream's methods
+are called for real on them.
+
+Tolerances: none except where stated. Every step is integer bookkeeping, comparisons of
+float32 values computed by the same float32 operations, or ``where``/``argmax`` selections,
+so the results are compared exactly (masks, ids, counters, memory-encoder inputs). The one
+float computation done differently is sigmoid of the tracker scores (numpy's ``exp`` vs
+torch's), compared to 1 float32 ulp (|d| <= 1.2e-7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from concept_video_support import (
+    FRAMES,
+    MASK_HW,
+    SETTINGS,
+    VIDEO_HW,
+    UpstreamRun,
+    World,
+    WorldTracker,
+    box_logits,
+    upstream_model,
+    upstream_processor,
+)
+from transformers.models.sam3_video import modeling_sam3_video as upstream
+
+from triton_sam.serving.concept_video import mask_ops
+from triton_sam.serving.concept_video.association import associate
+from triton_sam.serving.concept_video.detections import select_detections
+from triton_sam.serving.concept_video.hotstart import process_hotstart
+from triton_sam.serving.concept_video.loop import processing_order, propagate
+from triton_sam.serving.concept_video.results import postprocess_frame
+from triton_sam.serving.concept_video.settings import ConceptVideoSettings
+from triton_sam.serving.concept_video.state import ObjectBook
+from triton_sam.serving.masks import decode_rle
+
+SIGMOID_ATOL = 1.2e-7  # one float32 ulp at values in [0.5, 1)
+
+
+def _random_masks(rng: np.random.Generator, n: int) -> np.ndarray:
+    boxes = rng.uniform(0, 24, (n, 2))
+    sizes = rng.uniform(2, 14, (n, 2))
+    masks = [
+        box_logits((x, y, x + w, y + h), rng) for (x, y), (w, h) in zip(boxes, sizes, strict=True)
+    ]
+    return np.stack(masks) if masks else np.zeros((0, *MASK_HW), np.float32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mask_ops_match_upstream(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    a, b = _random_masks(rng, 7), _random_masks(rng, 5)
+    a[2] = -5  # an empty mask: IoU 0 with everything
+    model = upstream_model()
+    t = torch.from_numpy
+    np.testing.assert_array_equal(
+        mask_ops.mask_iou(a > 0, b > 0), upstream.mask_iou(t(a > 0), t(b > 0)).numpy()
+    )
+    np.testing.assert_array_equal(
+        mask_ops.apply_non_overlapping_constraints(a[:, None]),
+        model._apply_non_overlapping_constraints(t(a[:, None])).numpy(),
+    )
+    prompts = [0, 1, 0, 0, 1, 1, 0]
+    ours = mask_ops.suppress_object_pw_area_shrinkage(a[:, None], prompts)
+    theirs = model._suppress_object_pw_area_shrinkage(t(a[:, None]).clone(), prompts).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    last = rng.integers(-1, 6, 7)
+    for reverse in (False, True):
+        for threshold in (0.05, 0.3):
+            model.suppress_overlapping_based_on_recent_occlusion_threshold = threshold
+            np.testing.assert_array_equal(
+                mask_ops.most_recently_occluded_to_suppress(
+                    a > 0, last, threshold, reverse=reverse
+                ),
+                model._get_objects_to_suppress_based_on_most_recently_occluded(
+                    t(a > 0), t(last), list(range(7)), reverse
+                ).numpy(),
+            )
+
+
+class _Detector:
+    """A detector network stand-in for ``Sam3VideoModel.run_detection``."""
+
+    def __init__(self, logits, presence, masks, boxes) -> None:
+        self.out = dict(pred_logits=logits, presence_logits=presence, pred_masks=masks,
+                        pred_boxes=boxes)  # fmt: skip
+
+    def get_text_features(self, **_):
+        return None
+
+    def __call__(self, **_):
+        return type("Out", (), self.out)
+
+
+class _TorchvisionNms:
+    """``cv-utils``' ``generic_nms`` for rectangular masks: torchvision's box NMS, an
+    independent greedy NMS (mask IoU = box IoU for axis-aligned rectangles)."""
+
+    def __init__(self, boxes: torch.Tensor) -> None:
+        self.boxes = boxes
+
+    def generic_nms(self, ious, probs, iou_threshold, use_iou_matrix):
+        from torchvision.ops import box_iou, nms
+
+        valid = [i for i in range(len(self.boxes)) if self.valid[i]]
+        boxes = self.boxes[valid]
+        assert torch.allclose(box_iou(boxes, boxes), ious, atol=1e-6)
+        return nms(boxes, probs, iou_threshold)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("with_kernel", [False, True])
+def test_detections_match_run_detection(monkeypatch, seed: int, with_kernel: bool) -> None:
+    rng = np.random.default_rng(seed)
+    queries = 24
+    corners = rng.integers(0, 20, (queries, 2))
+    sizes = rng.integers(3, 12, (queries, 2))
+    boxes_px = np.concatenate([corners, corners + sizes], 1).astype(np.float32)
+    h, w = MASK_HW
+    ys, xs = np.mgrid[0:h, 0:w]
+    masks = np.stack(
+        [np.where((xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1), 3.0, -3.0)
+         for x0, y0, x1, y1 in boxes_px]
+    ).astype(np.float32)  # fmt: skip
+    logits = rng.normal(0.5, 1.5, queries).astype(np.float32)
+    presence = np.float32([[1.2]])
+    kernel = False
+    if with_kernel:
+        kernel = _TorchvisionNms(torch.from_numpy(boxes_px))
+    monkeypatch.setattr(upstream, "cv_utils_kernel", kernel)
+    model = upstream_model()
+    model.detector_model = _Detector(
+        torch.from_numpy(logits[None]), torch.from_numpy(presence),
+        torch.from_numpy(masks[None]), torch.from_numpy(boxes_px[None] / 32),
+    )  # fmt: skip
+    probs = torch.from_numpy(logits).sigmoid() * torch.from_numpy(presence[0]).sigmoid()
+    if with_kernel:
+        kernel.valid = (probs > SETTINGS.score_threshold_detection).numpy()
+    session = upstream.Sam3VideoInferenceSession()
+    session.add_prompt("cat")
+    session.prompt_input_ids[0] = session.prompt_attention_masks[0] = None
+    theirs = model.run_detection(session, vision_embeds=None)[0]
+    settings = ConceptVideoSettings(use_nms=with_kernel)
+    ours = select_detections(probs.numpy(), boxes_px / 32, masks, 0, settings)
+    np.testing.assert_array_equal(ours.scores, theirs["scores"].numpy())
+    np.testing.assert_array_equal(ours.masks, theirs["mask"].numpy())
+    np.testing.assert_array_equal(ours.boxes, theirs["bbox"].numpy())
+    survivors = int((probs > SETTINGS.score_threshold_detection).sum())
+    assert (len(ours) < survivors) == with_kernel  # NMS removed some exactly when it ran
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_association_matches_upstream(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_det, n_trk = [(6, 5), (0, 4), (5, 0), (8, 8), (3, 6), (6, 3)][seed]
+    trk = _random_masks(rng, n_trk)
+    det = _random_masks(rng, n_det)
+    # detections that re-find some masklets (high IoU) so every branch is taken
+    for d in range(min(n_det, n_trk) // 2):
+        det[d] = trk[d] + rng.normal(0, 0.3, MASK_HW).astype(np.float32)
+    if n_trk:
+        trk[-1] = -3  # an empty masklet
+    det_scores = rng.uniform(0.5, 1.0, n_det).astype(np.float32)
+    det_prompts = rng.integers(0, 2, n_det)
+    trk_prompts = rng.integers(0, 2, n_trk)
+    trk_ids = sorted(rng.choice(40, n_trk, replace=False).tolist())
+    t = torch.from_numpy
+    theirs = upstream_model()._associate_det_trk(
+        t(det), t(det_scores), t(trk), trk_ids, t(det_prompts), t(trk_prompts)
+    )
+    ours = associate(det, det_scores, det_prompts, trk, trk_ids, trk_prompts, SETTINGS)
+    assert (
+        ours.new_det_inds, ours.unmatched_obj_ids, ours.det_to_matched_obj_ids,
+        ours.obj_to_recondition_det, ours.empty_obj_ids,
+    ) == theirs  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hotstart_matches_upstream(seed: int, reverse: bool, streaming: bool) -> None:
+    """Random association outcomes over 30 frames, births on every frame so that objects
+    are born exactly ``hotstart_delay`` frames before a removal decision (the boundary)."""
+    rng = np.random.default_rng(seed)
+    settings = ConceptVideoSettings(
+        hotstart_delay=4, hotstart_unmatch_thresh=2, hotstart_dup_thresh=2,
+        suppress_unmatched_only_within_hotstart=bool(seed % 2), init_trk_keep_alive=2,
+        max_trk_keep_alive=3, decrease_trk_keep_alive_for_empty_masklets=True,
+    )  # fmt: skip
+    model = upstream_model(settings)
+    session = upstream.Sam3VideoInferenceSession()
+    book = ObjectBook()
+    alive: list[int] = []
+    frames = range(29, -1, -1) if reverse else range(30)
+    for frame in frames:
+        new = list(range(book.max_obj_id + 1, book.max_obj_id + 1 + int(rng.integers(0, 2))))
+        book.max_obj_id += len(new)
+        picks = [o for o in alive if rng.random() < 0.6]
+        matched = {d: sorted(rng.choice(picks, int(rng.integers(1, 3)), replace=False).tolist())
+                   for d in range(len(picks) // 2)} if len(picks) >= 2 else {}  # fmt: skip
+        rest = [o for o in alive if o not in {x for v in matched.values() for x in v}]
+        unmatched = [o for o in rest if rng.random() < 0.5]
+        empty = [o for o in rest if o not in unmatched]
+        metadata = {
+            "obj_first_frame_idx": session.obj_first_frame_idx,
+            "unmatched_frame_inds": session.unmatched_frame_inds,
+            "trk_keep_alive": session.trk_keep_alive,
+            "overlap_pair_to_frame_inds": session.overlap_pair_to_frame_inds,
+            "removed_obj_ids": session.removed_obj_ids,
+            "suppressed_obj_ids": session.suppressed_obj_ids,
+        }
+        theirs, _ = model._process_hotstart(
+            session, frame, reverse, matched, new, empty, unmatched, metadata, streaming
+        )
+        ours = process_hotstart(
+            book, frame, reverse=reverse, det_to_matched_obj_ids=matched, new_obj_ids=new,
+            empty_obj_ids=empty, unmatched_obj_ids=unmatched, settings=settings,
+            streaming=streaming,
+        )  # fmt: skip
+        assert ours == theirs, frame
+        assert book.trk_keep_alive == session.trk_keep_alive
+        assert dict(book.unmatched_frame_inds) == dict(session.unmatched_frame_inds)
+        assert dict(book.overlap_pair_to_frame_inds) == dict(session.overlap_pair_to_frame_inds)
+        assert book.suppressed_obj_ids[frame] == session.suppressed_obj_ids[frame]
+        alive = [o for o in alive + new if o not in book.removed_obj_ids]
+    assert bool(book.removed_obj_ids) != streaming  # removals happen, never when streaming
+
+
+def _run_both(world_seed: int, settings: ConceptVideoSettings = SETTINGS, reverse=False):
+    world = World.build(world_seed)
+    theirs_tracker = WorldTracker(world)
+    up = UpstreamRun(world, theirs_tracker, settings)
+    start = FRAMES - 1 if reverse else 0
+    theirs = list(up.run(reverse=reverse, start=start + (1 if reverse else 0)))
+    ours_tracker = WorldTracker(world)
+    frames, end = processing_order(FRAMES, start + (1 if reverse else 0), reverse=reverse)
+    ours = list(
+        propagate(
+            ObjectBook(), frames, end, world.detections, ours_tracker, settings,
+            mask_hw=MASK_HW, video_hw=VIDEO_HW, reverse=reverse,
+        )
+    )  # fmt: skip
+    return theirs, ours, up, theirs_tracker.calls, ours_tracker.calls
+
+
+def _normalised(calls: list) -> list:
+    """Tracker calls with consecutive single removals merged (upstream removes one by one,
+    in set order; ours removes the frame's removals at once, sorted)."""
+    out = []
+    for call in calls:
+        if call[0] == "remove" and out and out[-1][0] == "remove":
+            out[-1] = ("remove", sorted(out[-1][1] + call[1]))
+        else:
+            out.append((call[0], *call[1:]) if call[0] != "remove" else ("remove", sorted(call[1])))
+    return out
+
+
+def _assert_calls_equal(theirs: list, ours: list) -> None:
+    theirs, ours = _normalised(theirs), _normalised(ours)
+    assert [c[:3] if c[0] != "remove" else c for c in ours] == [
+        c[:3] if c[0] != "remove" else c for c in theirs
+    ]
+    for a, b in zip(ours, theirs, strict=True):
+        for x, y in zip(a[3:], b[3:], strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize(
+    "world_seed, overrides, reverse",
+    [
+        (0, {}, False),
+        (1, {"recondition_on_trk_masks": False}, False),
+        (2, {"suppress_unmatched_only_within_hotstart": False, "min_trk_keep_alive": -2}, False),
+        (3, {"decrease_trk_keep_alive_for_empty_masklets": True}, True),
+        (4, {"suppress_overlapping_based_on_recent_occlusion_threshold": 0.0}, False),
+    ],
+)
+def test_propagation_matches_upstream_frame_by_frame(world_seed, overrides, reverse) -> None:
+    settings = ConceptVideoSettings(**{**vars(SETTINGS), **overrides})
+    theirs, ours, up, their_calls, our_calls = _run_both(world_seed, settings, reverse)
+    _assert_calls_equal(their_calls, our_calls)
+    assert len(ours) == len(theirs) == FRAMES  # reverse starts at FRAMES: FRAMES - 1 .. 0
+    for (their_out, their_answer), (our_out, our_answer, _) in zip(theirs, ours, strict=True):
+        assert our_out.frame_idx == their_out.frame_idx
+        assert set(our_out.obj_id_to_mask) == set(their_out.obj_id_to_mask)
+        for obj_id, mask in their_out.obj_id_to_mask.items():
+            np.testing.assert_array_equal(our_out.obj_id_to_mask[obj_id], mask[0].numpy())
+        assert our_out.obj_id_to_score == their_out.obj_id_to_score
+        assert our_out.obj_id_to_tracker_score.keys() == their_out.obj_id_to_tracker_score.keys()
+        for obj_id, score in their_out.obj_id_to_tracker_score.items():
+            assert abs(our_out.obj_id_to_tracker_score[obj_id] - score) <= SIGMOID_ATOL
+        assert our_out.removed_obj_ids == their_out.removed_obj_ids
+        assert our_out.suppressed_obj_ids == their_out.suppressed_obj_ids
+        np.testing.assert_array_equal(our_answer.object_ids, their_answer["object_ids"].numpy())
+        np.testing.assert_array_equal(our_answer.scores, their_answer["scores"].numpy())
+        np.testing.assert_array_equal(our_answer.boxes, their_answer["boxes"].numpy())
+        np.testing.assert_array_equal(our_answer.masks, their_answer["masks"].numpy())
+    # the session's bookkeeping at the end, field by field
+    book, session = ours[-1][2], up.session
+    assert book.obj_ids == session.obj_ids
+    assert book.max_obj_id == session.max_obj_id
+    assert book.obj_first_frame_idx == session.obj_first_frame_idx
+    assert dict(book.unmatched_frame_inds) == dict(session.unmatched_frame_inds)
+    assert book.trk_keep_alive == session.trk_keep_alive
+    assert dict(book.overlap_pair_to_frame_inds) == dict(session.overlap_pair_to_frame_inds)
+    assert book.removed_obj_ids == session.removed_obj_ids
+    assert book.hotstart_removed_obj_ids == session.hotstart_removed_obj_ids
+    assert book.obj_id_to_prompt_id == session.obj_id_to_prompt_id
+    assert book.obj_id_to_last_occluded == {
+        k: int(v) for k, v in session.obj_id_to_last_occluded.items()
+    }
+
+
+def test_the_world_exercises_every_heuristic() -> None:
+    """The scenario cannot pass vacuously: each heuristic fires in upstream's own run."""
+    theirs, ours, up, their_calls, _ = _run_both(0)
+    plans = up.plans
+    removed = set().union(*(p["obj_ids_newly_removed"] for p in plans))
+    duplicates = {b for (_, b), frames in up.session.overlap_pair_to_frame_inds.items()
+                  if len(frames) >= SETTINGS.hotstart_dup_thresh}  # fmt: skip
+    assert duplicates & removed, "a duplicate removed"
+    assert removed - duplicates, "an unmatched object removed"
+    assert sum(p["num_obj_dropped_due_to_limit"] for p in plans) > 0, "the object limit cut"
+    assert any(p["reconditioned_obj_ids"] for p in plans), "a reconditioning"
+    suppressed_rows = sum(
+        int((call[3].reshape(len(call[3]), -1) == -10).all(axis=1).sum())
+        for call in their_calls if call[0] == "memory"
+    )  # fmt: skip
+    assert suppressed_rows > 0, "a masklet suppressed as the more recently occluded"
+    births = [p["new_det_obj_ids"] for p in plans]
+    assert any(births[5:]), "objects picked up after the first frames"
+    prompts = {up.session.obj_id_to_prompt_id.get(o) for o in up.session.obj_ids}
+    assert prompts == {0, 1}, "objects of both prompts tracked"
+    assert any(len(answer["object_ids"]) >= 4 for _, answer in theirs)
+
+
+def test_answers_encode_as_coco_rle() -> None:
+    _, ours, _, _, _ = _run_both(0)
+    answer = ours[-1][1]
+    assert len(answer.object_ids) >= 3
+    for mask, counts in zip(answer.masks, answer.rle(), strict=True):
+        np.testing.assert_array_equal(decode_rle(counts, VIDEO_HW), mask)
+
+
+def test_postprocess_matches_processor_on_ties_and_zero_scores() -> None:
+    """Three overlapping objects of one prompt (two with the same tracker score, one with
+    none: score 0 keeps no pixel), one of another prompt, one hidden, one empty."""
+    rng = np.random.default_rng(7)
+    masks = {o: box_logits((4 + o, 4, 20 + o, 20), rng) for o in (3, 5, 8, 9, 11)}
+    masks[12] = np.full(MASK_HW, -3.0, np.float32)
+    scores = {o: float(s) for o, s in zip(masks, rng.uniform(0.5, 1, len(masks)), strict=True)}
+    tracker = {3: 0.9, 5: 0.9, 9: 0.4, 11: 0.7}
+    prompts = {3: 0, 5: 0, 8: 0, 9: 1, 11: 0, 12: 1}
+    hidden = {11}
+    session = upstream.Sam3VideoInferenceSession(video_height=VIDEO_HW[0], video_width=VIDEO_HW[1])
+    session.obj_id_to_prompt_id = dict(prompts)
+    session.prompts = {0: "cat", 1: "dog"}
+    session.hotstart_removed_obj_ids = hidden
+    out = dict(
+        obj_id_to_mask={o: torch.from_numpy(m)[None] for o, m in masks.items()},
+        obj_id_to_score=scores, obj_id_to_tracker_score=tracker, suppressed_obj_ids=set(),
+    )  # fmt: skip
+    theirs = upstream_processor().postprocess_outputs(session, out)
+    ours = postprocess_frame(0, masks, scores, tracker, prompts, hidden, VIDEO_HW)
+    np.testing.assert_array_equal(ours.object_ids, theirs["object_ids"].numpy())
+    np.testing.assert_array_equal(ours.scores, theirs["scores"].numpy())
+    np.testing.assert_array_equal(ours.boxes, theirs["boxes"].numpy())
+    np.testing.assert_array_equal(ours.masks, theirs["masks"].numpy())
+    assert ours.object_ids.tolist() == [3, 5, 8, 9]
+    assert not ours.masks[2].any()  # object 8 has no tracker score: no pixel
