@@ -31,10 +31,11 @@ from concept_video_support import (
 from transformers.models.sam3_video import modeling_sam3_video as upstream
 
 from triton_sam.serving.concept_video import mask_ops
-from triton_sam.serving.concept_video.association import associate
-from triton_sam.serving.concept_video.detections import select_detections
+from triton_sam.serving.concept_video.association import Association, associate
+from triton_sam.serving.concept_video.detections import Detections, select_detections
 from triton_sam.serving.concept_video.hotstart import process_hotstart
 from triton_sam.serving.concept_video.loop import processing_order, propagate
+from triton_sam.serving.concept_video.planning import FramePlan, frame_masks
 from triton_sam.serving.concept_video.results import postprocess_frame
 from triton_sam.serving.concept_video.settings import ConceptVideoSettings
 from triton_sam.serving.concept_video.state import ObjectBook
@@ -374,3 +375,37 @@ def test_postprocess_matches_processor_on_ties_and_zero_scores() -> None:
     np.testing.assert_array_equal(ours.masks, theirs["masks"].numpy())
     assert ours.object_ids.tolist() == [3, 5, 8, 9]
     assert not ours.masks[2].any()  # object 8 has no tracker score: no pixel
+
+
+def test_frame_masks_rows_upstream_and_true_owners() -> None:
+    """``build_outputs`` zips the propagated rows with the session's ids *after* the frame's
+    changes: with object 1 removed and 3 added, upstream answers object 2 with object 1's
+    row. ``frame_masks`` reproduces that for parity, or gives each row to its owner."""
+    rng = np.random.default_rng(3)
+    rows = _random_masks(rng, 3)  # propagated for objects 0, 1, 2
+    det = _random_masks(rng, 1)
+    session = upstream.Sam3VideoInferenceSession()
+    for obj_id in (0, 1, 2, 3):  # as the execution phase leaves it: 3 added, then 1 removed
+        session.obj_id_to_idx(obj_id)
+    session.obj_id_to_prompt_id = {0: 0, 1: 0, 2: 0, 3: 0}
+    session.remove_object(1)
+    plan_dict = {"new_det_out_inds": [0], "new_det_obj_ids": [3]}
+    theirs = upstream_model().build_outputs(
+        session, {"mask": torch.from_numpy(det)}, torch.from_numpy(rows), plan_dict
+    )
+    plan = FramePlan(
+        tracked_obj_ids=[0, 1, 2], association=Association(), new_det_inds=[0],
+        new_obj_ids=[3], masks=rows,
+    )  # fmt: skip
+    plan.book.obj_ids = list(session.obj_ids)
+    detections = Detections(det, np.ones(1, np.float32), np.zeros((1, 4), np.float32),
+                            np.zeros(1, np.int64))  # fmt: skip
+    ours = frame_masks(plan, detections, plan.book.obj_ids)
+    assert ours.keys() == theirs.keys() == {0, 2, 3}
+    for obj_id, mask in theirs.items():
+        np.testing.assert_array_equal(ours[obj_id], mask[0].numpy())
+    np.testing.assert_array_equal(theirs[2][0].numpy(), rows[1])  # upstream's shift
+    owners = frame_masks(plan, detections, plan.tracked_obj_ids)
+    assert owners.keys() == {0, 1, 2, 3}
+    for row, obj_id in enumerate((0, 1, 2)):
+        np.testing.assert_array_equal(owners[obj_id], rows[row])
