@@ -13,6 +13,8 @@ torch's), compared to 1 float32 ulp (|d| <= 1.2e-7).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -233,7 +235,10 @@ def test_hotstart_matches_upstream(seed: int, reverse: bool, streaming: bool) ->
     assert bool(book.removed_obj_ids) != streaming  # removals happen, never when streaming
 
 
+@functools.cache
 def _run_both(world_seed: int, settings: ConceptVideoSettings = SETTINGS, reverse=False):
+    """Upstream's and our propagation over one world (cached: several tests read the
+    default run; the results are only read)."""
     world = World.build(world_seed)
     theirs_tracker = WorldTracker(world)
     up = UpstreamRun(world, theirs_tracker, settings)
