@@ -354,11 +354,12 @@ def test_answers_encode_as_coco_rle() -> None:
         np.testing.assert_array_equal(decode_rle(counts, VIDEO_HW), mask)
 
 
-def test_postprocess_matches_processor_on_ties_and_zero_scores() -> None:
+@pytest.mark.parametrize("extent", [16, 28])  # contested pixels: a few (gathered), most (dense)
+def test_postprocess_matches_processor_on_ties_and_zero_scores(extent: int) -> None:
     """Three overlapping objects of one prompt (two with the same tracker score, one with
     none: score 0 keeps no pixel), one of another prompt, one hidden, one empty."""
     rng = np.random.default_rng(7)
-    masks = {o: box_logits((4 + o, 4, 20 + o, 20), rng) for o in (3, 5, 8, 9, 11)}
+    masks = {o: box_logits((o - 3, 2, extent + o - 3, extent + 2), rng) for o in (3, 5, 8, 9, 11)}
     masks[12] = np.full(MASK_HW, -3.0, np.float32)
     scores = {o: float(s) for o, s in zip(masks, rng.uniform(0.5, 1, len(masks)), strict=True)}
     tracker = {3: 0.9, 5: 0.9, 9: 0.4, 11: 0.7}

@@ -49,12 +49,14 @@ class FrameResult:
 
 def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
     """``torchvision.ops.masks_to_boxes``: float32 [K, 4] (x_min, y_min, x_max, y_max) of
-    each non-empty bool [K, H, W] mask's pixels, inclusive."""
+    each non-empty bool [K, H, W] mask's pixels, inclusive (zeros for an empty mask)."""
     boxes = np.zeros((len(masks), 4), _F32)
     for row, mask in enumerate(masks):
-        ys, xs = np.nonzero(mask)
+        # the extents from the row and column projections: a pass over the mask, no index list
+        ys = np.flatnonzero(mask.any(axis=1))
+        xs = np.flatnonzero(mask.any(axis=0))
         if len(xs):
-            boxes[row] = (xs.min(), ys.min(), xs.max(), ys.max())
+            boxes[row] = (xs[0], ys[0], xs[-1], ys[-1])
     return boxes
 
 
@@ -71,16 +73,29 @@ def object_wise_non_overlap(
     Returns:
         bool [K, H, W].
     """
-    out = masks.copy()
+    scores = np.asarray(scores, _F32)
+    # a pixel of one object only stays its own iff its score is positive (upstream's argmax
+    # over "score where the mask is" picks it, or finds no positive value): only the pixels
+    # two objects claim need the argmax, which keeps the work near one pass over the masks
+    out = masks & (scores > 0)[:, None, None]
+    flat_out = out.reshape(len(out), -1)
     for prompt_id in np.unique(prompt_ids):
         rows = np.flatnonzero(prompt_ids == prompt_id)
-        scored = np.where(masks[rows], np.asarray(scores, _F32)[rows, None, None], _F32(0))
         if len(rows) == 1:
-            out[rows] = scored > 0
             continue
+        group = masks[rows].reshape(len(rows), -1)
+        contested = group.sum(axis=0, dtype=np.int32) > 1
+        if not contested.any():
+            continue
+        # few contested pixels: gather them; many: the whole group (a gather costs more)
+        where = np.flatnonzero(contested) if contested.mean() < 0.25 else slice(None)
+        scored = np.where(group[:, where], scores[rows, None], _F32(0))
         winner = np.argmax(scored, axis=0)  # first index on ties, as torch's argmax
-        won = winner[None] == np.arange(len(rows))[:, None, None]
-        out[rows] = won & (scored > 0)
+        won = (winner[None] == np.arange(len(rows))[:, None]) & (scored > 0)
+        if isinstance(where, slice):
+            flat_out[rows] = won
+        else:
+            flat_out[np.ix_(rows, where)] = won
     return out
 
 
