@@ -229,11 +229,13 @@ def upstream_processor():
 class UpstreamRun:
     """Upstream's propagation over the world, with the networks answered by ``tracker``."""
 
-    def __init__(self, world: World, tracker: WorldTracker, settings=SETTINGS) -> None:
+    def __init__(
+        self, world: World, tracker: WorldTracker, settings=SETTINGS, *, streamed: bool = False
+    ) -> None:
         self.world, self.tracker = world, tracker
         self.model = upstream_model(settings)
         self.session = upstream.Sam3VideoInferenceSession(
-            video=torch.zeros(FRAMES, 3, 2, 2),
+            video=None if streamed else torch.zeros(FRAMES, 3, 2, 2),
             video_height=VIDEO_HW[0],
             video_width=VIDEO_HW[1],
             dtype=torch.float32,
@@ -298,16 +300,28 @@ class UpstreamRun:
         n = high_res_masks.shape[0]
         return torch.zeros(1, n, 1), torch.zeros(1, n, 1)
 
-    def run(self, reverse: bool = False, start: int = 0):
-        """Yield (raw output, processed answer) per frame, as a user of upstream gets them."""
-        processor = upstream_processor()
+    def _hook_frames(self) -> None:
         original = upstream.Sam3VideoModel.__dict__["_det_track_one_frame"]
 
         def det_track(inference_session, frame_idx, reverse, streaming=False):
-            self._frame = frame_idx
+            self._frame = frame_idx  # the world answers the frame being processed
             return original(self.model, inference_session, frame_idx, reverse, streaming)
 
         self.model._det_track_one_frame = det_track
+
+    def stream(self):
+        """Frames given one by one (``forward(frame=...)``: no hot-start removal, no delay);
+        yields (raw output, processed answer) per frame. Needs ``streamed=True``."""
+        processor = upstream_processor()
+        self._hook_frames()
+        for _ in range(FRAMES):
+            out = self.model(inference_session=self.session, frame=torch.zeros(3, 2, 2))
+            yield out, processor.postprocess_outputs(self.session, out)
+
+    def run(self, reverse: bool = False, start: int = 0):
+        """Yield (raw output, processed answer) per frame, as a user of upstream gets them."""
+        processor = upstream_processor()
+        self._hook_frames()
         for out in self.model.propagate_in_video_iterator(
             self.session, start_frame_idx=start, reverse=reverse
         ):
