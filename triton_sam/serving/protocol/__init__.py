@@ -8,6 +8,7 @@ model, what they share here:
 - :mod:`.embedding_cache`: ``<family>_session``, image features kept on the server;
 - :mod:`.concept`: ``sam3_concept``, text prompts to instances;
 - :mod:`.tracker`: ``sam2_tracker`` and the five video graphs it calls;
+- :mod:`.concept_video`: ``sam3_concept_video`` (designed; its per-frame answer and settings);
 - :mod:`.runner`: the python-target runner of an ONNX graph;
 - :mod:`.lambda_json`: ``sam2``, the Lambda seed's JSON contract over the session model;
 - :mod:`.everything`: ``<family>_everything``, segment everything over the session model;
