@@ -77,6 +77,8 @@ class Tracker(FrameSteps):
             )
         obj.point_inputs[frame_idx] = new
         obj.mask_inputs.pop(frame_idx, None)
+        if self.config.forward_on_prompt:
+            return self._forward_on_prompt(session, frame_idx, obj_id)
         is_init, reverse, key = self._prompt_kind(obj, frame_idx)
         prev = obj.temp_outputs[key].get(frame_idx)
         if prev is None:
@@ -97,6 +99,15 @@ class Tracker(FrameSteps):
         """A binary mask [H, W] (any size; the original frame's in practice) on a frame
         (``SAM2VideoPredictor.add_new_mask``)."""
         self._check_frame(session, frame_idx)
+        if self.config.forward_on_prompt:
+            # transformers encodes a mask prompt's memory from the full-resolution mask, which
+            # the memory_encoder graph (low-resolution logits in) does not take
+            raise TrackingError(
+                protocol.ERR_INVALID_INPUT,
+                "mask: mask prompts are not served for this model family (SAM3); give points "
+                "or a box",
+                "mask",
+            )
         mask = np.asarray(mask)
         if mask.ndim != 2 or 0 in mask.shape:
             raise TrackingError(
@@ -230,7 +241,9 @@ class Tracker(FrameSteps):
             if out is None:
                 out = self._infer_frame(session, obj, frame_idx, False, None, reverse, memory=True)
                 obj.outputs[NON_COND][frame_idx] = out
-            obj.frames_tracked[frame_idx] = reverse
+                obj.frames_tracked[frame_idx] = reverse
+            elif not self.config.forward_on_prompt:  # transformers never marks a cond frame
+                obj.frames_tracked[frame_idx] = reverse
             masks.append(out.pred_masks)
             scores.append(out.object_score_logits.reshape(-1))
         return session.obj_ids, np.concatenate(masks), np.concatenate(scores)
@@ -238,7 +251,7 @@ class Tracker(FrameSteps):
     def consolidate(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
         """Every object's latest low-res logits on a frame, NO_OBJ_SCORE where it has none
         (``_consolidate_temp_output_across_obj``)."""
-        size = self.size // 4
+        size = self.config.mask_size
         masks = np.full((len(session.objects), 1, size, size), protocol.NO_OBJ_SCORE, _F32)
         for i, out in enumerate(self._latest(session, frame_idx, is_cond)):
             if out is not None:
@@ -263,6 +276,38 @@ class Tracker(FrameSteps):
                 out = obj.outputs[COND].get(frame_idx) or obj.outputs[NON_COND].get(frame_idx)
             latest.append(out)
         return latest
+
+    def _forward_on_prompt(
+        self, session: Session, frame_idx: int, prompted: int
+    ) -> tuple[int, list[int], np.ndarray]:
+        """A prompt as ``Sam3TrackerVideoModel.forward(session, frame_idx)`` runs it (see
+        ``TrackerConfig.forward_on_prompt``): every object on the frame, then the memories of
+        those that ran, encoded together."""
+        ran: list[FrameOutput] = []
+        masks = []
+        for obj_id, obj in session.objects.items():
+            cond = obj.outputs[COND].get(frame_idx)
+            if obj_id == prompted:
+                is_init = frame_idx not in obj.frames_tracked
+                points = obj.point_inputs[frame_idx]
+                out = self._infer_frame(session, obj, frame_idx, is_init, points, False)
+                obj.outputs[COND if is_init else NON_COND][frame_idx] = out
+                ran.append(out)
+            elif cond is not None:  # cached, not run again
+                is_init, out = True, cond
+            else:  # tracked on this frame from its memory
+                is_init = False
+                out = self._infer_frame(session, obj, frame_idx, False, None, False)
+                obj.outputs[NON_COND][frame_idx] = out
+                ran.append(out)
+            if not is_init:
+                obj.frames_tracked[frame_idx] = False
+            masks.append(out.pred_masks)
+        # One batched memory encoding upstream, with one is_mask_from_pts for the batch: true
+        # because the prompted object is in it.
+        for out in ran:
+            out.maskmem = self._encode_memory(session, frame_idx, out, from_pts=True)
+        return frame_idx, session.obj_ids, np.concatenate(masks)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _prompt_kind(self, obj: ObjectState, frame_idx: int) -> tuple[bool, bool, str]:
