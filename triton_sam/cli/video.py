@@ -36,23 +36,25 @@ from triton_sam.client.video import SAM2VideoTritonClient
 from triton_sam.client.video_source import open_video
 
 
-@app.command("setup-video", short_help="Export the SAM2.1 video graphs and the tracker model.")
+@app.command("setup-video", short_help="Export a video tracker's graphs and its tracker model.")
 def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(
-            help="SAM2.1 checkpoint file, e.g. a fine-tuned one: checked against the "
-            "variant's architecture. Default: the downloaded, hash-verified one."
+            help="SAM2.1 checkpoint file (checked against the variant's architecture) or, for "
+            "sam3_tracker, a Hugging Face model directory (the facebook/sam3 snapshot). "
+            "Default: the downloaded, hash-verified one."
         ),
     ] = None,
     random_init: RandomInitOpt = False,
     target: TargetOpt = None,
     repository: RepositoryOpt = None,
 ) -> None:
-    """Export the SAM2.1 video graphs (verified against torch) and write them with the
-    sam2_tracker model into the repository (next to the image models).
+    """Export the video graphs (verified against torch) and write them with the tracker model
+    into the repository (next to the image models): SAM2.1 variants as sam2_tracker,
+    sam3_tracker (transformers' Sam3TrackerVideoModel) as sam3_tracker.
 
     A fine-tuned checkpoint: `triton-sam setup-video sam2.1_hiera_tiny --checkpoint
     my_finetuned.pt` (the variant must be the architecture it was fine-tuned from).

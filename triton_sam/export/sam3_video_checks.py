@@ -37,7 +37,10 @@ def verification_cases(
     model: nn.Module, config: TrackerConfig, rng: np.random.Generator
 ) -> dict[str, list[Case]]:
     """Cases per graph key (see the module docstring)."""
-    from triton_sam.export.sam3_video import memory_position_encoding, vision_position_encoding
+    from triton_sam.export.sam3_video_graphs import (
+        memory_position_encoding,
+        vision_position_encoding,
+    )
 
     size, feat, hidden = config.image_size, config.feat_size, config.hidden_dim
     with torch.no_grad():

@@ -184,6 +184,11 @@ SAM3_MODEL_NAMES: dict[str, str] = {
     if key in SAM3_GRAPH_KEYS
 }
 SAM3_TRACKER_MODEL = "sam3_tracker"
+# family -> (graph key -> default Triton model name, the tracker model's name)
+FAMILY_MODELS: dict[str, tuple[dict[str, str], str]] = {
+    "sam2": (DEFAULT_MODEL_NAMES, TRACKER_MODEL),
+    "sam3": (SAM3_MODEL_NAMES, SAM3_TRACKER_MODEL),
+}
 
 # -- the tracker model's request -----------------------------------------------------------
 # One request = one command. Every input but COMMAND is optional; a command reads the ones it
@@ -251,15 +256,22 @@ INPUTS: tuple[TensorContract, ...] = (
     (REVERSE, "bool", (1,)),
     (STRICT, "bool", (1,)),
 )
-OUTPUT_TENSORS: tuple[TensorContract, ...] = (
-    (OUT_FRAME_INDEX, "int32", (1,)),
-    (OUT_OBJECT_IDS, "int32", (-1,)),
-    (OUT_MASKS, "float32", (-1, 1, MASK_SIZE, MASK_SIZE)),
-    (OUT_OBJECT_SCORES, "float32", (-1,)),
-    (OUT_FRAMES, "int32", (-1,)),
-    (OUT_STATUS, "bytes", (1,)),
-    (OUT_SESSION_ID, "bytes", (1,)),
-)
+
+
+def output_tensors(mask_size: int = MASK_SIZE) -> tuple[TensorContract, ...]:
+    """Every output of the tracker model of a family whose masks are ``mask_size`` square."""
+    return (
+        (OUT_FRAME_INDEX, "int32", (1,)),
+        (OUT_OBJECT_IDS, "int32", (-1,)),
+        (OUT_MASKS, "float32", (-1, 1, mask_size, mask_size)),
+        (OUT_OBJECT_SCORES, "float32", (-1,)),
+        (OUT_FRAMES, "int32", (-1,)),
+        (OUT_STATUS, "bytes", (1,)),
+        (OUT_SESSION_ID, "bytes", (1,)),
+    )
+
+
+OUTPUT_TENSORS = output_tensors(MASK_SIZE)
 REQUIRED_INPUTS = (COMMAND,)
 
 # Commands. Frames are uploaded once (init, then add_frame per frame); propagation is one
