@@ -122,7 +122,7 @@ def track_cmd(
         run(protocol_url(server, protocol))
 
 
-@bench_app.command("video", short_help="Frames/s of video propagation vs SAM2VideoPredictor.")
+@bench_app.command("video", short_help="Frames/s of video propagation vs the upstream tracker.")
 def bench_video_cmd(
     model: VariantOpt = DEFAULT_MODEL,
     frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
@@ -131,8 +131,10 @@ def bench_video_cmd(
     output: ReportDirOpt = Path("outputs/bench"),
     work_dir: WorkDirOpt = Path(".bench_video"),
 ) -> None:
-    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs SAM2VideoPredictor and
-    onnxruntime in-process, one run; bytes per propagated frame; server memory per session."""
+    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs the upstream tracker
+    (SAM2VideoPredictor; for sam3_tracker transformers' Sam3TrackerVideoModel on the seeded
+    small config) and onnxruntime in-process, one run; per-frame latency percentiles; bytes
+    per propagated frame; server memory per session."""
     from triton_sam.bench.video import write_video_report
     from triton_sam.bench.video_served import serve_and_bench_video
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from triton_sam.client.video_api import Masks, PointsPrompt, Propagation, VideoPredictorAPI
 from triton_sam.client.video_source import VideoSource, open_video
-from triton_sam.serving.protocol.tracker import TrackingError
+from triton_sam.serving.protocol.tracker import GRAPHS, TrackingError
 from triton_sam.serving.resample import bilinear
 from triton_sam.serving.tracking.config import TrackerConfig
 from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
@@ -52,11 +52,12 @@ class LocalVideoState:
 
 
 class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
-    """Track objects through a video or volume with the exported SAM2 graphs, in-process.
+    """Track objects through a video or volume with the exported graphs (SAM2.1's
+    ``export_video`` or SAM3's ``export_sam3_video``), in-process.
 
     Args:
-        graphs_dir: a directory with the five ``<graph>.onnx`` files of ``export_video`` and
-            its ``tracker_config.json``.
+        graphs_dir: a directory with the ``<graph>.onnx`` files of ``export_video`` (five) or
+            ``export_sam3_video`` (four) and its ``tracker_config.json``.
         intra_op_threads: onnxruntime threads per graph (0 = its default).
         feature_cache_frames: encoded frames kept per video.
 
@@ -76,7 +77,10 @@ class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
         if not config_path.is_file():
             raise FileNotFoundError(f"{config_path}: missing; export with export_video()")
         config = TrackerConfig.from_json(config_path.read_text())
-        self.tracker = Tracker(OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads), config)
+        # SAM3's export has no mask_prompt graph (its tracker refuses mask prompts)
+        keys = [k for k in GRAPHS if k != "mask_prompt" or (folder / f"{k}.onnx").is_file()]
+        runner = OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads, keys=keys)
+        self.tracker = Tracker(runner, config)
         self.feature_cache_frames = feature_cache_frames
 
     # add_new_points_or_box and propagate_in_video: VideoPredictorAPI, run by _add_points and
