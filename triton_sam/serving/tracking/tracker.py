@@ -10,6 +10,17 @@ Coordinates: points and boxes in (X, Y) pixels of the original frame; masks retu
 low-res logits [K, 1, 256, 256] for the K objects in ``session.obj_ids`` order (upsample them
 to the frame with ``resample.bilinear``, as upstream does); NO_OBJ_SCORE for an object with
 no output on that frame.
+
+One loop for both families: the differences are ``TrackerConfig`` data (SAM3 from
+``export.sam3_video.tracker_config``: sizes, preprocessing, ``forward_on_prompt``). Per-frame
+use from Python (what a caller building on the tracker, e.g. concept tracking, calls)::
+
+    runner = OnnxRuntimeRunner(graphs_dir, keys=protocol.SAM3_GRAPH_KEYS)  # or BLS in Triton
+    tracker = Tracker(runner, TrackerConfig.from_json(config_json))
+    session = Session(num_frames, (H, W)); session.frames[i] = uint8 [H, W, 3]
+    tracker.add_new_points_or_box(session, frame, obj_id, points, labels, box=box)
+    for frame in tracker.processing_order(session):   # runs preflight
+        obj_ids, logits, scores = tracker.track(session, frame)   # one frame, every object
 """
 
 from __future__ import annotations
