@@ -230,7 +230,7 @@ def sam3_video_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sam3_video_build(sam3_spec, sam3_video_checkpoint, tmp_path_factory):
-    """(production repository, VideoRepositoryBuild): the small model's four tracking graphs,
+    """(production repository, VideoRepositoryBuild): the small model's five tracking graphs,
     verified against transformers, with ``sam3_tracker``, as ``triton-sam setup-video
     sam3_tracker --checkpoint DIR`` writes them (~40 s)."""
     from triton_sam.repository.video_config import TrackerOptions

@@ -1,12 +1,12 @@
 """The SAM3 video scenario, run through transformers and through our tracker (in-process or
 served), and the comparison the parity and integration tests share.
 
-Scenario (4 frames of 240x320, two moving rectangles on a noisy background): object 1 by a
-click and a background click on frame 0, object 2 by a box on frame 0, propagation over every
-frame, a correction click for object 1 on frame 2 (a tracked frame), propagation again from
-frame 3. transformers' side is ``Sam3TrackerVideoProcessor`` + ``Sam3TrackerVideoModel`` as
-their docs use them: ``add_inputs_to_inference_session`` then ``model(session, frame_idx)``
-for each prompt, ``propagate_in_video_iterator`` for propagation.
+Scenario (4 frames of 240x320, two moving rectangles on a noisy background): object 1 by a click
+and a background click on frame 0, object 2 by a box on frame 0, propagation over every frame, a
+correction click for object 1 on frame 2 (a tracked frame), propagation again from frame 3, then
+a third object by a mask on frame 1. transformers' side is ``Sam3TrackerVideoProcessor`` +
+``Sam3TrackerVideoModel`` as their docs use them: ``add_inputs_to_inference_session`` then
+``model(session, frame_idx)`` for each prompt, ``propagate_in_video_iterator`` for propagation.
 
 Tolerance: |ours - upstream| <= 2^-10 of the step's largest |upstream| logit (and at least
 2^-10 * 0.01, the order of a random-init model's logits). Each graph matches transformers to a
@@ -30,6 +30,16 @@ CLICK_LABELS = np.array([1, 0], np.int32)
 BOX = np.array([195.0, 95.0, 285.0, 205.0], np.float32)
 CORRECTION = np.array([[130.0, 120.0]], np.float32)
 CORRECTION_FRAME = 2
+MASK_FRAME = 1
+
+
+def object_mask() -> np.ndarray:
+    """bool [H, W]: the red rectangle on MASK_FRAME."""
+    mask = np.zeros((H, W), bool)
+    mask[64:144, 58:158] = True
+    return mask
+
+
 RELATIVE_TOLERANCE = 2.0**-10
 SCALE_FLOOR = 0.01
 
@@ -94,6 +104,10 @@ def transformers_run(checkpoint: Path) -> tuple[Step, ...]:
         record("correction", model(inference_session=session, frame_idx=CORRECTION_FRAME))
         for out in model.propagate_in_video_iterator(session, start_frame_idx=CORRECTION_FRAME + 1):
             record("propagate again", out)
+        proc.add_inputs_to_inference_session(
+            session, frame_idx=MASK_FRAME, obj_ids=3, input_masks=object_mask()
+        )
+        record("mask", model(inference_session=session, frame_idx=MASK_FRAME))
     return tuple(steps)
 
 
@@ -114,6 +128,8 @@ def predictor_run(predictor, state) -> list[Step]:
     start = CORRECTION_FRAME + 1
     for frame, ids, masks in predictor.propagate_in_video(state, start_frame_idx=start):
         steps.append(("propagate again", frame, list(ids), masks))
+    out = predictor.add_new_mask(state, MASK_FRAME, 3, object_mask())
+    steps.append(("mask", out[0], list(out[1]), out[2]))
     return steps
 
 
@@ -142,6 +158,9 @@ class LocalTracker:
         return self.tracker.add_new_points_or_box(
             session, frame_idx, obj_id, points, labels, **kwargs
         )
+
+    def add_new_mask(self, session, frame_idx, obj_id, mask):
+        return self.tracker.add_new_mask(session, frame_idx, obj_id, mask)
 
     def propagate_in_video(self, session, start_frame_idx=None):
         for frame in self.tracker.processing_order(session, start_frame_idx):

@@ -1,4 +1,4 @@
-"""SAM3 video export: ``Sam3TrackerVideoModel`` as the tracker's four graphs, each verified
+"""SAM3 video export: ``Sam3TrackerVideoModel`` as the tracker's five graphs, each verified
 against transformers' own code path (``export/sam3_video_checks.py``) by the export itself,
 and written with ``sam3_tracker`` as ``setup-video sam3_tracker`` writes them."""
 
@@ -21,7 +21,8 @@ def test_every_graph_output_was_checked_and_written(sam3_video_build):
         f"{key}.{name}" for key, (_, outs) in protocol.SAM3_GRAPHS.items() for name, *_ in outs
     }
     assert set(build.max_abs_error) == expected
-    assert "mask_prompt" not in protocol.SAM3_GRAPHS  # refused by the tracker instead
+    # SAM3's mask prompt returns its memory too (encoded from the full-resolution mask)
+    assert protocol.SAM3_GRAPHS["mask_prompt"][1][-1][0] == "maskmem_features"
     for key, name in protocol.SAM3_MODEL_NAMES.items():
         graph = onnx.load(repo / name / "1" / "model.onnx", load_external_data=False).graph
         inputs, outputs = protocol.SAM3_GRAPHS[key]
@@ -38,6 +39,7 @@ def test_tracker_config_is_the_models(sam3_video_checkpoint, sam3_video_build):
     assert (config.hidden_dim, config.mem_dim, config.num_maskmem) == (256, 64, 7)
     assert (config.max_obj_ptrs_in_encoder, config.max_cond_frames_in_attn) == (16, 4)
     assert config.preprocessing == "sam3" and config.forward_on_prompt
+    assert config.mask_prompt_memory
     assert TrackerConfig.from_json(config.to_json()) == config
     served = (repo / protocol.SAM3_TRACKER_MODEL / "config.pbtxt").read_text()
     assert config.to_json().replace('"', '\\"') in served

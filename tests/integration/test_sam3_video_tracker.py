@@ -3,12 +3,12 @@ tracker model that calls them, as ``setup-video sam3_tracker`` writes them, driv
 ``SAM2VideoTritonClient(model="sam3_tracker")`` with prompts in the frames' pixels.
 
 - the scenario of sam3_video_support.py (clicks and a box for two objects, propagation, a
-  correction, propagation again) against transformers' Sam3TrackerVideoModel on the same
-  weights, within the tolerance stated there; masks come back at the video's resolution, so
-  transformers' low-resolution logits are upsampled as the client upsamples;
+  correction, propagation again, a third object by a mask) against transformers'
+  Sam3TrackerVideoModel on the same weights, within the tolerance stated there; masks come back
+  at the video's resolution, so transformers' low-resolution logits are upsampled as the client
+  upsamples;
 - the same sessions as sam2_tracker: server-issued ids bound to the tenant; another tenant's
   requests on an id are refused as if it did not exist, and the owner's session is intact;
-- a mask prompt is refused naming ``mask`` (not served for this family, see export/sam3_video).
 One tritonserver start for the module.
 """
 
@@ -21,7 +21,6 @@ from sam3_video_support import assert_matches, frames, predictor_run, transforme
 from tritonclient.utils import InferenceServerException
 
 from triton_sam.client.video import SAM2VideoTritonClient
-from triton_sam.errors import InputValidationError
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.serving.protocol import parse_error
 from triton_sam.serving.protocol import tracker as protocol
@@ -68,8 +67,6 @@ def test_served_tracking_matches_transformers(sam3_video_server, sam3_video_chec
     ) as client:
         state = client.init_state(frames())
         steps = predictor_run(client, state)
-        with pytest.raises(InputValidationError, match="mask"):
-            client.add_new_mask(state, 1, 3, np.ones(frames()[0].shape[:2], bool))
         client.close_state(state)
     assert [masks.shape[-2:] for *_, masks in steps] == [frames()[0].shape[:2]] * len(steps)
     assert_matches(steps, transformers_run(sam3_video_checkpoint))

@@ -1,7 +1,8 @@
 """Parity: our tracking loop on the exported SAM3 graphs (onnxruntime, in-process) against
 transformers' ``Sam3TrackerVideoProcessor`` + ``Sam3TrackerVideoModel`` on the same seeded
 weights, step by step through the scenario of sam3_video_support.py (clicks and a box for two
-objects, propagation, a correction, propagation again), for two seeds. Tolerance: see
+objects, propagation, a correction, propagation again, a third object by a mask), for two
+seeds. Tolerance: see
 sam3_video_support.py (2^-10 of each step's logit scale). The served tracker runs the same
 scenario in tests/integration/test_sam3_video_tracker.py.
 """
@@ -62,8 +63,9 @@ def test_tracking_loop_matches_transformers(seeded):
     # the click; the box (object 1's conditioning output reused); frames 1-3 x 2 objects
     # (frame 0's outputs reused); the correction (object 1 prompted, object 2 tracked on
     # that frame, as transformers' forward runs every object); frame 3 again x 2
-    assert calls["video_decoder"] == 1 + 1 + 3 * 2 + 2 + 2
-    assert calls["mask_prompt"] == 0
+    # and the mask: objects 1 and 2 tracked on its frame again, object 3 from its mask
+    assert calls["video_decoder"] == 1 + 1 + 3 * 2 + 2 + 2 + 2
+    assert calls["mask_prompt"] == 1
 
 
 def test_scenario_steps_are_upstreams(sam3_video_checkpoint):
@@ -75,5 +77,6 @@ def test_scenario_steps_are_upstreams(sam3_video_checkpoint):
         *[("propagate", f, [1, 2]) for f in range(4)],
         ("correction", 2, [1, 2]),
         ("propagate again", 3, [1, 2]),
+        ("mask", 1, [1, 2, 3]),
     ]
     assert np.isfinite(np.concatenate([m.reshape(-1) for *_, m in reference])).all()

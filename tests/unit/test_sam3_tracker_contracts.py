@@ -29,7 +29,7 @@ def test_sam2_contracts_are_unchanged():
 
 
 def test_sam3_contracts_are_at_its_sizes():
-    assert tuple(protocol.SAM3_GRAPHS) == protocol.SAM3_GRAPH_KEYS  # no mask_prompt
+    assert tuple(protocol.SAM3_GRAPHS) == protocol.SAM3_GRAPH_KEYS == tuple(protocol.GRAPHS)
     sam3 = shapes(protocol.SAM3_GRAPHS)
     assert sam3["image"] == (3, 1008, 1008)
     assert sam3["vision_feats"] == (256, 72, 72)
@@ -43,7 +43,13 @@ def test_sam3_contracts_are_at_its_sizes():
         "memory_attention": "sam3_memory_attention",
         "video_decoder": "sam3_video_decoder",
         "memory_encoder": "sam3_memory_encoder",
+        "mask_prompt": "sam3_mask_prompt",
     }
+    assert [n for n, *_ in protocol.SAM3_GRAPHS["mask_prompt"][1]] == [
+        "obj_ptr",
+        "object_score_logits",
+        "maskmem_features",
+    ]
     masks = {name: dims for name, _, dims in protocol.output_tensors(288)}["masks"]
     assert masks == (-1, 1, 288, 288)
 

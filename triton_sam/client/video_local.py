@@ -16,7 +16,7 @@ import numpy as np
 
 from triton_sam.client.video_api import Masks, PointsPrompt, Propagation, VideoPredictorAPI
 from triton_sam.client.video_source import VideoSource, open_video
-from triton_sam.serving.protocol.tracker import GRAPHS, TrackingError
+from triton_sam.serving.protocol.tracker import TrackingError
 from triton_sam.serving.resample import bilinear
 from triton_sam.serving.tracking.config import TrackerConfig
 from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
@@ -56,8 +56,8 @@ class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
     ``export_video`` or SAM3's ``export_sam3_video``), in-process.
 
     Args:
-        graphs_dir: a directory with the ``<graph>.onnx`` files of ``export_video`` (five) or
-            ``export_sam3_video`` (four) and its ``tracker_config.json``.
+        graphs_dir: a directory with the five ``<graph>.onnx`` files of ``export_video`` or
+            ``export_sam3_video`` and its ``tracker_config.json``.
         intra_op_threads: onnxruntime threads per graph (0 = its default).
         feature_cache_frames: encoded frames kept per video.
 
@@ -77,9 +77,7 @@ class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
         if not config_path.is_file():
             raise FileNotFoundError(f"{config_path}: missing; export with export_video()")
         config = TrackerConfig.from_json(config_path.read_text())
-        # SAM3's export has no mask_prompt graph (its tracker refuses mask prompts)
-        keys = [k for k in GRAPHS if k != "mask_prompt" or (folder / f"{k}.onnx").is_file()]
-        runner = OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads, keys=keys)
+        runner = OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads)
         self.tracker = Tracker(runner, config)
         self.feature_cache_frames = feature_cache_frames
 

@@ -81,6 +81,10 @@ def verification_cases(
             _memory_encoder_case(model, "binarised, present", vision, low_res, 3.0, True),
             _memory_encoder_case(model, "sigmoid, absent", vision, low_res, -2.0, False),
         ]
+        cases["mask_prompt"] = [
+            _mask_prompt_case(model, "empty mask", vision, (high_0, high_1), None),
+            _mask_prompt_case(model, "disc", vision, (high_0, high_1), (0.45, 0.4, 0.2)),
+        ]
         vision_pos = vision_position_encoding(model)
         memory_pos = memory_position_encoding(model)
         cases["memory_attention"] = [
@@ -259,3 +263,36 @@ def _memory_case(
         "obj_ptr_tpos": selection.pointer_tpos[None],
     }
     return label, feeds, {"pix_feat": _np(expected)}
+
+
+def _mask_prompt_case(
+    model: nn.Module,
+    label: str,
+    vision: torch.Tensor,
+    high_res: tuple[torch.Tensor, torch.Tensor],
+    disc: tuple[float, float, float] | None,
+) -> Case:
+    """A binary mask through ``_use_mask_as_output`` and the memory upstream's ``forward``
+    encodes of its output (binarised: a prompt's mask)."""
+    size = int(model.config.image_size)
+    mask = np.zeros((1, 1, size, size), _F32)
+    if disc is not None:
+        yy, xx = np.mgrid[:size, :size] / size
+        cy, cx, radius = disc
+        mask[0, 0] = np.hypot(yy - cy, xx - cx) < radius
+    inputs = torch.from_numpy(mask)
+    out = model._use_mask_as_output(vision, [high_res[0], high_res[1]], inputs)
+    features, _ = model._encode_new_memory(
+        current_vision_feats=vision.flatten(2).permute(2, 0, 1),
+        pred_masks_high_res=out.high_res_masks,
+        object_score_logits=out.object_score_logits.reshape(1, 1),
+        is_mask_from_pts=True,
+    )
+    feat = vision.shape[-1]
+    stored = features.float().permute(1, 2, 0).reshape(1, -1, feat, feat)
+    expected = {
+        "obj_ptr": _np(out.object_pointer.reshape(1, -1)),
+        "object_score_logits": _np(out.object_score_logits.reshape(1, 1)),
+        "maskmem_features": _np(stored),
+    }
+    return label, {"vision_feats": vision.numpy(), "mask": mask}, expected

@@ -265,9 +265,54 @@ class MemoryEncoderGraph(ModelWrapper):
         return features
 
 
+class MaskPromptGraph(ModelWrapper):
+    """``_use_mask_as_output`` for a binary mask [B,1,1008,1008] in the input frame: the object
+    pointer and score, and the memory ``_encode_new_memory`` makes of it (protocol's
+    ``SAM3_GRAPHS["mask_prompt"]``)."""
+
+    def forward(
+        self, vision_feats: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model = self.model
+        batch, feat = vision_feats.shape[0], vision_feats.shape[-1]
+        # The high-resolution levels only shape the decoder's mask upsampling, whose output
+        # this graph drops: zeros of the right shape do.
+        high_res = [
+            torch.zeros(batch, 32, 4 * feat, 4 * feat),
+            torch.zeros(batch, 64, 2 * feat, 2 * feat),
+        ]
+        small = model.mask_downsample(mask)
+        size = tuple(model.prompt_encoder.mask_input_size)
+        # upstream's antialiased resize is an upsampling here (252 -> 288): plain bilinear
+        small = F.interpolate(small, size=size, mode="bilinear", align_corners=False)
+        pointer = model._single_frame_forward(
+            input_masks=small, image_embeddings=[*high_res, vision_feats]
+        ).object_pointer.reshape(batch, -1)
+        lam = (mask.flatten(1) > 0).float().amax(dim=1, keepdim=True)  # any pixel set
+        pointer = lam * pointer + (1 - lam) * model.no_object_pointer
+        score = protocol.MASK_AS_OUTPUT_SCALE * lam + protocol.MASK_AS_OUTPUT_BIAS
+        # the memory: the mask as logits (-10 / +10), resized to the memory encoder's input,
+        # binarised (a prompt's memory always is), scaled
+        high = mask * protocol.MASK_AS_OUTPUT_SCALE + protocol.MASK_AS_OUTPUT_BIAS
+        mem_size = 4 * size[0]
+        high = F.interpolate(high, size=(mem_size, mem_size), mode="bilinear", align_corners=False)
+        memory_mask = (high > 0).float() * model.config.sigmoid_scale_for_mem_enc
+        memory_mask = memory_mask + model.config.sigmoid_bias_for_mem_enc
+        features, _ = model.memory_encoder(vision_feats, memory_mask)
+        if model.occlusion_spatial_embedding_parameter is not None:
+            absent = 1 - (score > 0).float()
+            features = (
+                features
+                + absent[..., None, None]
+                * model.occlusion_spatial_embedding_parameter[..., None, None]
+            )
+        return pointer, score, features
+
+
 WRAPPERS = {
     "video_encoder": VideoEncoder,
     "memory_attention": MemoryAttentionGraph,
     "video_decoder": VideoDecoderGraph,
     "memory_encoder": MemoryEncoderGraph,
+    "mask_prompt": MaskPromptGraph,
 }

@@ -161,14 +161,18 @@ MASK_PROMPT_INPUTS, MASK_PROMPT_OUTPUTS = GRAPHS["mask_prompt"]
 # SAM3 (transformers' Sam3TrackerVideoModel at facebook/sam3's sizes): 1008 / 14 = 72.
 SAM3_IMAGE_SIZE = 1008
 SAM3_FEAT_SIZE = 72
-SAM3_GRAPH_KEYS = ("video_encoder", "memory_attention", "video_decoder", "memory_encoder")
-SAM3_GRAPHS: Contracts = {
-    key: contract
-    for key, contract in graph_contracts(
-        SAM3_IMAGE_SIZE, SAM3_FEAT_SIZE, HIDDEN_DIM, MEM_DIM
-    ).items()
-    if key in SAM3_GRAPH_KEYS
-}
+SAM3_GRAPHS: Contracts = graph_contracts(SAM3_IMAGE_SIZE, SAM3_FEAT_SIZE, HIDDEN_DIM, MEM_DIM)
+# SAM3's mask prompt also returns its memory: transformers encodes a mask prompt's memory
+# from the full-resolution mask (not from low-resolution logits, which is all the
+# memory_encoder graph takes), so the graph that has the mask encodes it.
+SAM3_GRAPHS["mask_prompt"] = (
+    SAM3_GRAPHS["mask_prompt"][0],
+    (
+        *SAM3_GRAPHS["mask_prompt"][1],
+        ("maskmem_features", "float32", (MEM_DIM, SAM3_FEAT_SIZE, SAM3_FEAT_SIZE)),
+    ),
+)
+SAM3_GRAPH_KEYS = tuple(SAM3_GRAPHS)
 # graph key -> default Triton model name
 DEFAULT_MODEL_NAMES: dict[str, str] = {
     "video_encoder": "sam2_video_encoder",

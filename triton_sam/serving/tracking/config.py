@@ -46,6 +46,8 @@ class TrackerConfig:
             their memory or their cached conditioning output), the memories are encoded at
             once (binarised for all when any object was prompted), no previous logits are
             fed back, and a conditioning frame is never marked as tracked.
+        mask_prompt_memory: the ``mask_prompt`` graph also returns the prompt's memory
+            (``maskmem_features``): transformers encodes it from the full-resolution mask.
     """
 
     image_size: int = 1024
@@ -67,6 +69,7 @@ class TrackerConfig:
     mem_dim: int = 64
     preprocessing: str = "sam2"
     forward_on_prompt: bool = False
+    mask_prompt_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.preprocessing not in PREPROCESSINGS:

@@ -185,9 +185,14 @@ class FrameSteps:
         out = self._run("mask_prompt", {"vision_feats": vision, "mask": mask})
         high_res = mask * _F32(protocol.MASK_AS_OUTPUT_SCALE) + _F32(protocol.MASK_AS_OUTPUT_BIAS)
         low_res = antialias_resize(high_res, (self.config.mask_size,) * 2)
-        return FrameOutput(low_res, out["obj_ptr"], out["object_score_logits"])
+        result = FrameOutput(low_res, out["obj_ptr"], out["object_score_logits"])
+        if self.config.mask_prompt_memory:  # upstream keeps memories in bfloat16
+            result.maskmem = to_bfloat16(out["maskmem_features"])
+        return result
 
     def _run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.graph_calls[graph] += 1
         names = [name for name, _, _ in protocol.GRAPHS[graph][1]]
+        if graph == "mask_prompt" and self.config.mask_prompt_memory:
+            names.append("maskmem_features")
         return self.runner.run(graph, inputs, names)

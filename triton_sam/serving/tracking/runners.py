@@ -22,8 +22,7 @@ class OnnxRuntimeRunner:
         graphs: graph key (``protocol.GRAPHS``) -> ``.onnx`` path; a directory holding
             ``<key>.onnx`` files is accepted too.
         intra_op_threads: onnxruntime intra-op threads (0 = its default).
-        keys: the graphs the family has (SAM3 has no ``mask_prompt``:
-            ``protocol.SAM3_GRAPH_KEYS``).
+        keys: the graphs to load (both families have the five of ``protocol.GRAPHS``).
 
     Raises:
         FileNotFoundError: a graph file is missing (the message names it).

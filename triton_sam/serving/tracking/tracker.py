@@ -110,15 +110,6 @@ class Tracker(FrameSteps):
         """A binary mask [H, W] (any size; the original frame's in practice) on a frame
         (``SAM2VideoPredictor.add_new_mask``)."""
         self._check_frame(session, frame_idx)
-        if self.config.forward_on_prompt:
-            # transformers encodes a mask prompt's memory from the full-resolution mask, which
-            # the memory_encoder graph (low-resolution logits in) does not take
-            raise TrackingError(
-                protocol.ERR_INVALID_INPUT,
-                "mask: mask prompts are not served for this model family (SAM3); give points "
-                "or a box",
-                "mask",
-            )
         mask = np.asarray(mask)
         if mask.ndim != 2 or 0 in mask.shape:
             raise TrackingError(
@@ -131,6 +122,8 @@ class Tracker(FrameSteps):
             full = (full >= 0.5).astype(_F32)
         obj.mask_inputs[frame_idx] = full
         obj.point_inputs.pop(frame_idx, None)
+        if self.config.forward_on_prompt:
+            return self._forward_on_prompt(session, frame_idx, obj_id)
         _, _, key = self._prompt_kind(obj, frame_idx)
         obj.temp_outputs[key][frame_idx] = self._mask_as_output(session, frame_idx, full)
         return frame_idx, session.obj_ids, self.consolidate(session, frame_idx, key == COND)
@@ -300,8 +293,12 @@ class Tracker(FrameSteps):
             cond = obj.outputs[COND].get(frame_idx)
             if obj_id == prompted:
                 is_init = frame_idx not in obj.frames_tracked
-                points = obj.point_inputs[frame_idx]
-                out = self._infer_frame(session, obj, frame_idx, is_init, points, False)
+                mask = obj.mask_inputs.get(frame_idx)
+                if mask is not None:  # its memory comes with it (mask_prompt_memory)
+                    out = self._mask_as_output(session, frame_idx, mask)
+                else:
+                    points = obj.point_inputs[frame_idx]
+                    out = self._infer_frame(session, obj, frame_idx, is_init, points, False)
                 obj.outputs[COND if is_init else NON_COND][frame_idx] = out
                 ran.append(out)
             elif cond is not None:  # cached, not run again
@@ -317,7 +314,8 @@ class Tracker(FrameSteps):
         # One batched memory encoding upstream, with one is_mask_from_pts for the batch: true
         # because the prompted object is in it.
         for out in ran:
-            out.maskmem = self._encode_memory(session, frame_idx, out, from_pts=True)
+            if out.maskmem is None:
+                out.maskmem = self._encode_memory(session, frame_idx, out, from_pts=True)
         return frame_idx, session.obj_ids, np.concatenate(masks)
 
     # -- helpers ---------------------------------------------------------------------------------
