@@ -85,3 +85,32 @@ def test_another_tenant_cannot_use_the_session(sam3_video_server):
     status = raw(sam3_video_server, "info", "a", session)["status"][0]
     assert b'"num_frames":2' in status.replace(b" ", b"")
     raw(sam3_video_server, "close", "a", session)
+
+
+def test_track_command_runs_the_sam3_tracker(sam3_video_server, tmp_path):
+    """`triton-sam track --tracker sam3_tracker`: a volume's clicks through SAM3's tracker."""
+    from typer.testing import CliRunner
+
+    from triton_sam.bench.counters import read_counters
+    from triton_sam.cli import app
+    from triton_sam.client.video_source import read_stack
+
+    def served() -> int:  # requests sam3_tracker answered, by the server's statistics
+        return read_counters(
+            sam3_video_server.http_url, None, protocol.SAM3_TRACKER_MODEL
+        ).inference_count
+
+    before = served()
+    z, y, x = 3, 40, 50
+    zz, yy, xx = np.mgrid[0:z, 0:y, 0:x]
+    volume = np.where((xx - 20 - zz) ** 2 + (yy - 20) ** 2 < 36, 200, 20).astype(np.uint8)
+    np.save(tmp_path / "stack.npy", volume)
+    url = sam3_video_server.grpc_url
+    args = ["track", str(tmp_path / "stack.npy"), "--click", "21,20,1,3", "--tracker",
+            "sam3_tracker", "--out", str(tmp_path / "out"), "--url", url]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    labels = read_stack(tmp_path / "out" / "masks.tif")
+    assert labels.shape == (z, y, x) and set(np.unique(labels)) <= {0, 3}
+    assert "3 frames" in result.output
+    assert served() > before  # the command's session was sam3_tracker's, not sam2_tracker's

@@ -90,6 +90,9 @@ def track_cmd(
     ] = None,
     protocol: ProtocolOpt = Protocol.grpc,
     direction: Annotated[str, typer.Option(help="both | forward | reverse.")] = "both",
+    tracker: Annotated[
+        str, typer.Option(help="Served tracker: sam2_tracker (SAM2.1) or sam3_tracker (SAM3).")
+    ] = "sam2_tracker",
     repository: RepositoryOpt = None,
 ) -> None:
     """Segment objects through a video or a 3-D stack from a few clicks: label PNGs per frame,
@@ -100,7 +103,7 @@ def track_cmd(
 
     def run(target: str) -> None:
         with (
-            SAM2VideoTritonClient(target, protocol=protocol) as client,
+            SAM2VideoTritonClient(target, protocol=protocol, model=tracker) as client,
             tqdm(total=total, unit="frame", desc="tracking") as bar,
         ):
             result = track_video(
