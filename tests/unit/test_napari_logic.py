@@ -110,6 +110,24 @@ def test_the_offer_shows_only_the_tools_the_server_has():
     assert not Offer.of(models[:1]).concepts
 
 
+def test_z_propagation_tracks_with_the_family_of_the_clicks_when_the_server_has_it():
+    from triton_sam.client.catalog import _family
+
+    # the catalog names a tracker's family from its model name
+    assert _family("sam3_tracker", "tracker") == "sam3"
+    assert _family("sam2_tracker", "tracker") == "sam2"
+    both = Offer.of(
+        [ServedModel(f"sam{i}_tracker", "tracker", f"sam{i}") for i in (2, 3)]
+        + [ServedModel("sam3_session", "session", "sam3")]
+    )
+    assert both.tracker and both.trackers == {"sam2", "sam3"}
+    assert both.tracker_for("sam3") == "sam3_tracker"
+    assert both.tracker_for("sam1") == "sam2_tracker"  # no SAM1 tracker: SAM2.1's
+    assert both.tracker_for(None) == "sam2_tracker"  # a tracker-only server
+    only3 = Offer.of([ServedModel("sam3_tracker", "tracker", "sam3")])
+    assert only3.tracker_for("sam2") == "sam3_tracker"
+
+
 def test_pixels_in_memory_map_as_the_server_maps_them():
     rng = np.random.default_rng(0)
     volume = rng.integers(0, 4000, (3, 20, 30)).astype(np.uint16)

@@ -45,7 +45,8 @@ class ServedModel:
         kind: ``"session"`` (points and boxes), ``"everything"``, ``"large"`` (tiled large
             images), ``"concept"`` (text prompts) or ``"tracker"`` (videos and volumes).
         family: the client's ``model_type`` for it (``"sam2"``, ``"sam1"``, ``"sam3"``,
-            ``"sam3_concept"``); ``"sam2"`` for the tracker.
+            ``"sam3_concept"``); for a tracker, the family it tracks with (``"sam2"`` for
+            ``sam2_tracker``, ``"sam3"`` for ``sam3_tracker``).
     """
 
     name: str
@@ -134,6 +135,6 @@ def _kind(transport: Transport, name: str) -> str | None:
 def _family(name: str, kind: str) -> str:
     if kind == "concept":
         return "sam3_concept"
-    if kind == "tracker":
-        return "sam2"
+    if kind == "tracker":  # sam2_tracker, sam3_tracker: the family is the name's prefix
+        return name.removesuffix("_tracker")
     return name.removesuffix(_SUFFIXES[kind])

@@ -46,14 +46,26 @@ class Offer:
         everything: families with a segment-everything model.
         large: families with a tiled large-image model.
         concepts: the server has a concept model (text prompts).
-        tracker: the server has the video tracker (z propagation).
+        trackers: families with a video tracker (z propagation), e.g. ``{"sam2", "sam3"}``.
     """
 
     families: list[str] = field(default_factory=list)
     everything: set[str] = field(default_factory=set)
     large: set[str] = field(default_factory=set)
     concepts: bool = False
-    tracker: bool = False
+    trackers: set[str] = field(default_factory=set)
+
+    @property
+    def tracker(self) -> bool:
+        """The server has a video tracker (z propagation)."""
+        return bool(self.trackers)
+
+    def tracker_for(self, family: str | None) -> str:
+        """The tracker model z propagation uses: the one of the family the clicks use when the
+        server has it (the same model sees the same slice), else SAM2.1's, else any."""
+        chosen = family if family in self.trackers else None
+        chosen = chosen or ("sam2" if "sam2" in self.trackers else min(self.trackers))
+        return f"{chosen}_tracker"
 
     @classmethod
     def of(cls, models: list[ServedModel]) -> Offer:
@@ -66,7 +78,7 @@ class Offer:
             everything=set(by_kind.get("everything", [])),
             large=set(by_kind.get("large", [])),
             concepts="concept" in by_kind,
-            tracker="tracker" in by_kind,
+            trackers=set(by_kind.get("tracker", [])),
         )
 
 
@@ -253,7 +265,13 @@ class Session:
             {slice: {object id: bool mask [rows, cols]}} for every slice of the stack.
         """
         if self.video is None:
-            self.video = SAM2VideoTritonClient(self.url, protocol=self.protocol, token=self._token)
+            family = self.client.family.family if self.client is not None else None
+            self.video = SAM2VideoTritonClient(
+                self.url,
+                protocol=self.protocol,
+                token=self._token,
+                model=self.offer.tracker_for(family),
+            )
         if self.tracking is None or self.tracking.layer_name != name:
             self.close_tracking()
             mapping = resolve_pixel_mapping(data, volume=True)
