@@ -220,6 +220,31 @@ def sam3_small_checkpoint(sam3_spec, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sam3_video_checkpoint(tmp_path_factory) -> Path:
+    """A seeded small ``Sam3TrackerVideoModel`` directory with facebook/sam3's tensor contract."""
+    from triton_sam.export.sam3_video import save_random_video_checkpoint
+
+    path = tmp_path_factory.mktemp("ckpt") / "sam3_video_small"
+    return save_random_video_checkpoint(path, seed=0)
+
+
+@pytest.fixture(scope="session")
+def sam3_video_build(sam3_spec, sam3_video_checkpoint, tmp_path_factory):
+    """(production repository, VideoRepositoryBuild): the small model's five tracking graphs,
+    verified against transformers, with ``sam3_tracker``, as ``triton-sam setup-video
+    sam3_tracker --checkpoint DIR`` writes them (~40 s)."""
+    from triton_sam.repository.video_config import TrackerOptions
+    from triton_sam.setup.pipeline import build_video_repository
+
+    repo = tmp_path_factory.mktemp("sam3_video") / "model_repository"
+    options = TrackerOptions(max_sessions=3, max_tenant_sessions=2, evict_idle_s=0)
+    build = build_video_repository(
+        sam3_spec, repo, checkpoint=sam3_video_checkpoint, tracker_options=options
+    )
+    return repo, build
+
+
+@pytest.fixture(scope="session")
 def sam3_onnx_community_pair(sam3_spec, sam3_small_checkpoint, tmp_path_factory) -> Path:
     """The small model exported in the onnx-community layout: ``<dir>/onnx/*.onnx(_data)``."""
     from triton_sam.export import sam3

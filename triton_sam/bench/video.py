@@ -31,15 +31,22 @@ class PathResult:
         bytes_up / bytes_down: per propagated frame, on the wire (Triton paths).
         upload_bytes: per frame, sending it to the server once (Triton paths).
         session_bytes: what the server holds for the session after propagation.
+        frame_ms: each propagated frame's latency (ms), every repeat together; its
+            percentiles are :meth:`percentile`.
     """
 
     path: str
     fps: float
     seconds: list[float] = field(default_factory=list)
+    frame_ms: list[float] = field(default_factory=list)
     bytes_up: float | None = None
     bytes_down: float | None = None
     upload_bytes: float | None = None
     session_bytes: int | None = None
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0-100) of the frame latencies, in ms (NaN if none)."""
+        return float(np.percentile(self.frame_ms, q)) if self.frame_ms else float("nan")
 
 
 @dataclass
@@ -65,9 +72,9 @@ class VideoBenchReport:
             f"object(s), forward propagation, median of {self.repeats}; ratios are time per "
             "frame relative to the baseline (1.30 = 30 % slower)",
             "",
-            "| path | frames/s | vs upstream | vs ORT in-process | up B/frame | down B/frame "
-            "| frame upload B | server MiB/session |",
-            "|---|---|---|---|---|---|---|---|",
+            "| path | frames/s | frame ms p50 | p90 | vs upstream | vs ORT in-process "
+            "| up B/frame | down B/frame | frame upload B | server MiB/session |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.results:
             up = "" if r.bytes_up is None else f"{r.bytes_up:,.0f}"
@@ -75,7 +82,8 @@ class VideoBenchReport:
             upload = "" if r.upload_bytes is None else f"{r.upload_bytes:,.0f}"
             held = "" if r.session_bytes is None else f"{r.session_bytes / 2**20:.1f}"
             lines.append(
-                f"| {r.path} | {r.fps:.3f} | {self.ratio(r.path, 'upstream'):.2f} | "
+                f"| {r.path} | {r.fps:.3f} | {r.percentile(50):.0f} | {r.percentile(90):.0f} | "
+                f"{self.ratio(r.path, 'upstream'):.2f} | "
                 f"{self.ratio(r.path, 'ort'):.2f} | {up} | {down} | {upload} | {held} |"
             )
         return "\n".join(lines)
@@ -101,15 +109,23 @@ def clicks(hw: tuple[int, int], objects: int) -> list[tuple[int, list[float]]]:
     return [(k + 1, [width * (0.2 + 0.25 * k), height * 0.5]) for k in range(objects)]
 
 
+def timed_frames(frames) -> list[float]:
+    """Iterate ``frames`` (a propagation); each frame's latency in ms, in order."""
+    latencies, last = [], time.perf_counter()
+    for _ in frames:
+        now = time.perf_counter()
+        latencies.append(1000 * (now - last))
+        last = now
+    return latencies
+
+
 def time_propagation(predictor, video, hw: tuple[int, int], objects: int) -> tuple[float, object]:
-    """Prompt, then time a full forward propagation; returns (seconds, state)."""
+    """Prompt, then time a full forward propagation; returns ({seconds, frame_ms}, state)."""
     state = predictor.init_state(video)
     for obj_id, point in clicks(hw, objects):
         predictor.add_new_points_or_box(state, 0, obj_id, points=[point], labels=[1])
-    start = time.perf_counter()
-    for _ in predictor.propagate_in_video(state):
-        pass
-    return time.perf_counter() - start, state
+    frame_ms = timed_frames(predictor.propagate_in_video(state))
+    return {"seconds": sum(frame_ms) / 1000, "frame_ms": frame_ms}, state
 
 
 def run_video_benchmark(
@@ -123,6 +139,8 @@ def run_video_benchmark(
     hw: tuple[int, int] = (480, 640),
     repeats: int = 1,
     baselines: bool = True,
+    upstream: object | None = None,
+    tracker_model: str | None = None,
 ) -> VideoBenchReport:
     """Measure every path on the same clip (see the module docstring).
 
@@ -134,6 +152,9 @@ def run_video_benchmark(
         work_dir: where the clip is written.
         baselines: also measure upstream and ORT in-process (False: Triton paths only, to
             add another server's rows to a report).
+        upstream: the upstream path (predictor-style calls); None: ``SAM2VideoPredictor``
+            of ``spec`` (random weights). SAM3: ``bench.video_sam3.TransformersTracker``.
+        tracker_model: the tracker model the Triton paths call (None: ``sam2_tracker``).
     """
     from triton_sam.bench.wire import ByteCountingProxy
     from triton_sam.client.video import SAM2VideoTritonClient
@@ -143,19 +164,22 @@ def run_video_benchmark(
     clip = write_clip(work_dir / "clip", frames, hw)
     runners: dict[str, object] = {}
     if baselines:
-        runners["upstream"] = _Upstream(build_video_model(spec, None))
+        runners["upstream"] = upstream or _Upstream(build_video_model(spec, None))
         runners["ort"] = OnnxVideoPredictor(graphs_dir)
     proxies, clients = {}, {}
     try:
         for label, url in urls.items():
             protocol = "http" if url.startswith(("http://", "https://")) else "grpc"
             proxies[label] = ByteCountingProxy(url.split("://", 1)[-1])
-            clients[label] = SAM2VideoTritonClient(proxies[label].address, protocol=protocol)
+            model = {"model": tracker_model} if tracker_model else {}
+            clients[label] = SAM2VideoTritonClient(
+                proxies[label].address, protocol=protocol, **model
+            )
         samples: dict[str, list[dict[str, float]]] = {k: [] for k in [*runners, *urls]}
         # Round robin: a machine whose load drifts (shared CI) slows every path alike.
         for _ in range(repeats):
             for label, runner in runners.items():
-                samples[label].append({"seconds": time_propagation(runner, clip, hw, objects)[0]})
+                samples[label].append(time_propagation(runner, clip, hw, objects)[0])
             for label in urls:
                 samples[label].append(
                     _triton_run(clients[label], proxies[label], clip, hw, objects)
@@ -168,7 +192,8 @@ def run_video_benchmark(
     results = []
     for label, runs in samples.items():
         seconds = [r["seconds"] for r in runs]
-        result = PathResult(label, frames / statistics.median(seconds), seconds)
+        frame_ms = [ms for r in runs for ms in r["frame_ms"]]
+        result = PathResult(label, frames / statistics.median(seconds), seconds, frame_ms)
         if label in urls:
             result.bytes_up = statistics.median(r["up"] for r in runs)
             result.bytes_down = statistics.median(r["down"] for r in runs)
@@ -188,16 +213,14 @@ def _triton_run(client, proxy, clip: Path, hw: tuple[int, int], objects: int) ->
     for t in range(frames):  # every frame on the server first: the timing is tracking only
         client._ensure_frame(state, t)
     sent, received = proxy.snapshot()
-    start = time.perf_counter()
-    for _ in client.propagate_in_video(state):
-        pass
-    seconds = time.perf_counter() - start
+    frame_ms = timed_frames(client.propagate_in_video(state))
     time.sleep(0.05)  # the proxy's threads count the last bytes
     after = proxy.snapshot()
     held = client.session_info(state)["session"]["bytes"]
     client.close_state(state)
     return {
-        "seconds": seconds,
+        "seconds": sum(frame_ms) / 1000,
+        "frame_ms": frame_ms,
         "up": (after[0] - sent) / frames,
         "down": (after[1] - received) / frames,
         "upload": (sent - before_init) / frames,

@@ -36,23 +36,25 @@ from triton_sam.client.video import SAM2VideoTritonClient
 from triton_sam.client.video_source import open_video
 
 
-@app.command("setup-video", short_help="Export the SAM2.1 video graphs and the tracker model.")
+@app.command("setup-video", short_help="Export a video tracker's graphs and its tracker model.")
 def setup_video_cmd(
     model: ModelArg,
     overrides: OverridesArg = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(
-            help="SAM2.1 checkpoint file, e.g. a fine-tuned one: checked against the "
-            "variant's architecture. Default: the downloaded, hash-verified one."
+            help="SAM2.1 checkpoint file (checked against the variant's architecture) or, for "
+            "sam3_tracker, a Hugging Face model directory (the facebook/sam3 snapshot). "
+            "Default: the downloaded, hash-verified one."
         ),
     ] = None,
     random_init: RandomInitOpt = False,
     target: TargetOpt = None,
     repository: RepositoryOpt = None,
 ) -> None:
-    """Export the SAM2.1 video graphs (verified against torch) and write them with the
-    sam2_tracker model into the repository (next to the image models).
+    """Export the video graphs (verified against torch) and write them with the tracker model
+    into the repository (next to the image models): SAM2.1 variants as sam2_tracker,
+    sam3_tracker (transformers' Sam3TrackerVideoModel) as sam3_tracker.
 
     A fine-tuned checkpoint: `triton-sam setup-video sam2.1_hiera_tiny --checkpoint
     my_finetuned.pt` (the variant must be the architecture it was fine-tuned from).
@@ -120,7 +122,7 @@ def track_cmd(
         run(protocol_url(server, protocol))
 
 
-@bench_app.command("video", short_help="Frames/s of video propagation vs SAM2VideoPredictor.")
+@bench_app.command("video", short_help="Frames/s of video propagation vs the upstream tracker.")
 def bench_video_cmd(
     model: VariantOpt = DEFAULT_MODEL,
     frames: Annotated[int, typer.Option(min=2, help="Frames propagated.")] = 8,
@@ -129,8 +131,10 @@ def bench_video_cmd(
     output: ReportDirOpt = Path("outputs/bench"),
     work_dir: WorkDirOpt = Path(".bench_video"),
 ) -> None:
-    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs SAM2VideoPredictor and
-    onnxruntime in-process, one run; bytes per propagated frame; server memory per session."""
+    """Frames/s of video propagation: embedded Triton (gRPC, HTTP) vs the upstream tracker
+    (SAM2VideoPredictor; for sam3_tracker transformers' Sam3TrackerVideoModel on the seeded
+    small config) and onnxruntime in-process, one run; per-frame latency percentiles; bytes
+    per propagated frame; server memory per session."""
     from triton_sam.bench.video import write_video_report
     from triton_sam.bench.video_served import serve_and_bench_video
 

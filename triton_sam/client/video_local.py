@@ -52,11 +52,12 @@ class LocalVideoState:
 
 
 class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
-    """Track objects through a video or volume with the exported SAM2 graphs, in-process.
+    """Track objects through a video or volume with the exported graphs (SAM2.1's
+    ``export_video`` or SAM3's ``export_sam3_video``), in-process.
 
     Args:
-        graphs_dir: a directory with the five ``<graph>.onnx`` files of ``export_video`` and
-            its ``tracker_config.json``.
+        graphs_dir: a directory with the five ``<graph>.onnx`` files of ``export_video`` or
+            ``export_sam3_video`` and its ``tracker_config.json``.
         intra_op_threads: onnxruntime threads per graph (0 = its default).
         feature_cache_frames: encoded frames kept per video.
 
@@ -76,7 +77,8 @@ class OnnxVideoPredictor(VideoPredictorAPI[LocalVideoState]):
         if not config_path.is_file():
             raise FileNotFoundError(f"{config_path}: missing; export with export_video()")
         config = TrackerConfig.from_json(config_path.read_text())
-        self.tracker = Tracker(OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads), config)
+        runner = OnnxRuntimeRunner(folder, intra_op_threads=intra_op_threads)
+        self.tracker = Tracker(runner, config)
         self.feature_cache_frames = feature_cache_frames
 
     # add_new_points_or_box and propagate_in_video: VideoPredictorAPI, run by _add_points and

@@ -1,7 +1,8 @@
-"""The video models of a repository: five graph configs and the ``sam2_tracker`` model.
+"""The video models of a repository: the graph configs and the tracker model of a family
+(SAM2.1: five graphs and ``sam2_tracker``; SAM3: four graphs and ``sam3_tracker``).
 
-The five graphs are declared ``GraphSpec``s (:func:`video_graphs`) and go through the same
-rendering and writing as every family's graphs (:func:`config.graph_config`,
+The graphs are declared ``GraphSpec``s (``models.sam2_video`` / ``models.sam3_video``) and
+go through the same rendering and writing as every family's graphs (:func:`config.graph_config`,
 :func:`writer.graph_artifacts`), with the tracker's bounds. The tracker is a python-backend
 BLS model whose directory holds ``model.py`` (``serving/tracker_model.py``) and the
 dependency-free ``triton_sam/serving`` modules it needs (protocol, tracking) as
@@ -18,7 +19,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2
 
 from triton_sam.errors import InputValidationError
-from triton_sam.models.sam2_video import video_graphs
+from triton_sam.models import sam2_video, sam3_video
 from triton_sam.repository.checks import check_int, check_model_name
 from triton_sam.repository.config import (
     ModelConfig,
@@ -107,7 +108,7 @@ def build_tracker_config(
         message = model_config_pb2.ModelInput(name=tensor, data_type=_dtype(dtype), dims=list(dims))
         message.optional = tensor not in protocol.REQUIRED_INPUTS
         model.input.append(message)
-    for tensor, dtype, dims in protocol.OUTPUT_TENSORS:
+    for tensor, dtype, dims in protocol.output_tensors(config.mask_size):
         model.output.append(
             model_config_pb2.ModelOutput(name=tensor, data_type=_dtype(dtype), dims=list(dims))
         )
@@ -123,19 +124,30 @@ def build_tracker_config(
     return model
 
 
+# family -> its declared video graphs
+FAMILY_GRAPHS = {"sam2": sam2_video.video_graphs, "sam3": sam3_video.video_graphs}
+
+
 def video_artifacts(
     graphs: dict[str, Path],
     config: TrackerConfig,
     options: RepositoryOptions,
     tracker: TrackerOptions | None = None,
+    *,
+    family: str = "sam2",
 ) -> list[ModelFiles]:
-    """The five graph models and the tracker, ready for :func:`writer.write_models`.
+    """The family's graph models and its tracker, ready for :func:`writer.write_models`.
 
     Raises:
-        RepositoryError / InputValidationError: as :func:`writer.graph_artifacts`.
+        RepositoryError / InputValidationError: as :func:`writer.graph_artifacts`; an
+            unknown family.
     """
     tracker = tracker or TrackerOptions()
-    declared = video_graphs()
+    if family not in FAMILY_GRAPHS:
+        raise InputValidationError(
+            "family", f"got {family!r}, expected one of {sorted(FAMILY_GRAPHS)}"
+        )
+    declared = FAMILY_GRAPHS[family]()
     configs = {
         g.role: graph_config(
             g,
@@ -146,7 +158,13 @@ def video_artifacts(
         for g in declared
     }
     artifacts = graph_artifacts(declared, graphs, options, configs=configs)
-    model = build_tracker_config(options, config, tracker)
+    model = build_tracker_config(
+        options,
+        config,
+        tracker,
+        name=protocol.FAMILY_MODELS[family][1],
+        graph_models={g.role: g.model for g in declared},
+    )
     artifacts.append(ModelFiles(model.name, config_to_text(model), tracker_files()))
     return artifacts
 
@@ -162,11 +180,12 @@ def write_video_models(
     config: TrackerConfig,
     options: RepositoryOptions,
     tracker: TrackerOptions | None = None,
+    *,
+    family: str = "sam2",
 ) -> list[str]:
-    """Write the video graphs and the tracker into ``repo_dir`` as one atomic set."""
-    return [
-        p.name for p in write_models(repo_dir, video_artifacts(graphs, config, options, tracker))
-    ]
+    """Write the family's video graphs and its tracker into ``repo_dir`` as one atomic set."""
+    artifacts = video_artifacts(graphs, config, options, tracker, family=family)
+    return [p.name for p in write_models(repo_dir, artifacts)]
 
 
 def is_tracker_config(config: ModelConfig) -> bool:

@@ -1,4 +1,5 @@
-"""Triton python-backend model that tracks objects through videos: ``sam2_tracker``.
+"""Triton python-backend model that tracks objects through videos: ``sam2_tracker`` (SAM2.1)
+and ``sam3_tracker`` (SAM3), the same file over each family's graphs and ``TrackerConfig``.
 
 The repository writer copies this file to ``sam2_tracker/1/model.py`` and the dependency-free
 ``triton_sam/serving`` modules it needs beside it as ``triton_sam_serving/`` (the same code the
@@ -83,11 +84,14 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         served = settings.from_model_config(protocol.TrackerSettings, config)
+        tracker_config = TrackerConfig.from_json(served.model_config)
         self.service = TrackingService(
             BlsRunner(json.loads(served.graph_models)),
-            TrackerConfig.from_json(served.model_config),
+            tracker_config,
             SessionStore(**served.store_bounds()),
         )
+        # the masks' size is the family's (SAM2.1 256, SAM3 288)
+        self.output_contracts = protocol.output_tensors(tracker_config.mask_size)
         self.input_names = [t["name"] for t in config["input"]]
         self.metrics = _Metrics(args)
 
@@ -121,16 +125,18 @@ class TritonPythonModel:
                     )
                 inputs[name] = value[0]
             outputs = self.service.handle(inputs, request_tenant(request))
-            return pb_utils.InferenceResponse(output_tensors=_tensors(request, outputs, p))
+            tensors = _tensors(request, outputs, self.output_contracts)
+            return pb_utils.InferenceResponse(output_tensors=tensors)
         except Exception as e:  # never let one request take the sessions down
             return model_io.error_answer(pb_utils, e)
 
 
-def _tensors(request, outputs, p):
+def _tensors(request, outputs, output_contracts):
     """Every requested output with Triton's batch dim; an output the command does not produce
     goes back empty (Triton wants every requested output in the response)."""
+    p = protocol
     names = model_io.requested_outputs(request) or list(outputs)
-    contracts = {name: (dtype, dims) for name, dtype, dims in p.OUTPUT_TENSORS}
+    contracts = {name: (dtype, dims) for name, dtype, dims in output_contracts}
     tensors = []
     for name in names:
         value = outputs.get(name)

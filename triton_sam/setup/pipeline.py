@@ -354,18 +354,34 @@ def build_video_repository(
     tracker_options: TrackerOptions | None = None,
     work_dir: Path | None = None,
 ) -> VideoRepositoryBuild:
-    """Export the tracking graphs of ``spec`` and write them with the ``sam2_tracker`` model.
+    """Export the tracking graphs of ``spec`` and write them with its tracker model
+    (``sam2_tracker`` for SAM2.1 variants, ``sam3_tracker`` for sam3_tracker).
 
     Raises:
-        InputValidationError: neither a checkpoint nor ``random_init``; a non-SAM2 family.
+        InputValidationError: neither a checkpoint nor ``random_init``; another family.
         ExportError, ExportValidationError, RepositoryError: from the stages.
     """
     from triton_sam.export.sam2_video import export_video
     from triton_sam.repository.video_config import write_video_models
 
+    if spec.family.family == "sam3":
+        from triton_sam.setup.sam3_video import build_sam3_video
+
+        return VideoRepositoryBuild(
+            *build_sam3_video(
+                repository,
+                checkpoint=checkpoint,
+                random_init=random_init,
+                export_options=export_options,
+                repository_options=repository_options,
+                tracker_options=tracker_options,
+                work_dir=work_dir,
+            )
+        )
     if spec.family.family != "sam2":
         raise InputValidationError(
-            "model", f"video tracking is exported for SAM2.1 variants, got {spec.name!r}"
+            "model",
+            f"video tracking is exported for SAM2.1 variants and sam3_tracker, got {spec.name!r}",
         )
     with _scratch(spec, repository, checkpoint, random_init, work_dir, "video-export") as work:
         scratch, weights = work

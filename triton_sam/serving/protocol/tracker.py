@@ -55,96 +55,124 @@ PIXEL_STD = (0.229, 0.224, 0.225)
 
 TensorContract = tuple[str, str, tuple[int, ...]]
 
-# -- the five graphs the tracker calls ------------------------------------------------------
-# Image encoder for tracking: SAM2Base.forward_image + _prepare_backbone_features, the three
-# feature levels as NCHW maps, *without* no_mem_embed (the image pair's encoder adds it; the
-# memory attention and the memory encoder need the raw lowest level). The position encodings
-# are constants of the feature-map size, so they live inside the graphs that use them.
-ENCODER_INPUTS: tuple[TensorContract, ...] = (("image", "float32", (3, IMAGE_SIZE, IMAGE_SIZE)),)
-ENCODER_OUTPUTS: tuple[TensorContract, ...] = (
-    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
-    ("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
-    ("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
-)
-# Memory attention (SAM2Base._prepare_memory_conditioned_features, step 2): the current
-# frame's features cross-attend to Nm spatial memories and Np object pointers.
-#   memory_tpos: t_pos of each memory (0 = conditioning frame, 1..num_maskmem-1 = how recent),
-#     the graph adds maskmem_tpos_enc[num_maskmem - 1 - t_pos] to its position encoding;
-#   obj_ptr_tpos: each pointer's temporal offset divided by (max pointers - 1), as upstream
-#     feeds get_1d_sine_pe.
-MEMORY_ATTENTION_INPUTS: tuple[TensorContract, ...] = (
-    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
-    ("memory", "float32", (-1, MEM_DIM, FEAT_SIZE, FEAT_SIZE)),
-    ("memory_tpos", "int64", (-1,)),
-    ("obj_ptrs", "float32", (-1, HIDDEN_DIM)),
-    ("obj_ptr_tpos", "float32", (-1,)),
-)
-MEMORY_ATTENTION_OUTPUTS: tuple[TensorContract, ...] = (
-    ("pix_feat", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
-)
-# SAM heads (SAM2Base._forward_sam_heads) on memory-conditioned features. Prompts as the
-# image decoder takes them: box corners (2/3) first, clicks, then padding points (-1), which
-# the caller appends (upstream's prompt encoder pads once more than the points it is given).
-# Flags are 0/1 floats so one graph serves every case by arithmetic:
-#   has_mask_input: mask_input holds previous logits (a correction), else no_mask_embed;
-#   multimask_output: the best of tokens 1-3 by predicted IoU, else token 0 with dynamic
-#     multimask via stability (SAM2Base._use_multimask decides, in the orchestration);
-#   add_no_mem_embed: pix_feat is the raw frame feature of an initial conditioning frame
-#     (directly_add_no_mem_embed), so the graph adds no_mem_embed.
-DECODER_INPUTS: tuple[TensorContract, ...] = (
-    ("pix_feat", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
-    ("high_res_feats_0", "float32", (32, IMAGE_SIZE // 4, IMAGE_SIZE // 4)),
-    ("high_res_feats_1", "float32", (64, IMAGE_SIZE // 8, IMAGE_SIZE // 8)),
-    ("point_coords", "float32", (-1, 2)),
-    ("point_labels", "float32", (-1,)),
-    ("mask_input", "float32", (1, MASK_SIZE, MASK_SIZE)),
-    ("has_mask_input", "float32", (1,)),
-    ("multimask_output", "float32", (1,)),
-    ("add_no_mem_embed", "float32", (1,)),
-)
-# low_res_masks: the selected mask, NO_OBJ_SCORE everywhere when object_score_logits <= 0;
-# obj_ptr: already replaced by no_obj_ptr when the object is absent (fixed_no_obj_ptr).
-DECODER_OUTPUTS: tuple[TensorContract, ...] = (
-    ("low_res_masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
-    ("obj_ptr", "float32", (HIDDEN_DIM,)),
-    ("object_score_logits", "float32", (1,)),
-    ("iou", "float32", (1,)),
-)
-# Memory encoder (SAM2Base._encode_new_memory): low-res masks upsampled to the input frame
-# inside the graph (bilinear, as every upstream caller does before encoding), sigmoid (or
-# binarised for masks from clicks), scale and bias, no_obj_embed_spatial added where the
-# object is absent. The output is what upstream stores (before its bfloat16 cast, which the
-# orchestration applies).
-MEMORY_ENCODER_INPUTS: tuple[TensorContract, ...] = (
-    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
-    ("low_res_masks", "float32", (1, MASK_SIZE, MASK_SIZE)),
-    ("object_score_logits", "float32", (1,)),
-    ("is_mask_from_pts", "float32", (1,)),
-)
-MEMORY_ENCODER_OUTPUTS: tuple[TensorContract, ...] = (
-    ("maskmem_features", "float32", (MEM_DIM, FEAT_SIZE, FEAT_SIZE)),
-)
-# A mask prompt (SAM2Base._use_mask_as_output): the object pointer and score a binary mask in
-# the input frame gives; its low-res logits are a resampling the orchestration does.
-# (The pointer and score come from the decoder's tokens, which the high-resolution features do
-# not reach: they only shape the mask upsampling, whose output is not used here.)
-MASK_PROMPT_INPUTS: tuple[TensorContract, ...] = (
-    ("vision_feats", "float32", (HIDDEN_DIM, FEAT_SIZE, FEAT_SIZE)),
-    ("mask", "float32", (1, IMAGE_SIZE, IMAGE_SIZE)),
-)
-MASK_PROMPT_OUTPUTS: tuple[TensorContract, ...] = (
-    ("obj_ptr", "float32", (HIDDEN_DIM,)),
-    ("object_score_logits", "float32", (1,)),
-)
+Contracts = dict[str, tuple[tuple[TensorContract, ...], tuple[TensorContract, ...]]]
 
-# graph key -> (inputs, outputs); the keys are also the exporter's file stems.
-GRAPHS: dict[str, tuple[tuple[TensorContract, ...], tuple[TensorContract, ...]]] = {
-    "video_encoder": (ENCODER_INPUTS, ENCODER_OUTPUTS),
-    "memory_attention": (MEMORY_ATTENTION_INPUTS, MEMORY_ATTENTION_OUTPUTS),
-    "video_decoder": (DECODER_INPUTS, DECODER_OUTPUTS),
-    "memory_encoder": (MEMORY_ENCODER_INPUTS, MEMORY_ENCODER_OUTPUTS),
-    "mask_prompt": (MASK_PROMPT_INPUTS, MASK_PROMPT_OUTPUTS),
-}
+
+# -- the five graphs the tracker calls ------------------------------------------------------
+def graph_contracts(image_size: int, feat: int, hidden: int, mem: int) -> Contracts:
+    """Graph key -> (inputs, outputs) of one model family: square input ``image_size``, lowest
+    feature level ``feat`` x ``feat`` (masks and the first high-resolution level 4x that, the
+    second 2x), ``hidden`` feature channels, ``mem`` memory channels. SAM2.1:
+    (1024, 64, 256, 64); SAM3: (1008, 72, 256, 64). Per-item dims (batch first when sent).
+    """
+    # Image encoder for tracking: SAM2Base.forward_image + _prepare_backbone_features, the three
+    # feature levels as NCHW maps, *without* no_mem_embed (the image pair's encoder adds it; the
+    # memory attention and the memory encoder need the raw lowest level). The position encodings
+    # are constants of the feature-map size, so they live inside the graphs that use them.
+    encoder_inputs = (("image", "float32", (3, image_size, image_size)),)
+    encoder_outputs = (
+        ("vision_feats", "float32", (hidden, feat, feat)),
+        ("high_res_feats_0", "float32", (32, 4 * feat, 4 * feat)),
+        ("high_res_feats_1", "float32", (64, 2 * feat, 2 * feat)),
+    )
+    # Memory attention (SAM2Base._prepare_memory_conditioned_features, step 2): the current
+    # frame's features cross-attend to Nm spatial memories and Np object pointers.
+    #   memory_tpos: t_pos of each memory (0 = conditioning frame, 1..num_maskmem-1 = how recent),
+    #     the graph adds maskmem_tpos_enc[num_maskmem - 1 - t_pos] to its position encoding;
+    #   obj_ptr_tpos: each pointer's temporal offset divided by (max pointers - 1), as upstream
+    #     feeds get_1d_sine_pe.
+    memory_attention_inputs = (
+        ("vision_feats", "float32", (hidden, feat, feat)),
+        ("memory", "float32", (-1, mem, feat, feat)),
+        ("memory_tpos", "int64", (-1,)),
+        ("obj_ptrs", "float32", (-1, hidden)),
+        ("obj_ptr_tpos", "float32", (-1,)),
+    )
+    memory_attention_outputs = (("pix_feat", "float32", (hidden, feat, feat)),)
+    # SAM heads (SAM2Base._forward_sam_heads) on memory-conditioned features. Prompts as the
+    # image decoder takes them: box corners (2/3) first, clicks, then padding points (-1), which
+    # the caller appends (upstream's prompt encoder pads once more than the points it is given).
+    # Flags are 0/1 floats so one graph serves every case by arithmetic:
+    #   has_mask_input: mask_input holds previous logits (a correction), else no_mask_embed;
+    #   multimask_output: the best of tokens 1-3 by predicted IoU, else token 0 with dynamic
+    #     multimask via stability (SAM2Base._use_multimask decides, in the orchestration);
+    #   add_no_mem_embed: pix_feat is the raw frame feature of an initial conditioning frame
+    #     (directly_add_no_mem_embed), so the graph adds no_mem_embed.
+    decoder_inputs = (
+        ("pix_feat", "float32", (hidden, feat, feat)),
+        ("high_res_feats_0", "float32", (32, 4 * feat, 4 * feat)),
+        ("high_res_feats_1", "float32", (64, 2 * feat, 2 * feat)),
+        ("point_coords", "float32", (-1, 2)),
+        ("point_labels", "float32", (-1,)),
+        ("mask_input", "float32", (1, 4 * feat, 4 * feat)),
+        ("has_mask_input", "float32", (1,)),
+        ("multimask_output", "float32", (1,)),
+        ("add_no_mem_embed", "float32", (1,)),
+    )
+    # low_res_masks: the selected mask, NO_OBJ_SCORE everywhere when object_score_logits <= 0;
+    # obj_ptr: already replaced by no_obj_ptr when the object is absent (fixed_no_obj_ptr).
+    decoder_outputs = (
+        ("low_res_masks", "float32", (1, 4 * feat, 4 * feat)),
+        ("obj_ptr", "float32", (hidden,)),
+        ("object_score_logits", "float32", (1,)),
+        ("iou", "float32", (1,)),
+    )
+    # Memory encoder (SAM2Base._encode_new_memory): low-res masks upsampled to the input frame
+    # inside the graph (bilinear, as every upstream caller does before encoding), sigmoid (or
+    # binarised for masks from clicks), scale and bias, no_obj_embed_spatial added where the
+    # object is absent. The output is what upstream stores (before its bfloat16 cast, which the
+    # orchestration applies).
+    memory_encoder_inputs = (
+        ("vision_feats", "float32", (hidden, feat, feat)),
+        ("low_res_masks", "float32", (1, 4 * feat, 4 * feat)),
+        ("object_score_logits", "float32", (1,)),
+        ("is_mask_from_pts", "float32", (1,)),
+    )
+    memory_encoder_outputs = (("maskmem_features", "float32", (mem, feat, feat)),)
+    # A mask prompt (SAM2Base._use_mask_as_output): the object pointer and score a binary mask in
+    # the input frame gives; its low-res logits are a resampling the orchestration does.
+    # (The pointer and score come from the decoder's tokens, which the high-resolution features do
+    # not reach: they only shape the mask upsampling, whose output is not used here.)
+    mask_prompt_inputs = (
+        ("vision_feats", "float32", (hidden, feat, feat)),
+        ("mask", "float32", (1, image_size, image_size)),
+    )
+    mask_prompt_outputs = (
+        ("obj_ptr", "float32", (hidden,)),
+        ("object_score_logits", "float32", (1,)),
+    )
+
+    # graph key -> (inputs, outputs); the keys are also the exporter's file stems.
+    return {
+        "video_encoder": (encoder_inputs, encoder_outputs),
+        "memory_attention": (memory_attention_inputs, memory_attention_outputs),
+        "video_decoder": (decoder_inputs, decoder_outputs),
+        "memory_encoder": (memory_encoder_inputs, memory_encoder_outputs),
+        "mask_prompt": (mask_prompt_inputs, mask_prompt_outputs),
+    }
+
+
+GRAPHS: Contracts = graph_contracts(IMAGE_SIZE, FEAT_SIZE, HIDDEN_DIM, MEM_DIM)
+ENCODER_INPUTS, ENCODER_OUTPUTS = GRAPHS["video_encoder"]
+MEMORY_ATTENTION_INPUTS, MEMORY_ATTENTION_OUTPUTS = GRAPHS["memory_attention"]
+DECODER_INPUTS, DECODER_OUTPUTS = GRAPHS["video_decoder"]
+MEMORY_ENCODER_INPUTS, MEMORY_ENCODER_OUTPUTS = GRAPHS["memory_encoder"]
+MASK_PROMPT_INPUTS, MASK_PROMPT_OUTPUTS = GRAPHS["mask_prompt"]
+# SAM3 (transformers' Sam3TrackerVideoModel at facebook/sam3's sizes): 1008 / 14 = 72.
+SAM3_IMAGE_SIZE = 1008
+SAM3_FEAT_SIZE = 72
+SAM3_GRAPHS: Contracts = graph_contracts(SAM3_IMAGE_SIZE, SAM3_FEAT_SIZE, HIDDEN_DIM, MEM_DIM)
+# SAM3's mask prompt also returns its memory: transformers encodes a mask prompt's memory
+# from the full-resolution mask (not from low-resolution logits, which is all the
+# memory_encoder graph takes), so the graph that has the mask encodes it.
+SAM3_GRAPHS["mask_prompt"] = (
+    SAM3_GRAPHS["mask_prompt"][0],
+    (
+        *SAM3_GRAPHS["mask_prompt"][1],
+        ("maskmem_features", "float32", (MEM_DIM, SAM3_FEAT_SIZE, SAM3_FEAT_SIZE)),
+    ),
+)
+SAM3_GRAPH_KEYS = tuple(SAM3_GRAPHS)
 # graph key -> default Triton model name
 DEFAULT_MODEL_NAMES: dict[str, str] = {
     "video_encoder": "sam2_video_encoder",
@@ -154,6 +182,17 @@ DEFAULT_MODEL_NAMES: dict[str, str] = {
     "mask_prompt": "sam2_mask_prompt",
 }
 TRACKER_MODEL = "sam2_tracker"
+SAM3_MODEL_NAMES: dict[str, str] = {
+    key: name.replace("sam2_", "sam3_", 1)
+    for key, name in DEFAULT_MODEL_NAMES.items()
+    if key in SAM3_GRAPH_KEYS
+}
+SAM3_TRACKER_MODEL = "sam3_tracker"
+# family -> (graph key -> default Triton model name, the tracker model's name)
+FAMILY_MODELS: dict[str, tuple[dict[str, str], str]] = {
+    "sam2": (DEFAULT_MODEL_NAMES, TRACKER_MODEL),
+    "sam3": (SAM3_MODEL_NAMES, SAM3_TRACKER_MODEL),
+}
 
 # -- the tracker model's request -----------------------------------------------------------
 # One request = one command. Every input but COMMAND is optional; a command reads the ones it
@@ -221,15 +260,22 @@ INPUTS: tuple[TensorContract, ...] = (
     (REVERSE, "bool", (1,)),
     (STRICT, "bool", (1,)),
 )
-OUTPUT_TENSORS: tuple[TensorContract, ...] = (
-    (OUT_FRAME_INDEX, "int32", (1,)),
-    (OUT_OBJECT_IDS, "int32", (-1,)),
-    (OUT_MASKS, "float32", (-1, 1, MASK_SIZE, MASK_SIZE)),
-    (OUT_OBJECT_SCORES, "float32", (-1,)),
-    (OUT_FRAMES, "int32", (-1,)),
-    (OUT_STATUS, "bytes", (1,)),
-    (OUT_SESSION_ID, "bytes", (1,)),
-)
+
+
+def output_tensors(mask_size: int = MASK_SIZE) -> tuple[TensorContract, ...]:
+    """Every output of the tracker model of a family whose masks are ``mask_size`` square."""
+    return (
+        (OUT_FRAME_INDEX, "int32", (1,)),
+        (OUT_OBJECT_IDS, "int32", (-1,)),
+        (OUT_MASKS, "float32", (-1, 1, mask_size, mask_size)),
+        (OUT_OBJECT_SCORES, "float32", (-1,)),
+        (OUT_FRAMES, "int32", (-1,)),
+        (OUT_STATUS, "bytes", (1,)),
+        (OUT_SESSION_ID, "bytes", (1,)),
+    )
+
+
+OUTPUT_TENSORS = output_tensors(MASK_SIZE)
 REQUIRED_INPUTS = (COMMAND,)
 
 # Commands. Frames are uploaded once (init, then add_frame per frame); propagation is one

@@ -1,13 +1,16 @@
-"""The SAM2 hyperparameters the tracking orchestration reproduces (dependency-free).
+"""The hyperparameters the tracking orchestration reproduces (dependency-free).
 
-The exporter reads them from the built ``SAM2VideoPredictor`` (so a variant is data, not
-code) and the repository writes them, as JSON, into the tracker model's config.
+The exporter reads them from the built model (sam2's ``SAM2VideoPredictor`` or transformers'
+``Sam3TrackerVideoModel``, so a family and a variant are data, not code) and the repository
+writes them, as JSON, into the tracker model's config.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
+
+PREPROCESSINGS = ("sam2", "sam3")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,23 @@ class TrackerConfig:
         use_mask_input_as_output_without_sam: a mask prompt is taken as the output.
         add_all_frames_to_correct_as_cond: corrections become conditioning frames.
         clear_non_cond_mem_around_input: drop recent memories around a corrected frame.
+        feat_size: side of the lowest-resolution feature map (1024 / 16 for SAM2.1, 1008 / 14
+            for SAM3); the low-resolution masks are 4x that, the high-resolution levels 4x
+            and 2x.
+        hidden_dim / mem_dim: channels of the features and object pointers / of a memory.
+        preprocessing: how a frame becomes the model input: ``"sam2"`` (Pillow bicubic,
+            ImageNet mean/std, as ``load_video_frames``) or ``"sam3"`` (antialiased bilinear
+            on uint8, mean = std = 0.5, as transformers' SAM3 processors).
+        forward_on_prompt: how a prompt is run. False: ``SAM2VideoPredictor`` (the prompted
+            object alone, its output kept temporary until propagation encodes its memory,
+            previous logits fed back as the mask input of a correction). True:
+            transformers' ``Sam3TrackerVideoModel``, where a prompt is ``forward`` on its
+            frame: every object runs (the prompted one from its points, the others from
+            their memory or their cached conditioning output), the memories are encoded at
+            once (binarised for all when any object was prompted), no previous logits are
+            fed back, and a conditioning frame is never marked as tracked.
+        mask_prompt_memory: the ``mask_prompt`` graph also returns the prompt's memory
+            (``maskmem_features``): transformers encodes it from the full-resolution mask.
     """
 
     image_size: int = 1024
@@ -44,6 +64,23 @@ class TrackerConfig:
     use_mask_input_as_output_without_sam: bool = True
     add_all_frames_to_correct_as_cond: bool = False
     clear_non_cond_mem_around_input: bool = False
+    feat_size: int = 64
+    hidden_dim: int = 256
+    mem_dim: int = 64
+    preprocessing: str = "sam2"
+    forward_on_prompt: bool = False
+    mask_prompt_memory: bool = False
+
+    def __post_init__(self) -> None:
+        if self.preprocessing not in PREPROCESSINGS:
+            raise ValueError(
+                f"preprocessing: got {self.preprocessing!r}, expected one of {list(PREPROCESSINGS)}"
+            )
+
+    @property
+    def mask_size(self) -> int:
+        """Side of the low-resolution mask logits (stride 4 of the lowest feature level)."""
+        return 4 * self.feat_size
 
     def to_json(self) -> str:
         """Compact JSON, as stored in the tracker model's config."""
@@ -64,8 +101,9 @@ class TrackerConfig:
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ValueError(f"model_config: unknown settings {unknown}")
+        types = {"bool": bool, "str": str}
         for name, value in data.items():
-            wanted = bool if known[name].type in ("bool", bool) else int
+            wanted = types.get(str(known[name].type), int)
             if type(value) is not wanted:
                 raise ValueError(f"model_config: {name} = {value!r}, expected {wanted.__name__}")
         return cls(**data)

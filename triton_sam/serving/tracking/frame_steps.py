@@ -17,7 +17,7 @@ from ..protocol import tracker as protocol
 from ..protocol.tracker import TrackingError
 from ..resample import antialias_resize
 from .config import TrackerConfig
-from .frames import decode_frame, preprocess_frame
+from .frames import decode_frame, preprocess
 from .memory import select_memories
 from .state import (
     Features,
@@ -77,7 +77,8 @@ class FrameSteps:
                 f"{session.video_hw[1]}x{session.video_hw[0]} (W x H)",
                 "frame",
             )
-        out = self._run("video_encoder", {"image": preprocess_frame(frame, self.size)})
+        pixels = preprocess(frame, self.size, self.config.preprocessing)
+        out = self._run("video_encoder", {"image": pixels})
         features = (out["vision_feats"], out["high_res_feats_0"], out["high_res_feats_1"])
         session.cache_features(frame_idx, features)
         return features
@@ -112,7 +113,7 @@ class FrameSteps:
             coords = np.concatenate([points.coords, np.zeros((1, 2), _F32)]).astype(_F32)
             labels = np.concatenate([points.labels.astype(_F32), [-1.0]]).astype(_F32)
         has_mask = prev_logits is not None
-        size = self.size // 4
+        size = self.config.mask_size
         out = self._run(
             "video_decoder",
             {
@@ -146,7 +147,7 @@ class FrameSteps:
             reverse=reverse,
         )
         memory = np.stack([from_bfloat16(o.maskmem) for o in selection.memories], axis=1)
-        hidden = protocol.HIDDEN_DIM
+        hidden = self.config.hidden_dim
         pointers = [o.obj_ptr for o in selection.pointers]
         obj_ptrs = np.stack(pointers, axis=1) if pointers else np.zeros((1, 0, hidden), _F32)
         out = self._run(
@@ -183,10 +184,15 @@ class FrameSteps:
         vision = self.features(session, frame_idx)[0]
         out = self._run("mask_prompt", {"vision_feats": vision, "mask": mask})
         high_res = mask * _F32(protocol.MASK_AS_OUTPUT_SCALE) + _F32(protocol.MASK_AS_OUTPUT_BIAS)
-        low_res = antialias_resize(high_res, (self.size // 4, self.size // 4))
-        return FrameOutput(low_res, out["obj_ptr"], out["object_score_logits"])
+        low_res = antialias_resize(high_res, (self.config.mask_size,) * 2)
+        result = FrameOutput(low_res, out["obj_ptr"], out["object_score_logits"])
+        if self.config.mask_prompt_memory:  # upstream keeps memories in bfloat16
+            result.maskmem = to_bfloat16(out["maskmem_features"])
+        return result
 
     def _run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.graph_calls[graph] += 1
         names = [name for name, _, _ in protocol.GRAPHS[graph][1]]
+        if graph == "mask_prompt" and self.config.mask_prompt_memory:
+            names.append("maskmem_features")
         return self.runner.run(graph, inputs, names)

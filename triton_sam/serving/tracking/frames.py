@@ -12,8 +12,31 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..images import preprocess_sam3
 from ..protocol import tracker as protocol
 from ..protocol.tracker import TrackingError
+
+
+def preprocess(frame: np.ndarray, image_size: int, preprocessing: str) -> np.ndarray:
+    """A decoded frame as the model family feeds it: ``"sam2"`` (:func:`preprocess_frame`)
+    or ``"sam3"`` (transformers' SAM3 processors: antialiased bilinear resize of the uint8
+    frame, mean = std = 0.5; a grayscale frame becomes RGB by repeating its channel).
+
+    Returns:
+        float32 [1, 3, image_size, image_size].
+    """
+    if preprocessing == "sam2":
+        return preprocess_frame(frame, image_size)
+    if frame.ndim == 2:
+        frame = frame[..., None]
+    if frame.shape[2] == 1:
+        frame = np.repeat(frame, 3, axis=2)
+    pixels = preprocess_sam3(frame)
+    if pixels.shape[-1] != image_size:  # the SAM3 processors' size is fixed
+        raise ValueError(
+            f"image_size: SAM3 preprocessing gives {pixels.shape[-1]}, not {image_size}"
+        )
+    return pixels
 
 
 def preprocess_frame(frame: np.ndarray, image_size: int = protocol.IMAGE_SIZE) -> np.ndarray:

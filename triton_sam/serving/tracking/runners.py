@@ -22,6 +22,7 @@ class OnnxRuntimeRunner:
         graphs: graph key (``protocol.GRAPHS``) -> ``.onnx`` path; a directory holding
             ``<key>.onnx`` files is accepted too.
         intra_op_threads: onnxruntime intra-op threads (0 = its default).
+        keys: the graphs to load (both families have the five of ``protocol.GRAPHS``).
 
     Raises:
         FileNotFoundError: a graph file is missing (the message names it).
@@ -32,16 +33,17 @@ class OnnxRuntimeRunner:
         graphs: Mapping[str, str | os.PathLike[str]] | str | os.PathLike[str],
         *,
         intra_op_threads: int = 0,
+        keys: Sequence[str] = tuple(protocol.GRAPHS),
     ) -> None:
         import onnxruntime as ort
 
         if not isinstance(graphs, Mapping):
             folder = os.fspath(graphs)
-            graphs = {key: os.path.join(folder, f"{key}.onnx") for key in protocol.GRAPHS}
+            graphs = {key: os.path.join(folder, f"{key}.onnx") for key in keys}
         missing = [os.fspath(p) for p in graphs.values() if not os.path.isfile(p)]
-        if missing or set(graphs) != set(protocol.GRAPHS):
+        if missing or set(graphs) != set(keys):
             raise FileNotFoundError(
-                f"graphs: expected {sorted(protocol.GRAPHS)}, missing files {missing} "
+                f"graphs: expected {sorted(keys)}, missing files {missing} "
                 f"(got keys {sorted(graphs)}); export them with export_video()"
             )
         options = ort.SessionOptions()

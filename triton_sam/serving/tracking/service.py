@@ -24,7 +24,6 @@ from .state import Session
 from .tracker import COND, GraphRunner, Tracker
 
 Tensors = Mapping[str, np.ndarray]
-_EMPTY_MASKS = np.zeros((0, 1, p.MASK_SIZE, p.MASK_SIZE), np.float32)
 
 
 class TrackingService:
@@ -283,7 +282,10 @@ def _masks_out(frame: int, ids: list[int], masks: np.ndarray) -> dict[str, np.nd
     return {
         p.OUT_FRAME_INDEX: np.array([frame], np.int32),
         p.OUT_OBJECT_IDS: np.array(ids, np.int32),
-        p.OUT_MASKS: np.ascontiguousarray(masks, np.float32) if len(ids) else _EMPTY_MASKS,
+        # no object: an empty batch of the family's mask size (masks is [0, 1, S, S] then)
+        p.OUT_MASKS: np.ascontiguousarray(masks, np.float32).reshape(
+            len(ids), 1, *masks.shape[-2:]
+        ),
     }
 
 

@@ -10,6 +10,17 @@ Coordinates: points and boxes in (X, Y) pixels of the original frame; masks retu
 low-res logits [K, 1, 256, 256] for the K objects in ``session.obj_ids`` order (upsample them
 to the frame with ``resample.bilinear``, as upstream does); NO_OBJ_SCORE for an object with
 no output on that frame.
+
+One loop for both families: the differences are ``TrackerConfig`` data (SAM3 from
+``export.sam3_video.tracker_config``: sizes, preprocessing, ``forward_on_prompt``). Per-frame
+use from Python (what a caller building on the tracker, e.g. concept tracking, calls)::
+
+    runner = OnnxRuntimeRunner(graphs_dir, keys=protocol.SAM3_GRAPH_KEYS)  # or BLS in Triton
+    tracker = Tracker(runner, TrackerConfig.from_json(config_json))
+    session = Session(num_frames, (H, W)); session.frames[i] = uint8 [H, W, 3]
+    tracker.add_new_points_or_box(session, frame, obj_id, points, labels, box=box)
+    for frame in tracker.processing_order(session):   # runs preflight
+        obj_ids, logits, scores = tracker.track(session, frame)   # one frame, every object
 """
 
 from __future__ import annotations
@@ -77,6 +88,8 @@ class Tracker(FrameSteps):
             )
         obj.point_inputs[frame_idx] = new
         obj.mask_inputs.pop(frame_idx, None)
+        if self.config.forward_on_prompt:
+            return self._forward_on_prompt(session, frame_idx, obj_id)
         is_init, reverse, key = self._prompt_kind(obj, frame_idx)
         prev = obj.temp_outputs[key].get(frame_idx)
         if prev is None:
@@ -109,6 +122,8 @@ class Tracker(FrameSteps):
             full = (full >= 0.5).astype(_F32)
         obj.mask_inputs[frame_idx] = full
         obj.point_inputs.pop(frame_idx, None)
+        if self.config.forward_on_prompt:
+            return self._forward_on_prompt(session, frame_idx, obj_id)
         _, _, key = self._prompt_kind(obj, frame_idx)
         obj.temp_outputs[key][frame_idx] = self._mask_as_output(session, frame_idx, full)
         return frame_idx, session.obj_ids, self.consolidate(session, frame_idx, key == COND)
@@ -230,7 +245,9 @@ class Tracker(FrameSteps):
             if out is None:
                 out = self._infer_frame(session, obj, frame_idx, False, None, reverse, memory=True)
                 obj.outputs[NON_COND][frame_idx] = out
-            obj.frames_tracked[frame_idx] = reverse
+                obj.frames_tracked[frame_idx] = reverse
+            elif not self.config.forward_on_prompt:  # transformers never marks a cond frame
+                obj.frames_tracked[frame_idx] = reverse
             masks.append(out.pred_masks)
             scores.append(out.object_score_logits.reshape(-1))
         return session.obj_ids, np.concatenate(masks), np.concatenate(scores)
@@ -238,7 +255,7 @@ class Tracker(FrameSteps):
     def consolidate(self, session: Session, frame_idx: int, is_cond: bool) -> np.ndarray:
         """Every object's latest low-res logits on a frame, NO_OBJ_SCORE where it has none
         (``_consolidate_temp_output_across_obj``)."""
-        size = self.size // 4
+        size = self.config.mask_size
         masks = np.full((len(session.objects), 1, size, size), protocol.NO_OBJ_SCORE, _F32)
         for i, out in enumerate(self._latest(session, frame_idx, is_cond)):
             if out is not None:
@@ -263,6 +280,43 @@ class Tracker(FrameSteps):
                 out = obj.outputs[COND].get(frame_idx) or obj.outputs[NON_COND].get(frame_idx)
             latest.append(out)
         return latest
+
+    def _forward_on_prompt(
+        self, session: Session, frame_idx: int, prompted: int
+    ) -> tuple[int, list[int], np.ndarray]:
+        """A prompt as ``Sam3TrackerVideoModel.forward(session, frame_idx)`` runs it (see
+        ``TrackerConfig.forward_on_prompt``): every object on the frame, then the memories of
+        those that ran, encoded together."""
+        ran: list[FrameOutput] = []
+        masks = []
+        for obj_id, obj in session.objects.items():
+            cond = obj.outputs[COND].get(frame_idx)
+            if obj_id == prompted:
+                is_init = frame_idx not in obj.frames_tracked
+                mask = obj.mask_inputs.get(frame_idx)
+                if mask is not None:  # its memory comes with it (mask_prompt_memory)
+                    out = self._mask_as_output(session, frame_idx, mask)
+                else:
+                    points = obj.point_inputs[frame_idx]
+                    out = self._infer_frame(session, obj, frame_idx, is_init, points, False)
+                obj.outputs[COND if is_init else NON_COND][frame_idx] = out
+                ran.append(out)
+            elif cond is not None:  # cached, not run again
+                is_init, out = True, cond
+            else:  # tracked on this frame from its memory
+                is_init = False
+                out = self._infer_frame(session, obj, frame_idx, False, None, False)
+                obj.outputs[NON_COND][frame_idx] = out
+                ran.append(out)
+            if not is_init:
+                obj.frames_tracked[frame_idx] = False
+            masks.append(out.pred_masks)
+        # One batched memory encoding upstream, with one is_mask_from_pts for the batch: true
+        # because the prompted object is in it.
+        for out in ran:
+            if out.maskmem is None:
+                out.maskmem = self._encode_memory(session, frame_idx, out, from_pts=True)
+        return frame_idx, session.obj_ids, np.concatenate(masks)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _prompt_kind(self, obj: ObjectState, frame_idx: int) -> tuple[bool, bool, str]:
