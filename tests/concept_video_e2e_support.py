@@ -49,8 +49,8 @@ SETTINGS = ConceptVideoSettings(
     new_det_thresh=0.575,
     high_conf_thresh=0.575,
     hotstart_delay=2,
-    hotstart_unmatch_thresh=1,
-    hotstart_dup_thresh=1,
+    hotstart_unmatch_thresh=2,
+    hotstart_dup_thresh=2,
     recondition_every_nth_frame=2,
 )
 THRESHOLD_NAMES = ("score_threshold_detection", "new_det_thresh", "high_conf_thresh")
@@ -232,3 +232,76 @@ def closest_to_threshold(run: ReferenceRun, settings: ConceptVideoSettings = SET
     """The smallest |probability - threshold| over every query of every frame."""
     probs = np.concatenate([p.ravel() for p in run.probabilities]).astype(np.float64)
     return min(float(np.abs(probs - getattr(settings, n)).min()) for n in THRESHOLD_NAMES)
+
+
+def export_graphs(out_dir, seed: int = SEED, *, verify: bool = False):
+    """The seeded video model exported (``ConceptVideoExport``); unverified by default: the
+    end-to-end parity is the check of these graphs (their export gates run in the families'
+    own export tests)."""
+    from triton_sam.export import ExportOptions
+    from triton_sam.export.sam3_concept import toy_tokenizer
+    from triton_sam.export.sam3_concept_video import export_concept_video
+
+    model = random_video_model(seed)
+    return export_concept_video(model, out_dir, toy_tokenizer(), ExportOptions(verify=verify))
+
+
+def pipeline(export, settings: ConceptVideoSettings = SETTINGS):
+    """Our :class:`ConceptVideo` on onnxruntime over the exported graphs, on :func:`clip`
+    with :data:`PHRASE` (tokenised by the processor's tokenizer, as upstream does)."""
+    from triton_sam.serving.concept_video.pipeline import DETECTOR_KEYS, ConceptVideo
+    from triton_sam.serving.protocol import tracker as protocol
+    from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
+
+    tokens = processor().tokenizer(PHRASE, padding="max_length", max_length=32)
+    graphs = export.detector.graphs
+    detector = OnnxRuntimeRunner({k: graphs[k] for k in DETECTOR_KEYS}, keys=DETECTOR_KEYS)
+    tracker = OnnxRuntimeRunner(export.tracker.graphs, keys=protocol.SAM3_GRAPH_KEYS)
+    prompts = {0: (np.array(tokens["input_ids"]), np.array(tokens["attention_mask"]))}
+    return ConceptVideo(detector, tracker, export.tracker.tracker_config, clip(), prompts, settings)
+
+
+def frame_errors(ours: list, reference: ReferenceRun) -> list[dict]:
+    """Per answered frame: the comparison of ours (``(FrameOutput, FrameResult)`` pairs) with
+    the reference, after asserting the same frames, object ids, prompts and boxes.
+
+    Returns:
+        One row per frame: ``logit_error`` / ``logit_bound`` (worst object), ``score_error``
+        (relative), ``mask_flips_outside`` (mask pixels that differ where upstream's
+        upsampled logit is above the bound: must be 0).
+    """
+    from sam3_video_support import RELATIVE_TOLERANCE, SCALE_FLOOR
+
+    from triton_sam.serving.resample import bilinear
+
+    assert [r.frame_idx for _, r in ours] == [f.frame_idx for f in reference.frames]
+    rows = []
+    for (output, result), ref in zip(ours, reference.frames, strict=True):
+        assert result.object_ids.tolist() == ref.object_ids.tolist(), ref.frame_idx
+        phrase_ids = {PHRASE: sorted(int(i) for i in result.object_ids)}
+        assert phrase_ids == (ref.prompt_to_obj_ids or {PHRASE: []}), ref.frame_idx
+        np.testing.assert_array_equal(result.boxes, ref.boxes)
+        logit_error, logit_bound, flips = 0.0, np.inf, 0
+        for k, obj_id in enumerate(ref.object_ids.tolist()):
+            mine, theirs = output.obj_id_to_mask[obj_id], ref.raw_masks[obj_id]
+            bound = RELATIVE_TOLERANCE * max(float(np.abs(theirs).max()), SCALE_FLOOR)
+            error = float(np.abs(mine.astype(np.float64) - theirs).max())
+            if error / bound > logit_error / logit_bound:
+                logit_error, logit_bound = error, bound
+            upsampled = bilinear(theirs[None, None], ref.masks.shape[-2:])[0, 0]
+            differ = result.masks[k] != ref.masks[k]
+            flips += int((differ & (np.abs(upsampled) > bound)).sum())
+        score_error = 0.0
+        if len(ref.scores):
+            score_error = float(np.max(np.abs(result.scores - ref.scores) / np.abs(ref.scores)))
+        rows.append(
+            {
+                "frame": ref.frame_idx,
+                "objects": ref.object_ids.tolist(),
+                "logit_error": logit_error,
+                "logit_bound": float(logit_bound) if np.isfinite(logit_bound) else 0.0,
+                "score_error": score_error,
+                "mask_flips_outside": flips,
+            }
+        )
+    return rows
