@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -240,25 +241,37 @@ def export_graphs(out_dir, seed: int = SEED, *, verify: bool = False):
     own export tests)."""
     from triton_sam.export import ExportOptions
     from triton_sam.export.sam3_concept import toy_tokenizer
-    from triton_sam.export.sam3_concept_video import export_concept_video
+    from triton_sam.export.sam3_concept_video import export_concept_video, export_shared_vision
 
     model = random_video_model(seed)
-    return export_concept_video(model, out_dir, toy_tokenizer(), ExportOptions(verify=verify))
+    options = ExportOptions(verify=verify)
+    export = export_concept_video(model, out_dir, toy_tokenizer(), options)
+    export_shared_vision(model, export, options)  # checked against torch whatever verify says
+    return export
 
 
-def pipeline(export, settings: ConceptVideoSettings = SETTINGS):
+def pipeline(export, settings: ConceptVideoSettings = SETTINGS, *, shared_vision: bool = False):
     """Our :class:`ConceptVideo` on onnxruntime over the exported graphs, on :func:`clip`
     with :data:`PHRASE` (tokenised by the processor's tokenizer, as upstream does)."""
-    from triton_sam.serving.concept_video.pipeline import DETECTOR_KEYS, ConceptVideo
+    from triton_sam.serving.concept_video.pipeline import (
+        DETECTOR_KEYS,
+        SHARED_VISION,
+        ConceptVideo,
+    )
     from triton_sam.serving.protocol import tracker as protocol
     from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
 
     tokens = processor().tokenizer(PHRASE, padding="max_length", max_length=32)
-    graphs = export.detector.graphs
-    detector = OnnxRuntimeRunner({k: graphs[k] for k in DETECTOR_KEYS}, keys=DETECTOR_KEYS)
+    graphs = {k: export.detector.graphs[k] for k in DETECTOR_KEYS}
+    if shared_vision:
+        graphs[SHARED_VISION] = Path(graphs["vision"]).parent.parent / f"{SHARED_VISION}.onnx"
+    detector = OnnxRuntimeRunner(graphs, keys=tuple(graphs))
     tracker = OnnxRuntimeRunner(export.tracker.graphs, keys=protocol.SAM3_GRAPH_KEYS)
     prompts = {0: (np.array(tokens["input_ids"]), np.array(tokens["attention_mask"]))}
-    return ConceptVideo(detector, tracker, export.tracker.tracker_config, clip(), prompts, settings)
+    config = export.tracker.tracker_config
+    return ConceptVideo(
+        detector, tracker, config, clip(), prompts, settings, shared_vision=shared_vision
+    )
 
 
 def frame_errors(ours: list, reference: ReferenceRun) -> list[dict]:

@@ -2,9 +2,10 @@
 (``triton_sam.serving.concept_video.pipeline.ConceptVideo``: the concept graphs detect, the
 SAM3 tracker's graphs track, onnxruntime) against transformers' ``Sam3VideoModel`` +
 ``Sam3VideoProcessor`` on the seeded small model of ``tests/concept_video_e2e_support.py``
-(3 frames, "cat"): the same answered frames, object ids, prompts and boxes; scores and
-low-resolution logits within the tolerances below; masks equal except where upstream's logit
-is within the logit bound of 0.
+(3 frames, "cat"), with one ViT run per frame (the ``video_vision`` graph feeding both) and
+with the two families' own vision graphs: the same answered frames, object ids, prompts and
+boxes; scores and low-resolution logits within the tolerances below; masks equal except where
+upstream's logit is within the logit bound of 0.
 
 Tolerances (the families' own, not new ones):
 - logits: 2^-10 of the object's largest |logit| (at least 2^-10 x 0.01), the SAM3 tracker
@@ -49,9 +50,13 @@ def test_reference_is_not_vacuous():
     assert [f.object_ids.tolist() for f in reference.frames] == [[0], [0], [0]]
 
 
-def test_pipeline_matches_sam3_video_model(exported):
+@pytest.mark.parametrize("shared_vision", [True, False], ids=["one_vit", "two_vision_graphs"])
+def test_pipeline_matches_sam3_video_model(exported, shared_vision):
     reference = transformers_run()
-    ours = list(pipeline(exported).propagate())
+    video = pipeline(exported, shared_vision=shared_vision)
+    ours = list(video.propagate())
+    # one ViT run per frame: the tracker's own encoder never ran
+    assert (video.tracker.graph_calls["video_encoder"] == 0) == shared_vision
     rows = frame_errors(ours, reference)
     for row in rows:
         print(row)

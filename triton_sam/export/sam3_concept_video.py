@@ -17,8 +17,9 @@ bit for bit in torch). The detector is exported through the concept family's exp
 ``detector_model`` (:func:`save_detector_checkpoint`). Each graph keeps its family's export
 gate (ORT against torch, the family's principled tolerances).
 
-The cost: the ViT runs twice per frame (once in each vision graph). The single shared vision
-graph of the design note (``docs/concept-video.md``) removes that; the computation is the same.
+Run that way, the ViT runs twice per frame (once in each vision graph). :class:`SharedVision`
+(:func:`export_shared_vision`) is the design note's single vision graph: both families'
+levels from one ViT run, as upstream computes them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,88 @@ from triton_sam.export import ExportOptions
 
 TRACKER_DIR = "tracker"
 DETECTOR_DIR = "detector"
+SHARED_VISION_ROLE = "video_vision"
+
+
+class SharedVision(nn.Module):
+    """pixel_values [B,3,1008,1008] -> the detector's fpn_features.0/1/2 (as the concept
+    ``vision`` graph) and the tracker's vision_feats / high_res_feats_0 / high_res_feats_1
+    (as the tracker's ``video_encoder`` graph of :func:`tracker_view`), from one ViT run
+    (``Sam3VideoModel``: ``get_vision_features`` then ``get_vision_features_for_tracker``).
+    """
+
+    def __init__(self, video_model: nn.Module) -> None:
+        super().__init__()
+        self.model = video_model
+
+    def forward(self, pixel_values):
+        vision = self.model.detector_model.get_vision_features(pixel_values=pixel_values)
+        detector = tuple(vision.fpn_hidden_states[:-1])
+        feats, _ = self.model.get_vision_features_for_tracker(vision)
+        sizes = [f.shape[-2:] for f in detector]  # the tracker's levels have the same grids
+        level0, level1, level2 = (
+            f.permute(1, 2, 0).reshape(f.shape[1], f.shape[2], *size)
+            for f, size in zip(feats, sizes, strict=True)
+        )
+        return (*detector, level2, level0, level1)
+
+
+def shared_vision_graph(export: ConceptVideoExport) -> Any:
+    """The ``GraphSpec`` of :class:`SharedVision`: the concept vision graph's input and
+    outputs followed by the tracker encoder's outputs."""
+    from triton_sam.models.sam3_video import video_graphs
+    from triton_sam.models.spec import GraphSpec
+
+    vision = next(g for g in export.detector_spec.family.graphs if g.role == "vision")
+    encoder = next(g for g in video_graphs() if g.role == "video_encoder")
+    return GraphSpec(
+        SHARED_VISION_ROLE,
+        "sam3_video_vision",
+        vision.inputs,
+        (*vision.outputs, *encoder.outputs),
+        vision.batching,
+    )
+
+
+def export_shared_vision(
+    video_model: nn.Module,
+    export: ConceptVideoExport,
+    options: ExportOptions | None = None,
+    *,
+    pixels: Any = None,
+) -> tuple[Path, dict[str, float]]:
+    """Trace :class:`SharedVision` to ``<export's dir>/video_vision.onnx`` and check it against
+    torch with the fp32 tolerance the two graphs it replaces are checked with.
+
+    Returns:
+        (path, max |ORT - torch| per output).
+
+    Raises:
+        ExportValidationError: an output out of tolerance.
+    """
+    import numpy as np
+    import torch
+
+    from triton_sam.export import GraphExport, finish_graph, trace_graphs, verification
+
+    options = options or ExportOptions()
+    graph = shared_vision_graph(export)
+    module = SharedVision(video_model).eval()
+    if pixels is None:
+        rng = np.random.default_rng(options.seed)
+        pixels = rng.uniform(-1.0, 1.0, (1, 3, 1008, 1008)).astype(np.float32)
+    feeds = {"pixel_values": pixels}
+    with torch.no_grad():
+        expected = module(torch.from_numpy(pixels))
+    names = [t.name for t in graph.outputs]
+    case = ("pixels", feeds, {n: t.numpy() for n, t in zip(names, expected, strict=True)})
+    out_dir = Path(export.detector.graphs["vision"]).parent.parent
+    seconds: dict[str, float] = {}
+    paths = trace_graphs([GraphExport(graph, module, feeds)], out_dir, options, seconds)
+    path = paths[SHARED_VISION_ROLE]
+    finish_graph(path, graph, options)
+    errors = verification.verify_graph(path, [case], verification.FP32_TOLERANCE)
+    return path, errors
 
 
 def tracker_view(video_model: nn.Module) -> nn.Module:
@@ -152,6 +235,9 @@ def export_concept_video(
 
 __all__ = [
     "ConceptVideoExport",
+    "SharedVision",
+    "export_shared_vision",
+    "shared_vision_graph",
     "export_concept_video",
     "save_detector_checkpoint",
     "tracker_view",

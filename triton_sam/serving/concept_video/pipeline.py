@@ -26,6 +26,8 @@ from .state import ObjectBook
 from .tracker_steps import GraphTrackerSteps
 
 FEATURE_NAMES = ("fpn_features.0", "fpn_features.1", "fpn_features.2")
+TRACKER_FEATURE_NAMES = ("vision_feats", "high_res_feats_0", "high_res_feats_1")
+SHARED_VISION = "video_vision"  # one ViT run for both (export.sam3_concept_video.SharedVision)
 NUM_QUERIES = 200  # the decoder answers at most this many instances per prompt
 MASK_HW = (288, 288)
 DETECTOR_KEYS = ("vision", "text", "decoder")
@@ -42,6 +44,9 @@ class ConceptVideo:
         prompts: prompt id -> (int64 [32] token ids, int64 [32] attention mask), in the order
             the prompts were added.
         settings: the reconciliation's thresholds.
+        shared_vision: the detector runner has the ``video_vision`` graph: run it once per
+            frame for both the detector and the tracker (whose encoder then never runs),
+            instead of the detector's ``vision`` graph and the tracker's ``video_encoder``.
     """
 
     def __init__(
@@ -52,10 +57,13 @@ class ConceptVideo:
         frames: Sequence[np.ndarray],
         prompts: Mapping[int, tuple[np.ndarray, np.ndarray]],
         settings: ConceptVideoSettings,
+        *,
+        shared_vision: bool = False,
     ) -> None:
         if not prompts:
             raise ValueError("prompts: got none; expected at least one phrase")
         self.detector, self.settings = detector, settings
+        self.shared_vision = shared_vision
         self.video_hw = tuple(frames[0].shape[:2])
         session = Session(len(frames), self.video_hw)
         session.frames.update(enumerate(frames))
@@ -72,7 +80,15 @@ class ConceptVideo:
     def detect(self, frame_idx: int) -> dict[int, Detections]:
         """Each prompt's detections on the frame (``run_detection``), prompts in order."""
         pixels = preprocess(self.frames[frame_idx], self.tracker.size, "sam3")
-        features = self.detector.run("vision", {"pixel_values": pixels}, list(FEATURE_NAMES))
+        if self.shared_vision:
+            names = [*FEATURE_NAMES, *TRACKER_FEATURE_NAMES]
+            both = self.detector.run(SHARED_VISION, {"pixel_values": pixels}, names)
+            features = {n: both[n] for n in FEATURE_NAMES}
+            # the tracker reads its features from the session's cache before encoding a frame
+            tracker_features = tuple(both[n] for n in TRACKER_FEATURE_NAMES)
+            self.tracker.session.cache_features(frame_idx, tracker_features)
+        else:
+            features = self.detector.run("vision", {"pixel_values": pixels}, list(FEATURE_NAMES))
         names = ["scores", "boxes", "masks", "num_instances"]
         threshold = np.array([[self.settings.score_threshold_detection]], np.float32)
         out = self.detector.run(
