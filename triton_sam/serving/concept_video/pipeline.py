@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
 from ..tracking.frames import preprocess
 from ..tracking.state import Session
 from .detections import Detections, select_detections
@@ -61,7 +63,11 @@ class ConceptVideo:
         shared_vision: bool = False,
     ) -> None:
         if not prompts:
-            raise ValueError("prompts: got none; expected at least one phrase")
+            raise TrackingError(
+                protocol.ERR_NO_PROMPTS,
+                "prompts: got none; expected at least one phrase",
+                "prompts",
+            )
         self.detector, self.settings = detector, settings
         self.shared_vision = shared_vision
         self.video_hw = tuple(frames[0].shape[:2])

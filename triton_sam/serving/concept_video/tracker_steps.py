@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
 from ..resample import antialias_resize
 from ..tracking.frame_steps import COND, NON_COND, FrameSteps
 from ..tracking.state import FrameOutput, ObjectState, Session, to_bfloat16
@@ -107,7 +109,13 @@ class GraphTrackerSteps(FrameSteps):
     def _mask_output(self, frame_idx: int, full: np.ndarray) -> FrameOutput:
         out = self._mask_as_output(self.session, frame_idx, full)
         if out.maskmem is None:
-            raise ValueError("config.mask_prompt_memory: the SAM3 mask prompt graph must give it")
+            # upstream encodes a new object's memory from its mask prompt on its birth frame
+            raise TrackingError(
+                protocol.ERR_INTERNAL,
+                "config.mask_prompt_memory: got False; expected True (SAM3's mask prompt graph "
+                "gives the memory)",
+                "mask_prompt_memory",
+            )
         return out
 
     def remove_objects(self, obj_ids: Sequence[int]) -> None:
