@@ -1,0 +1,133 @@
+"""Concept tracking in video in-process: the concept graphs detect, the SAM3 tracker's graphs
+track (:class:`.tracker_steps.GraphTrackerSteps`), :func:`.loop.propagate` reconciles, all on
+graph runners (onnxruntime sessions in-process, as
+:class:`~triton_sam.serving.tracking.runners.OnnxRuntimeRunner`).
+
+Per frame: the detector's vision graph on the frame, its decoder on every prompt at once
+(threshold ``score_threshold_detection``, every query allowed), then the tracker's calls. The
+frames are preprocessed once, as transformers' SAM3 video processor does
+(:func:`~triton_sam.serving.tracking.frames.preprocess`), and both vision graphs read the same
+pixels, as upstream's one ViT run does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..protocol import tracker as protocol
+from ..protocol.tracker import TrackingError
+from ..tracking.frames import preprocess
+from ..tracking.state import Session
+from .detections import Detections, select_detections
+from .loop import FrameOutput, processing_order, propagate
+from .results import FrameResult
+from .settings import ConceptVideoSettings
+from .state import ObjectBook
+from .tracker_steps import GraphTrackerSteps
+
+FEATURE_NAMES = ("fpn_features.0", "fpn_features.1", "fpn_features.2")
+TRACKER_FEATURE_NAMES = ("vision_feats", "high_res_feats_0", "high_res_feats_1")
+SHARED_VISION = "video_vision"  # one ViT run for both (export.sam3_concept_video.SharedVision)
+NUM_QUERIES = 200  # the decoder answers at most this many instances per prompt
+MASK_HW = (288, 288)
+DETECTOR_KEYS = ("vision", "text", "decoder")
+
+
+class ConceptVideo:
+    """One video's concept tracking on graph runners.
+
+    Args:
+        detector: runs the concept graphs ``vision``, ``text``, ``decoder``.
+        tracker: runs the SAM3 tracker's graphs.
+        tracker_config: the tracker's ``TrackerConfig`` (from its export).
+        frames: uint8 [H, W, 3] frames of the video, in order.
+        prompts: prompt id -> (int64 [32] token ids, int64 [32] attention mask), in the order
+            the prompts were added.
+        settings: the reconciliation's thresholds.
+        shared_vision: the detector runner has the ``video_vision`` graph: run it once per
+            frame for both the detector and the tracker (whose encoder then never runs),
+            instead of the detector's ``vision`` graph and the tracker's ``video_encoder``.
+    """
+
+    def __init__(
+        self,
+        detector,
+        tracker,
+        tracker_config,
+        frames: Sequence[np.ndarray],
+        prompts: Mapping[int, tuple[np.ndarray, np.ndarray]],
+        settings: ConceptVideoSettings,
+        *,
+        shared_vision: bool = False,
+    ) -> None:
+        if not prompts:
+            raise TrackingError(
+                protocol.ERR_NO_PROMPTS,
+                "prompts: got none; expected at least one phrase",
+                "prompts",
+            )
+        self.detector, self.settings = detector, settings
+        self.shared_vision = shared_vision
+        self.video_hw = tuple(frames[0].shape[:2])
+        session = Session(len(frames), self.video_hw)
+        session.frames.update(enumerate(frames))
+        self.tracker = GraphTrackerSteps(tracker, tracker_config, session)
+        self.frames = list(frames)
+        self.prompt_ids = list(prompts)
+        ids = np.stack([np.asarray(t, np.int64) for t, _ in prompts.values()])
+        mask = np.stack([np.asarray(m, np.int64) for _, m in prompts.values()])
+        text = detector.run("text", {"input_ids": ids, "attention_mask": mask}, ["text_features"])
+        self.prompt_features = text["text_features"][None]  # [1, N, 32, C]
+        self.prompt_mask = mask[None]
+        self.book = ObjectBook()
+
+    def detect(self, frame_idx: int) -> dict[int, Detections]:
+        """Each prompt's detections on the frame (``run_detection``), prompts in order."""
+        pixels = preprocess(self.frames[frame_idx], self.tracker.size, "sam3")
+        if self.shared_vision:
+            names = [*FEATURE_NAMES, *TRACKER_FEATURE_NAMES]
+            both = self.detector.run(SHARED_VISION, {"pixel_values": pixels}, names)
+            features = {n: both[n] for n in FEATURE_NAMES}
+            # the tracker reads its features from the session's cache before encoding a frame
+            tracker_features = tuple(both[n] for n in TRACKER_FEATURE_NAMES)
+            self.tracker.session.cache_features(frame_idx, tracker_features)
+        else:
+            features = self.detector.run("vision", {"pixel_values": pixels}, list(FEATURE_NAMES))
+        names = ["scores", "boxes", "masks", "num_instances"]
+        threshold = np.array([[self.settings.score_threshold_detection]], np.float32)
+        out = self.detector.run(
+            "decoder",
+            features
+            | {
+                "prompt_features": self.prompt_features,
+                "prompt_mask": self.prompt_mask,
+                "threshold": threshold,
+                "max_instances": np.array([[NUM_QUERIES]], np.int64),
+            },
+            names,
+        )
+        found = {}
+        for p, prompt_id in enumerate(self.prompt_ids):
+            n = int(out["num_instances"][0, p])
+            found[prompt_id] = select_detections(
+                out["scores"][0, p, :n], out["boxes"][0, p, :n], out["masks"][0, p, :n],
+                prompt_id, self.settings,
+            )  # fmt: skip
+        return found
+
+    def propagate(
+        self, start_frame_idx: int = 0, max_frames: int | None = None, *, reverse: bool = False
+    ) -> Iterator[tuple[FrameOutput, FrameResult]]:
+        """Track over the video (``propagate_in_video_iterator`` + ``postprocess_outputs``);
+        yields each answered frame, ``hotstart_delay`` frames late."""
+        frames, end = processing_order(
+            len(self.frames), start_frame_idx, max_frames, reverse=reverse
+        )
+        for output, result, book in propagate(
+            self.book, frames, end, self.detect, self.tracker, self.settings,
+            mask_hw=MASK_HW, video_hw=self.video_hw, reverse=reverse,
+        ):  # fmt: skip
+            self.book = book
+            yield output, result
