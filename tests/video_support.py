@@ -203,3 +203,48 @@ def assert_same_as_upstream(ours, upstream) -> None:
             ):
                 problems.append(f"{where}: object score {scores[k]:.5f} vs {ref_scores[k]:.5f}")
     assert not problems, "\n".join(problems)
+
+
+# numpy dtype name -> Triton datatype of a raw tracker request's tensors
+_DTYPES = {"object": "BYTES", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}
+
+
+def raw_tracker_request(
+    server,
+    model: str,
+    command: str,
+    session: str | None = None,
+    tenant: str | None = None,
+    outputs: tuple[str, ...] = ("status", "out_session_id"),
+    **tensors,
+) -> dict:
+    """One request straight to a tracker model (``sam2_tracker``, ``sam3_tracker``) over gRPC,
+    bypassing the client, as ``tenant`` (None: no tenant header); its ``outputs``' first items.
+
+    Raises:
+        tritonclient.utils.InferenceServerException: the server's refusal, as it sent it.
+    """
+    import tritonclient.grpc as grpcclient
+
+    from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+
+    items = {"command": np.array([command.encode()], object)}
+    if session is not None:
+        items["session_id"] = np.array([session.encode()], object)
+    items |= {k: np.asarray(v) for k, v in tensors.items()}
+    inputs = []
+    for name, value in items.items():
+        tensor = grpcclient.InferInput(name, [1, *value.shape], _DTYPES[value.dtype.name])
+        tensor.set_data_from_numpy(value[None])
+        inputs.append(tensor)
+    client = grpcclient.InferenceServerClient(server.grpc_url.split("://")[-1])
+    try:
+        result = client.infer(
+            model,
+            inputs,
+            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+            headers=None if tenant is None else {TENANT_HEADER: tenant},
+        )
+        return {n: result.as_numpy(n)[0] for n in outputs}
+    finally:
+        client.close()

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from sam3_video_support import assert_matches, frames, predictor_run, transformers_run
 from tritonclient.utils import InferenceServerException
+from video_support import raw_tracker_request
 
 from triton_sam.client.video import SAM2VideoTritonClient
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.serving.protocol import parse_error
 from triton_sam.serving.protocol import tracker as protocol
-from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1800)]
-_DTYPES = {"object": "BYTES", "int32": "INT32"}
 
 
 @pytest.fixture(scope="module")
@@ -38,27 +36,8 @@ def sam3_video_server(sam3_video_build, embedded_triton):
 
 def raw(server, command: str, tenant: str, session: str | None = None, **tensors):
     """One request straight to sam3_tracker as ``tenant``; its status and session id."""
-    items = {"command": np.array([command.encode()], object)}
-    if session is not None:
-        items["session_id"] = np.array([session.encode()], object)
-    items |= {k: np.asarray(v) for k, v in tensors.items()}
-    inputs = []
-    for name, value in items.items():
-        tensor = grpcclient.InferInput(name, [1, *value.shape], _DTYPES[value.dtype.name])
-        tensor.set_data_from_numpy(value[None])
-        inputs.append(tensor)
-    outputs = ["status", "out_session_id"]
-    client = grpcclient.InferenceServerClient(server.grpc_url.split("://")[-1])
-    try:
-        result = client.infer(
-            protocol.SAM3_TRACKER_MODEL,
-            inputs,
-            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
-            headers={TENANT_HEADER: tenant},
-        )
-        return {n: result.as_numpy(n)[0] for n in outputs}
-    finally:
-        client.close()
+    model = protocol.SAM3_TRACKER_MODEL
+    return raw_tracker_request(server, model, command, session, tenant, **tensors)
 
 
 def test_served_tracking_matches_transformers(sam3_video_server, sam3_video_checkpoint):

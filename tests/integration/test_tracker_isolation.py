@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from video_support import CLICK
+from video_support import CLICK, raw_tracker_request
 
 from triton_sam.client.video import SAM2VideoTritonClient
 from triton_sam.repository.config import RepositoryOptions
@@ -26,12 +26,10 @@ from triton_sam.repository.video_config import TrackerOptions, write_video_model
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.serving.protocol import parse_error
 from triton_sam.serving.protocol import tracker as protocol
-from triton_sam.serving.protocol.tenancy import TENANT_HEADER
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1800)]
 
 TRACKED = 2  # frames propagated after frame 0 (about 2 s each on a CPU)
-_DTYPES = {"object": "BYTES", "int32": "INT32", "float32": "FP32", "bool": "BOOL"}
 
 
 @pytest.fixture(scope="module")
@@ -50,27 +48,9 @@ def isolation_server(sam2_video_export, embedded_triton, tmp_path_factory):
 
 def raw(server, command: str, session: str | None = None, tenant: str | None = None, **tensors):
     """One request straight to the tracker as ``tenant`` (None: no header); its outputs."""
-    items = {"command": np.array([command.encode()], object)}
-    if session is not None:
-        items["session_id"] = np.array([session.encode()], object)
-    items |= {k: np.asarray(v) for k, v in tensors.items()}
-    inputs = []
-    for name, value in items.items():
-        tensor = grpcclient.InferInput(name, [1, *value.shape], _DTYPES[value.dtype.name])
-        tensor.set_data_from_numpy(value[None])
-        inputs.append(tensor)
-    outputs = ["status", "out_session_id", "object_ids"]
-    client = grpcclient.InferenceServerClient(server.grpc_url.split("://")[-1])
-    try:
-        result = client.infer(
-            protocol.TRACKER_MODEL,
-            inputs,
-            outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
-            headers=None if tenant is None else {TENANT_HEADER: tenant},
-        )
-        return {n: result.as_numpy(n)[0] for n in outputs}
-    finally:
-        client.close()
+    outputs = ("status", "out_session_id", "object_ids")
+    model = protocol.TRACKER_MODEL
+    return raw_tracker_request(server, model, command, session, tenant, outputs, **tensors)
 
 
 def raw_init(server, tenant: str | None, **extra) -> str:
