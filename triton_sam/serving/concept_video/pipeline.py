@@ -21,7 +21,7 @@ from ..protocol.tracker import TrackingError
 from ..tracking.frames import preprocess
 from ..tracking.state import Session
 from .detections import Detections, select_detections
-from .loop import FrameOutput, processing_order, propagate
+from .loop import FrameOutput, FrameStep, processing_order, propagate_steps
 from .results import FrameResult
 from .settings import ConceptVideoSettings
 from .state import ObjectBook
@@ -117,17 +117,39 @@ class ConceptVideo:
             )  # fmt: skip
         return found
 
+    def steps(
+        self,
+        start_frame_idx: int = 0,
+        max_frames: int | None = None,
+        *,
+        reverse: bool = False,
+        upstream_rows: bool = True,
+    ) -> Iterator[FrameStep]:
+        """Track over the video one frame per step (:func:`.loop.propagate_steps`).
+
+        ``self.book`` is committed before each step is handed out, so it always matches the
+        tracker's memories: a caller that stops asking for steps (a cancel between frames)
+        leaves the session consistent, and the answers still held back are dropped.
+
+        Args:
+            start_frame_idx / max_frames / reverse: as ``propagate_in_video_iterator``.
+            upstream_rows: as :func:`.loop.track_frame` (the served model passes False).
+        """
+        frames, end = processing_order(
+            len(self.frames), start_frame_idx, max_frames, reverse=reverse
+        )
+        for step in propagate_steps(
+            self.book, frames, end, self.detect, self.tracker, self.settings,
+            mask_hw=MASK_HW, video_hw=self.video_hw, reverse=reverse,
+            upstream_rows=upstream_rows,
+        ):  # fmt: skip
+            self.book = step.book
+            yield step
+
     def propagate(
         self, start_frame_idx: int = 0, max_frames: int | None = None, *, reverse: bool = False
     ) -> Iterator[tuple[FrameOutput, FrameResult]]:
         """Track over the video (``propagate_in_video_iterator`` + ``postprocess_outputs``);
         yields each answered frame, ``hotstart_delay`` frames late."""
-        frames, end = processing_order(
-            len(self.frames), start_frame_idx, max_frames, reverse=reverse
-        )
-        for output, result, book in propagate(
-            self.book, frames, end, self.detect, self.tracker, self.settings,
-            mask_hw=MASK_HW, video_hw=self.video_hw, reverse=reverse,
-        ):  # fmt: skip
-            self.book = book
-            yield output, result
+        for step in self.steps(start_frame_idx, max_frames, reverse=reverse):
+            yield from step.released
