@@ -42,6 +42,7 @@ from .tracker import (  # noqa: F401 - the session commands' names, shared with 
     START_FRAME,
     VIDEO_HW,
     StoreBounds,
+    TrackingError,
 )
 
 MODEL = "sam3_concept_video"
@@ -107,11 +108,13 @@ class ConceptVideoServing(StoreBounds):
     """The ``sam3_concept_video`` model's config parameters (field names are the keys):
     ``detector_models`` / ``tracker_models``: JSON, graph key -> Triton model name (the
     concept graphs ``text``, ``decoder`` and ``video_vision``; the SAM3 tracker's graphs);
-    ``model_config``: JSON, the tracker's ``TrackerConfig``; ``max_propagations``:
-    propagations streaming at once (one more is refused with ``Overloaded``); the rest: the
-    session store's bounds, as the tracker's."""
+    ``model_config``: JSON, the tracker's ``TrackerConfig``; ``pad_token_id``: the
+    tokenizer's padding id (``tokenizer.json`` ships beside ``model.py``, as
+    ``sam3_concept``'s); ``max_propagations``: propagations streaming at once (one more is
+    refused with ``Overloaded``); the rest: the session store's bounds, as the tracker's."""
 
     detector_models: str
     tracker_models: str
     model_config: str
+    pad_token_id: int
     max_propagations: int = 1

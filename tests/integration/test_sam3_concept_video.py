@@ -1,0 +1,108 @@
+"""``sam3_concept_video`` on the embedded Triton: the seeded small ``Sam3VideoModel`` of
+``tests/concept_video_e2e_support.py`` exported, written as the repository writer writes it
+(the shared vision graph, the detector's text and decoder graphs, the tracker's graphs, the
+decoupled python model), driven by ``SAM3ConceptVideoClient`` over gRPC's stream:
+
+- the streamed frames (ids, prompt ids, scores, boxes, masks) equal the in-process
+  ``ConceptVideo`` on the same graphs with the served settings, which
+  ``tests/parity/test_sam3_concept_video_e2e.py`` matches to ``Sam3VideoModel``;
+- another tenant holding the session id is refused as if it did not exist;
+- a cancel stops the propagation between frames (counted by the server: ``frames_tracked``);
+- a setting out of its bounds is refused naming ``settings.<key>``.
+
+One export and one tritonserver start for the module (~2 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+from concept_video_e2e_support import NUM_FRAMES, PHRASE, SETTINGS, clip, export_graphs, pipeline
+
+from triton_sam.client.concept_video import SAM3ConceptVideoClient
+from triton_sam.errors import InvalidRequestError, ServerError
+from triton_sam.repository.concept_video import write_concept_video_models
+from triton_sam.repository.config import RepositoryOptions
+from triton_sam.repository.writer import embedded_repository
+from triton_sam.serving.concept_video.service import SERVED_SETTINGS
+from triton_sam.serving.protocol import concept_video as protocol
+from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+
+pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
+# The served bound on objects (each holds a memory bank); the clip has two at most.
+SERVED = replace(SETTINGS, max_num_objects=protocol.MAX_OBJECTS)
+# What a propagation sends to run with SERVED (the served defaults differ from the clip's).
+OVERRIDES = {k: v for k, v in asdict(SERVED).items() if v != getattr(SERVED_SETTINGS, k)}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return export_graphs(tmp_path_factory.mktemp("concept_video_served"))
+
+
+@pytest.fixture(scope="module")
+def server(exported, embedded_triton, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("concept_video_repo") / "model_repository"
+    write_concept_video_models(repo, exported, RepositoryOptions())
+    return embedded_triton(embedded_repository(repo), startup_timeout_s=180.0)
+
+
+def _client(server, tenant: str = "a") -> SAM3ConceptVideoClient:
+    return SAM3ConceptVideoClient(server.grpc_url, headers={TENANT_HEADER: tenant})
+
+
+def test_served_frames_equal_the_pipeline(server, exported):
+    seen = []
+    with _client(server) as client:
+        session = client.open(clip())
+        assert client.add_prompt(session, [PHRASE]) == [0]
+        served = list(
+            client.propagate(session, settings=OVERRIDES, progress=lambda d, t: seen.append((d, t)))
+        )
+        assert client.info(session)["session"]["frames_tracked"] == NUM_FRAMES
+        client.close(session)
+    # one response per processed frame (the hold-back answers frame 0 on frame 1), totals
+    assert seen[0] == (1, NUM_FRAMES) and seen[-1] == (NUM_FRAMES, NUM_FRAMES)
+    video = pipeline(exported, SERVED, shared_vision=True)
+    ours = [result for step in video.steps(upstream_rows=False) for _, result in step.released]
+    assert [f.result.frame_idx for f in served] == [r.frame_idx for r in ours]
+    for frame, result in zip(served, ours, strict=True):
+        np.testing.assert_array_equal(frame.result.object_ids, result.object_ids)
+        np.testing.assert_array_equal(frame.result.prompt_ids, result.prompt_ids)
+        np.testing.assert_array_equal(frame.result.scores, result.scores.astype(np.float32))
+        np.testing.assert_array_equal(frame.result.boxes, result.boxes.astype(np.float32))
+        np.testing.assert_array_equal(frame.result.masks, result.masks)
+    assert sum(len(f.result.object_ids) for f in served) > 0
+
+
+def test_tenancy_cancel_and_refusal(server):
+    with _client(server) as client:
+        session = client.open(clip())
+        client.add_prompt(session, [PHRASE])
+        with _client(server, "b") as other, pytest.raises(ServerError) as error:
+            other.add_prompt(session, ["dog"])
+        assert protocol.ERR_SESSION_NOT_FOUND in str(error.value)
+        assert session not in str(error.value)
+        with pytest.raises(InvalidRequestError) as error:
+            list(client.propagate(session, settings={"max_num_objects": 65}))
+        assert "settings.max_num_objects" in str(error.value)
+        assert client.info(session)["session"]["frames_tracked"] == 0
+        # Leave on the first response (frame 0 processed, its answer held back): the client
+        # cancels while the server runs frame 1 (seconds of work per frame on 2 cores, the
+        # cancel milliseconds); the server asks before frame 2 and stops. ``info`` waits for
+        # the frame in progress (one lock for frames and commands), so it reads the count
+        # the propagation ended with.
+        with pytest.raises(_Leave):
+            list(client.propagate(session, settings=OVERRIDES, progress=_leave))
+        assert client.info(session)["session"]["frames_tracked"] == 2
+        client.close(session)
+
+
+class _Leave(Exception):
+    pass
+
+
+def _leave(done: int, total: int) -> None:
+    raise _Leave
