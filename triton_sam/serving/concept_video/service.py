@@ -25,6 +25,7 @@ session's state is only ever touched by one frame or command at a time, and at m
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ class ConceptVideoService:
             if command in p.SESSION_COMMANDS:
                 out = self.sessions.handle(inputs, tenant)
                 self._forget_gone()
+                if command == p.CMD_INFO:
+                    out[p.OUT_STATUS] = self._status(tenant, inputs, out[p.OUT_STATUS])
                 return out
             if command == p.CMD_ADD_PROMPT:
                 return self._add_prompt(tenant, inputs)
@@ -290,6 +293,15 @@ class ConceptVideoService:
                 self.streaming -= 1
 
     # -- sessions --------------------------------------------------------------------------
+    def _status(self, tenant: str, inputs: Tensors, status: np.ndarray) -> np.ndarray:
+        """The tracker's status of the session plus its phrases and whether a propagation
+        of it is running (a client waits on that after a cancel)."""
+        _, concepts = self._session(tenant, inputs)
+        value = json.loads(status.reshape(-1)[0])
+        value["session"]["prompts"] = dict(concepts.prompts)
+        value["session"]["propagating"] = concepts.streaming
+        return np.array([json.dumps(value, sort_keys=True).encode()], dtype=object)
+
     def _session(self, tenant: str, inputs: Tensors) -> tuple[Key, _Concepts]:
         """The tenant's session the request names and its concept state."""
         if p.SESSION_ID not in inputs:
