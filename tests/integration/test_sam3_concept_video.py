@@ -1,5 +1,5 @@
 """``sam3_concept_video`` on the embedded Triton: the seeded small ``Sam3VideoModel`` of
-``tests/concept_video_e2e_support.py`` exported, written as the repository writer writes it
+``tests/concept_video_e2e_support.py`` built as ``setup-video sam3_concept_video`` builds it
 (the shared vision graph, the detector's text and decoder graphs, the tracker's graphs, the
 decoupled python model), driven by ``SAM3ConceptVideoClient`` over gRPC's stream:
 
@@ -19,16 +19,15 @@ from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
-from concept_video_e2e_support import NUM_FRAMES, PHRASE, SETTINGS, clip, export_graphs, pipeline
+from concept_video_e2e_support import NUM_FRAMES, PHRASE, SETTINGS, clip, pipeline
 
 from triton_sam.client.concept_video import SAM3ConceptVideoClient
 from triton_sam.errors import InvalidRequestError, ServerError
-from triton_sam.repository.concept_video import write_concept_video_models
-from triton_sam.repository.config import RepositoryOptions
 from triton_sam.repository.writer import embedded_repository
 from triton_sam.serving.concept_video.service import SERVED_SETTINGS
 from triton_sam.serving.protocol import concept_video as protocol
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
+from triton_sam.setup.concept_video import build_concept_video_repository
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
 # The served bound on objects (each holds a memory bank); the clip has two at most.
@@ -38,15 +37,32 @@ OVERRIDES = {k: v for k, v in asdict(SERVED).items() if v != getattr(SERVED_SETT
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return export_graphs(tmp_path_factory.mktemp("concept_video_served"))
+def built(tmp_path_factory):
+    """(repository, export): what ``setup-video sam3_concept_video`` writes, from the seeded
+    small model (unverified here, as ``export_graphs``: the parity tests check the graphs)."""
+    from concept_video_e2e_support import random_video_model
+
+    from triton_sam.export import ExportOptions
+    from triton_sam.export.sam3_concept import toy_tokenizer
+
+    tmp = tmp_path_factory.mktemp("concept_video_served")
+    repo = tmp / "model_repository"
+    build = build_concept_video_repository(
+        repo, random_video_model(), toy_tokenizer(),
+        export_options=ExportOptions(verify=False), work_dir=tmp / "export",
+    )  # fmt: skip
+    assert build.models[-1] == protocol.MODEL
+    return repo, build.export
 
 
 @pytest.fixture(scope="module")
-def server(exported, embedded_triton, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("concept_video_repo") / "model_repository"
-    write_concept_video_models(repo, exported, RepositoryOptions())
-    return embedded_triton(embedded_repository(repo), startup_timeout_s=180.0)
+def exported(built):
+    return built[1]
+
+
+@pytest.fixture(scope="module")
+def server(built, embedded_triton):
+    return embedded_triton(embedded_repository(built[0]), startup_timeout_s=180.0)
 
 
 def _client(server, tenant: str = "a") -> SAM3ConceptVideoClient:
