@@ -171,3 +171,35 @@ def bench_video_cmd(
         progress=typer.echo,
     )  # fmt: skip
     echo_report(write_video_report(report, output))
+
+
+@bench_app.command(
+    "concept-video", short_help="Frames/s of concept video served vs Sam3VideoModel in-process."
+)
+def bench_concept_video_cmd(
+    checkpoint: Annotated[
+        Path, typer.Option(help="Hugging Face Sam3VideoModel directory (facebook/sam3).")
+    ],
+    video: Annotated[Path, typer.Option(help="Folder of frames, mp4, TIFF stack or .npy.")],
+    phrase: Annotated[str, typer.Option(help="The concept to track.")],
+    frames: Annotated[int, typer.Option(min=2, help="Frames propagated (the first ones).")] = 8,
+    work_dir: WorkDirOpt = Path(".bench_concept_video"),
+) -> None:
+    """One propagation of PHRASE through the video's first FRAMES frames: sam3_concept_video
+    on an embedded Triton (gRPC stream) vs transformers' Sam3VideoModel in-process, same
+    weights; frames/s, frames answered and objects of each."""
+    import json
+
+    from transformers import Sam3VideoProcessor
+
+    from triton_sam.bench.concept_video import bench_concept_video
+    from triton_sam.setup.concept_video import load_checkpoint
+
+    video_model, _ = load_checkpoint(checkpoint)
+    processor = Sam3VideoProcessor.from_pretrained(checkpoint)
+    source = np.load(video) if video.suffix == ".npy" else video
+    clip = open_video(source)
+    pixels = [clip.pixels(i) for i in range(min(frames, clip.num_frames))]
+    pixels = [p if p.ndim == 3 else np.repeat(p[..., None], 3, axis=-1) for p in pixels]
+    report = bench_concept_video(video_model, processor, pixels, phrase, work_dir)
+    typer.echo(json.dumps(report, indent=1))
