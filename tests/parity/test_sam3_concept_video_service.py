@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from concept_video_e2e_support import NUM_FRAMES, PHRASE, clip, export_graphs, pipeline, service
+from concept_video_e2e_support import NUM_FRAMES, PHRASE, clip, pipeline, service
 
 from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.masks import decode_rle
@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return export_graphs(tmp_path_factory.mktemp("concept_video_service"))
+def exported(concept_video_export):
+    return concept_video_export
 
 
 def _command(name: str, **tensors) -> dict[str, np.ndarray]:
