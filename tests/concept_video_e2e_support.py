@@ -318,3 +318,27 @@ def frame_errors(ours: list, reference: ReferenceRun) -> list[dict]:
             }
         )
     return rows
+
+
+def service(export, **kwargs):
+    """The served model's request handling (:class:`ConceptVideoService`) on onnxruntime
+    over the exported graphs, one ViT run per frame, with :data:`SETTINGS` as its defaults
+    and the processor's tokenizer."""
+    from triton_sam.serving.concept_video.pipeline import DETECTOR_KEYS, SHARED_VISION
+    from triton_sam.serving.concept_video.service import ConceptVideoService
+    from triton_sam.serving.protocol import tracker as protocol
+    from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
+
+    graphs = {k: export.detector.graphs[k] for k in DETECTOR_KEYS}
+    graphs[SHARED_VISION] = Path(graphs["vision"]).parent.parent / f"{SHARED_VISION}.onnx"
+    detector = OnnxRuntimeRunner(graphs, keys=tuple(graphs))
+    tracker = OnnxRuntimeRunner(export.tracker.graphs, keys=protocol.SAM3_GRAPH_KEYS)
+    tokenizer = processor().tokenizer
+
+    def tokenize(phrases):
+        tokens = tokenizer(list(phrases), padding="max_length", max_length=32)
+        return np.array(tokens["input_ids"]), np.array(tokens["attention_mask"])
+
+    return ConceptVideoService(
+        detector, tracker, export.tracker.tracker_config, tokenize, settings=SETTINGS, **kwargs
+    )

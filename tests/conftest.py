@@ -378,3 +378,13 @@ def upstream_video_run(sam2_tiny_spec, sam2_tracking_checkpoint, video_clip):
     predictor = upstream_predictor(sam2_tiny_spec, sam2_tracking_checkpoint)
     state = predictor.init_state(video_clip)
     return run_scenario(predictor, state, predictor.scores)
+
+
+@pytest.fixture(scope="session")
+def concept_video_export(tmp_path_factory):
+    """The seeded small Sam3VideoModel of tests/concept_video_e2e_support.py exported (the
+    detector's, the tracker's and the shared vision graph; ~23 s), shared by the in-process
+    parity tests of the pipeline and of the served model's request handling."""
+    from concept_video_e2e_support import export_graphs
+
+    return export_graphs(tmp_path_factory.mktemp("concept_video"))

@@ -26,7 +26,6 @@ import pytest
 from concept_video_e2e_support import (
     SCORE_MARGIN,
     closest_to_threshold,
-    export_graphs,
     frame_errors,
     pipeline,
     transformers_run,
@@ -38,8 +37,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return export_graphs(tmp_path_factory.mktemp("concept_video"))
+def exported(concept_video_export):
+    return concept_video_export
 
 
 def test_reference_is_not_vacuous():

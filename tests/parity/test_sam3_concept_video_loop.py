@@ -25,7 +25,12 @@ from concept_video_support import (
     WorldTracker,
 )
 
-from triton_sam.serving.concept_video.loop import processing_order, propagate, track_frame
+from triton_sam.serving.concept_video.loop import (
+    processing_order,
+    propagate,
+    propagate_steps,
+    track_frame,
+)
 from triton_sam.serving.concept_video.results import postprocess_frame
 from triton_sam.serving.concept_video.settings import ConceptVideoSettings
 from triton_sam.serving.concept_video.state import ObjectBook
@@ -178,3 +183,36 @@ def test_answers_encode_as_coco_rle() -> None:
     assert len(answer.object_ids) >= 3
     for mask, counts in zip(answer.masks, answer.rle(), strict=True):
         np.testing.assert_array_equal(decode_rle(counts, VIDEO_HW), mask)
+
+
+def test_steps_hand_back_the_book_after_every_frame() -> None:
+    """A propagation stopped between frames (a cancel) and resumed from the next frame with
+    the last step's bookkeeping calls the tracker exactly as one uninterrupted run and ends
+    with the same bookkeeping: the book of every step matches the tracker's state, although
+    answers trail by ``hotstart_delay`` frames."""
+    world = World.build(0)
+    whole_tracker, split_tracker = WorldTracker(world), WorldTracker(world)
+    frames, end = processing_order(FRAMES)
+    kw = dict(mask_hw=MASK_HW, video_hw=VIDEO_HW)
+    whole = list(propagate_steps(ObjectBook(), frames, end, world.detections, whole_tracker,
+                                 SETTINGS, **kw))  # fmt: skip
+    assert [s.frame_idx for s in whole] == list(frames)
+    assert [s.processed for s in whole] == list(range(1, FRAMES + 1))
+    released = [len(s.released) for s in whole]
+    delay = SETTINGS.hotstart_delay
+    assert released == [0] * (delay - 1) + [1] * (FRAMES - delay) + [delay]
+    # the answers are upstream's (checked above through propagate, which reads these steps)
+    flat = [r.frame_idx for s in whole for r, _ in s.released]
+    assert flat == list(frames)
+
+    stop = 11  # frames 0..10 processed, then a cancel
+    first = propagate_steps(ObjectBook(), frames, end, world.detections, split_tracker,
+                            SETTINGS, **kw)  # fmt: skip
+    steps = [next(first) for _ in range(stop)]
+    first.close()
+    assert sum(len(s.released) for s in steps) == stop - delay + 1  # the rest held, dropped
+    rest_frames, rest_end = processing_order(FRAMES, stop)
+    rest = list(propagate_steps(steps[-1].book, rest_frames, rest_end, world.detections,
+                                split_tracker, SETTINGS, **kw))  # fmt: skip
+    _assert_calls_equal(whole_tracker.calls, split_tracker.calls)
+    assert rest[-1].book == whole[-1].book

@@ -44,7 +44,8 @@ def setup_video_cmd(
         Path | None,
         typer.Option(
             help="SAM2.1 checkpoint file (checked against the variant's architecture) or, for "
-            "sam3_tracker, a Hugging Face model directory (the facebook/sam3 snapshot). "
+            "sam3_tracker and sam3_concept_video, a Hugging Face model directory (the "
+            "facebook/sam3 snapshot). "
             "Default: the downloaded, hash-verified one."
         ),
     ] = None,
@@ -59,6 +60,11 @@ def setup_video_cmd(
     A fine-tuned checkpoint: `triton-sam setup-video sam2.1_hiera_tiny --checkpoint
     my_finetuned.pt` (the variant must be the architecture it was fine-tuned from).
     """
+    from triton_sam.serving.protocol import concept_video
+
+    if model == concept_video.MODEL:
+        _setup_concept_video(checkpoint, random_init=random_init, repository=repository)
+        return
     from triton_sam.setup.pipeline import build_video_repository
 
     plan = export_plan(
@@ -71,6 +77,25 @@ def setup_video_cmd(
     worst = max(build.max_abs_error.values(), default=float("nan"))
     typer.echo(f"onnxruntime vs torch max abs error over the graphs: {worst:.1e}")
     typer.echo("next: `triton-sam serve`, then `triton-sam track VIDEO --click x,y --out DIR`")
+
+
+def _setup_concept_video(checkpoint: Path | None, *, random_init: bool, repository: Path | None):
+    """``setup-video sam3_concept_video``: a Sam3VideoModel directory exported and written."""
+    from triton_sam.errors import InputValidationError
+    from triton_sam.setup.concept_video import build_concept_video_repository, load_checkpoint
+
+    if random_init or checkpoint is None:
+        raise InputValidationError(
+            "--checkpoint",
+            "sam3_concept_video needs a Hugging Face Sam3VideoModel directory (the facebook/sam3 "
+            "snapshot); no random-init variant is shipped for it",
+        )
+    repo = repository or Path("model_repository")
+    video_model, tokenizer = load_checkpoint(checkpoint)
+    build = build_concept_video_repository(repo, video_model, tokenizer)
+    for name in build.models:
+        typer.echo(f"wrote {repo / name}")
+    typer.echo("next: `triton-sam serve`, then SAM3ConceptVideoClient over gRPC")
 
 
 @app.command("track", short_help="Segment objects through a video or 3-D stack from clicks.")
@@ -146,3 +171,35 @@ def bench_video_cmd(
         progress=typer.echo,
     )  # fmt: skip
     echo_report(write_video_report(report, output))
+
+
+@bench_app.command(
+    "concept-video", short_help="Frames/s of concept video served vs Sam3VideoModel in-process."
+)
+def bench_concept_video_cmd(
+    checkpoint: Annotated[
+        Path, typer.Option(help="Hugging Face Sam3VideoModel directory (facebook/sam3).")
+    ],
+    video: Annotated[Path, typer.Option(help="Folder of frames, mp4, TIFF stack or .npy.")],
+    phrase: Annotated[str, typer.Option(help="The concept to track.")],
+    frames: Annotated[int, typer.Option(min=2, help="Frames propagated (the first ones).")] = 8,
+    work_dir: WorkDirOpt = Path(".bench_concept_video"),
+) -> None:
+    """One propagation of PHRASE through the video's first FRAMES frames: sam3_concept_video
+    on an embedded Triton (gRPC stream) vs transformers' Sam3VideoModel in-process, same
+    weights; frames/s, frames answered and objects of each."""
+    import json
+
+    from transformers import Sam3VideoProcessor
+
+    from triton_sam.bench.concept_video import bench_concept_video
+    from triton_sam.setup.concept_video import load_checkpoint
+
+    video_model, _ = load_checkpoint(checkpoint)
+    processor = Sam3VideoProcessor.from_pretrained(checkpoint)
+    source = np.load(video) if video.suffix == ".npy" else video
+    clip = open_video(source)
+    pixels = [clip.pixels(i) for i in range(min(frames, clip.num_frames))]
+    pixels = [p if p.ndim == 3 else np.repeat(p[..., None], 3, axis=-1) for p in pixels]
+    report = bench_concept_video(video_model, processor, pixels, phrase, work_dir)
+    typer.echo(json.dumps(report, indent=1))

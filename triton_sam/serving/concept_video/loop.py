@@ -165,6 +165,78 @@ def processing_order(
     return range(start_frame_idx, end + 1), end
 
 
+@dataclass
+class FrameStep:
+    """One processed frame of a propagation and what it released.
+
+    Attributes:
+        frame_idx: the frame just processed (tracked and planned).
+        processed: frames processed so far in this propagation (this one included).
+        book: the session's bookkeeping after this frame, consistent with the tracker's
+            state (its memories include this frame): what a caller commits when it stops
+            between frames.
+        released: (raw output, answer) of each frame the hold-back released now, oldest
+            first; empty while answers are held back ``hotstart_delay`` frames.
+    """
+
+    frame_idx: int
+    processed: int
+    book: ObjectBook
+    released: list[tuple[FrameOutput, FrameResult]]
+
+
+def propagate_steps(
+    book: ObjectBook,
+    frames: range,
+    end_frame_idx: int,
+    detect: Callable[[int], Mapping[int, Detections]],
+    tracker: TrackerSteps,
+    settings: ConceptVideoSettings,
+    *,
+    mask_hw: tuple[int, int],
+    video_hw: tuple[int, int],
+    reverse: bool = False,
+    upstream_rows: bool = True,
+) -> Iterator[FrameStep]:
+    """Track over ``frames``, one step per processed frame, answering each frame once no
+    hot-start removal can hide more of it (``propagate_in_video_iterator`` followed by
+    ``postprocess_outputs`` on each frame it yields, at the moment it yields it).
+
+    A step is handed back after every frame, answered or not, because the tracker's memories
+    move on every frame while answers trail by ``hotstart_delay``: a caller that stops
+    between steps (a cancel) keeps the bookkeeping of the last step, which matches the
+    tracker, and drops the answers still held (a later propagation re-answers them).
+
+    Args:
+        book: the session's bookkeeping at the start (not modified).
+        frames / end_frame_idx: from :func:`processing_order`.
+        detect: frame -> its detections per prompt.
+        tracker: the tracker's steps; settings: the thresholds.
+        mask_hw: low-resolution mask size; video_hw: (H, W) of the frames.
+        reverse / upstream_rows: as :func:`track_frame`.
+
+    Yields:
+        One :class:`FrameStep` per frame of ``frames``, in processing order.
+    """
+    buffer: HotstartBuffer[FrameOutput] = HotstartBuffer(settings.hotstart_delay, end_frame_idx)
+    for processed, frame_idx in enumerate(frames, start=1):
+        output, book = track_frame(
+            book, frame_idx, detect(frame_idx), tracker, settings,
+            mask_hw=mask_hw, reverse=reverse, upstream_rows=upstream_rows,
+        )  # fmt: skip
+        if settings.hotstart_delay > 0:
+            book.hotstart_removed_obj_ids.update(output.removed_obj_ids)
+        released = []
+        for held in buffer.push(frame_idx, output):
+            hidden = held.suppressed_obj_ids | book.hotstart_removed_obj_ids
+            result = postprocess_frame(
+                held.frame_idx, held.obj_id_to_mask, held.obj_id_to_score,
+                held.obj_id_to_tracker_score, book.obj_id_to_prompt_id, hidden, video_hw,
+            )  # fmt: skip
+            released.append((held, result))
+        yield FrameStep(frame_idx, processed, book, released)
+
+
 def propagate(
     book: ObjectBook,
     frames: range,
@@ -178,33 +250,15 @@ def propagate(
     reverse: bool = False,
     upstream_rows: bool = True,
 ) -> Iterator[tuple[FrameOutput, FrameResult, ObjectBook]]:
-    """Track over ``frames`` and answer each frame once no hot-start removal can hide more
-    of it (``propagate_in_video_iterator`` followed by ``postprocess_outputs`` on each
-    frame it yields, at the moment it yields it).
-
-    Args:
-        book: the session's bookkeeping at the start (not modified).
-        frames / end_frame_idx: from :func:`processing_order`.
-        detect: frame -> its detections per prompt.
-        tracker: the tracker's steps; settings: the thresholds.
-        mask_hw: low-resolution mask size; video_hw: (H, W) of the frames.
+    """The answers of :func:`propagate_steps` alone, as upstream's iterator yields them.
 
     Yields:
         (raw output, answer, the bookkeeping after the frame that released it), frames in
         processing order, each ``hotstart_delay`` frames late (all at the end).
     """
-    buffer: HotstartBuffer[FrameOutput] = HotstartBuffer(settings.hotstart_delay, end_frame_idx)
-    for frame_idx in frames:
-        output, book = track_frame(
-            book, frame_idx, detect(frame_idx), tracker, settings,
-            mask_hw=mask_hw, reverse=reverse, upstream_rows=upstream_rows,
-        )  # fmt: skip
-        if settings.hotstart_delay > 0:
-            book.hotstart_removed_obj_ids.update(output.removed_obj_ids)
-        for released in buffer.push(frame_idx, output):
-            hidden = released.suppressed_obj_ids | book.hotstart_removed_obj_ids
-            result = postprocess_frame(
-                released.frame_idx, released.obj_id_to_mask, released.obj_id_to_score,
-                released.obj_id_to_tracker_score, book.obj_id_to_prompt_id, hidden, video_hw,
-            )  # fmt: skip
-            yield released, result, book
+    for step in propagate_steps(
+        book, frames, end_frame_idx, detect, tracker, settings,
+        mask_hw=mask_hw, video_hw=video_hw, reverse=reverse, upstream_rows=upstream_rows,
+    ):  # fmt: skip
+        for output, result in step.released:
+            yield output, result, step.book

@@ -18,10 +18,10 @@ import numpy as np
 
 from ..protocol import tracker as protocol
 from ..protocol.tracker import TrackingError
-from ..tracking.frames import preprocess
+from ..tracking.frames import decode_frame, preprocess
 from ..tracking.state import Session
 from .detections import Detections, select_detections
-from .loop import FrameOutput, processing_order, propagate
+from .loop import FrameOutput, FrameStep, processing_order, propagate_steps
 from .results import FrameResult
 from .settings import ConceptVideoSettings
 from .state import ObjectBook
@@ -56,36 +56,59 @@ class ConceptVideo:
         detector,
         tracker,
         tracker_config,
-        frames: Sequence[np.ndarray],
+        frames: Sequence[np.ndarray] | Session,
         prompts: Mapping[int, tuple[np.ndarray, np.ndarray]],
         settings: ConceptVideoSettings,
         *,
         shared_vision: bool = False,
     ) -> None:
+        self.detector, self.settings = detector, settings
+        self.shared_vision = shared_vision
+        if isinstance(frames, Session):
+            session = frames  # a served session: frames uploaded, maybe still encoded
+        else:
+            session = Session(len(frames), tuple(frames[0].shape[:2]))
+            session.frames.update(enumerate(frames))
+        self.video_hw = session.video_hw
+        self.tracker = GraphTrackerSteps(tracker, tracker_config, session)
+        self.set_prompts(prompts)
+        self.book = ObjectBook()
+
+    @property
+    def num_frames(self) -> int:
+        return self.tracker.session.num_frames
+
+    def set_prompts(self, prompts: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """The phrases every later frame is searched for (``Sam3VideoInferenceSession``'s
+        prompts): prompt id -> (int64 [32] token ids, int64 [32] attention mask), in the
+        order they were added. Objects found so far keep their prompt ids.
+
+        Raises:
+            TrackingError: ``NoPrompts`` for none (before any graph runs).
+        """
         if not prompts:
             raise TrackingError(
                 protocol.ERR_NO_PROMPTS,
                 "prompts: got none; expected at least one phrase",
                 "prompts",
             )
-        self.detector, self.settings = detector, settings
-        self.shared_vision = shared_vision
-        self.video_hw = tuple(frames[0].shape[:2])
-        session = Session(len(frames), self.video_hw)
-        session.frames.update(enumerate(frames))
-        self.tracker = GraphTrackerSteps(tracker, tracker_config, session)
-        self.frames = list(frames)
         self.prompt_ids = list(prompts)
         ids = np.stack([np.asarray(t, np.int64) for t, _ in prompts.values()])
         mask = np.stack([np.asarray(m, np.int64) for _, m in prompts.values()])
-        text = detector.run("text", {"input_ids": ids, "attention_mask": mask}, ["text_features"])
+        text = self.detector.run(
+            "text", {"input_ids": ids, "attention_mask": mask}, ["text_features"]
+        )
         self.prompt_features = text["text_features"][None]  # [1, N, 32, C]
         self.prompt_mask = mask[None]
-        self.book = ObjectBook()
+
+    def _frame(self, frame_idx: int) -> np.ndarray:
+        """uint8 [H, W, 3] pixels of a frame (an uploaded encoded frame is decoded)."""
+        frame = self.tracker.session.frames[frame_idx]
+        return decode_frame(frame) if isinstance(frame, bytes) else frame
 
     def detect(self, frame_idx: int) -> dict[int, Detections]:
         """Each prompt's detections on the frame (``run_detection``), prompts in order."""
-        pixels = preprocess(self.frames[frame_idx], self.tracker.size, "sam3")
+        pixels = preprocess(self._frame(frame_idx), self.tracker.size, "sam3")
         if self.shared_vision:
             names = [*FEATURE_NAMES, *TRACKER_FEATURE_NAMES]
             both = self.detector.run(SHARED_VISION, {"pixel_values": pixels}, names)
@@ -117,17 +140,39 @@ class ConceptVideo:
             )  # fmt: skip
         return found
 
+    def steps(
+        self,
+        start_frame_idx: int = 0,
+        max_frames: int | None = None,
+        *,
+        reverse: bool = False,
+        upstream_rows: bool = True,
+    ) -> Iterator[FrameStep]:
+        """Track over the video one frame per step (:func:`.loop.propagate_steps`).
+
+        ``self.book`` is committed before each step is handed out, so it always matches the
+        tracker's memories: a caller that stops asking for steps (a cancel between frames)
+        leaves the session consistent, and the answers still held back are dropped.
+
+        Args:
+            start_frame_idx / max_frames / reverse: as ``propagate_in_video_iterator``.
+            upstream_rows: as :func:`.loop.track_frame` (the served model passes False).
+        """
+        frames, end = processing_order(
+            self.num_frames, start_frame_idx, max_frames, reverse=reverse
+        )
+        for step in propagate_steps(
+            self.book, frames, end, self.detect, self.tracker, self.settings,
+            mask_hw=MASK_HW, video_hw=self.video_hw, reverse=reverse,
+            upstream_rows=upstream_rows,
+        ):  # fmt: skip
+            self.book = step.book
+            yield step
+
     def propagate(
         self, start_frame_idx: int = 0, max_frames: int | None = None, *, reverse: bool = False
     ) -> Iterator[tuple[FrameOutput, FrameResult]]:
         """Track over the video (``propagate_in_video_iterator`` + ``postprocess_outputs``);
         yields each answered frame, ``hotstart_delay`` frames late."""
-        frames, end = processing_order(
-            len(self.frames), start_frame_idx, max_frames, reverse=reverse
-        )
-        for output, result, book in propagate(
-            self.book, frames, end, self.detect, self.tracker, self.settings,
-            mask_hw=MASK_HW, video_hw=self.video_hw, reverse=reverse,
-        ):  # fmt: skip
-            self.book = book
-            yield output, result
+        for step in self.steps(start_frame_idx, max_frames, reverse=reverse):
+            yield from step.released

@@ -43,6 +43,7 @@ KIND_TRACKER = "tracker"  # sam2_tracker
 KIND_LAMBDA_JSON = "lambda_json"  # sam2: the Lambda seed's JSON contract
 KIND_EVERYTHING = "everything"  # <family>_everything: segment everything
 KIND_LARGE_IMAGE = "large_image"  # <family>_large: images larger than SAM's input, tiled
+KIND_CONCEPT_VIDEO = "concept_video"  # sam3_concept_video: concepts tracked through a video
 KINDS = (
     KIND_EMBEDDING_CACHE,
     KIND_CONCEPT,
@@ -50,6 +51,7 @@ KINDS = (
     KIND_LAMBDA_JSON,
     KIND_EVERYTHING,
     KIND_LARGE_IMAGE,
+    KIND_CONCEPT_VIDEO,
 )
 KIND_RUNNER = "onnx_runner"  # an ONNX graph on the python target (runner_model.py)
 # The top-level name the package is shipped under beside model.py: unique, so nothing on the

@@ -3,13 +3,62 @@
 Standard library only, like every protocol module. The design, the order of work per frame
 and the streaming contract are in ``docs/concept-video.md``; the orchestration is
 :mod:`triton_sam.serving.concept_video`. Defined so far: what one streamed frame answers
-(:mod:`triton_sam.serving.concept_video.wire` builds it) and the ``settings`` a propagation
-may override, with their bounds.
+(:mod:`triton_sam.serving.concept_video.wire` builds it), the ``settings`` a propagation
+may override, with their bounds, and the commands the service answers
+(:mod:`triton_sam.serving.concept_video.service`). The session commands (``init``,
+``add_frame``, ``close``, ``info``) and their tensors are the tracker's
+(:mod:`.tracker`), answered by the same session store.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from . import (  # noqa: F401 - the codes the service raises, re-exported for it
+    ERR_CANCELLED,
+    ERR_FRAME_MISSING,
+    ERR_FRAME_OUT_OF_RANGE,
+    ERR_INVALID_INPUT,
+    ERR_LIMIT,
+    ERR_NO_PROMPTS,
+    ERR_OVERLOADED,
+    ERR_SESSION_NOT_FOUND,
+    KIND_CONCEPT_VIDEO,
+)
+from .tracker import (  # noqa: F401 - the session commands' names, shared with the tracker
+    CMD_ADD_FRAME,
+    CMD_CLOSE,
+    CMD_INFO,
+    CMD_INIT,
+    COMMAND,
+    FRAME,
+    FRAME_BYTES,
+    MAX_FRAMES,
+    NUM_FRAMES,
+    OUT_SESSION_ID,
+    OUT_STATUS,
+    REVERSE,
+    SESSION_ID,
+    START_FRAME,
+    VIDEO_HW,
+    StoreBounds,
+    TrackingError,
+)
+
 MODEL = "sam3_concept_video"
+KIND = KIND_CONCEPT_VIDEO
+
+# -- commands ---------------------------------------------------------------------------------
+CMD_ADD_PROMPT = "add_prompt"  # TEXT -> OUT_PROMPT_IDS
+CMD_PROPAGATE = "propagate"  # streams one response per processed frame, then a final one
+SESSION_COMMANDS = (CMD_INIT, CMD_ADD_FRAME, CMD_CLOSE, CMD_INFO)  # answered as the tracker's
+COMMANDS = (*SESSION_COMMANDS, CMD_ADD_PROMPT, CMD_PROPAGATE)
+TEXT = "text"  # BYTES [N]: phrases (add_prompt)
+MASK_FORMAT = "mask_format"  # BYTES [1]: one of MASK_FORMATS (propagate; default rle)
+OUT_PROMPT_IDS = "out_prompt_ids"  # INT32 [N]: add_prompt, each phrase's prompt id
+FRAMES_ANSWERED = "frames_answered"  # INT32 [1]: only in propagate's final response
+MAX_PROMPTS = 16  # phrases per session: each is one decoder item per frame
+MAX_PHRASE_BYTES = 1024  # one phrase (the tokenizer then refuses beyond 32 tokens)
 
 # -- one streamed response per answered frame (gRPC decoupled) ------------------------------
 FRAME_INDEX = "frame_index"  # INT32 [1]; absent in a progress-only response
@@ -51,3 +100,21 @@ SETTING_BOUNDS: dict[str, tuple[type, float, float]] = {
     "high_conf_thresh": (float, 0.0, 1.0),
     "high_iou_thresh": (float, 0.0, 1.0),
 }
+
+
+# -- the model's config parameters ------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ConceptVideoServing(StoreBounds):
+    """The ``sam3_concept_video`` model's config parameters (field names are the keys):
+    ``detector_models`` / ``tracker_models``: JSON, graph key -> Triton model name (the
+    concept graphs ``text``, ``decoder`` and ``video_vision``; the SAM3 tracker's graphs);
+    ``model_config``: JSON, the tracker's ``TrackerConfig``; ``pad_token_id``: the
+    tokenizer's padding id (``tokenizer.json`` ships beside ``model.py``, as
+    ``sam3_concept``'s); ``max_propagations``: propagations streaming at once (one more is
+    refused with ``Overloaded``); the rest: the session store's bounds, as the tracker's."""
+
+    detector_models: str
+    tracker_models: str
+    model_config: str
+    pad_token_id: int
+    max_propagations: int = 1
