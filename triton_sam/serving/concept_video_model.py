@@ -41,34 +41,11 @@ from triton_sam_serving.protocol import concept as concept_protocol
 from triton_sam_serving.protocol import concept_video as protocol
 from triton_sam_serving.protocol import settings
 from triton_sam_serving.protocol.tenancy import request_tenant
-from triton_sam_serving.session_call import checked, preferred_memory
+from triton_sam_serving.session_call import BlsRunner
 from triton_sam_serving.tracking.config import TrackerConfig
 from triton_sam_serving.tracking.sessions import SessionStore
 
 METRIC_PREFIX = "triton_sam_concept_video_"
-
-
-class BlsRunner:
-    """Runs a graph as another model of this server (synchronous BLS, CPU tensors)."""
-
-    def __init__(self, models):
-        self.models = models  # graph key -> Triton model name
-
-    def run(self, graph, inputs, outputs):
-        request = pb_utils.InferenceRequest(
-            model_name=self.models[graph],
-            inputs=[pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in inputs.items()],
-            requested_output_names=list(outputs),
-            **preferred_memory(pb_utils),
-        )
-        response = checked(request.exec(), self.models[graph])
-        result = {}
-        for name in outputs:
-            tensor = pb_utils.get_output_tensor_by_name(response, name)
-            if tensor is None:
-                raise RuntimeError(f"{self.models[graph]} returned no {name!r}")
-            result[name] = np.array(tensor.as_numpy())  # out of the shared-memory pool
-        return result
 
 
 class TritonPythonModel:
@@ -88,8 +65,8 @@ class TritonPythonModel:
             concept_protocol.CONTEXT_LENGTH,
         )
         self.service = ConceptVideoService(
-            BlsRunner(json.loads(served.detector_models)),
-            BlsRunner(json.loads(served.tracker_models)),
+            BlsRunner(pb_utils, json.loads(served.detector_models)),
+            BlsRunner(pb_utils, json.loads(served.tracker_models)),
             TrackerConfig.from_json(served.model_config),
             tokenizer.encode,
             SessionStore(**served.store_bounds()),

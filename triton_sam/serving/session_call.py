@@ -9,6 +9,8 @@ passed in, never imported.
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import protocol as envelope
 from .protocol import tenancy
 
@@ -31,6 +33,37 @@ def checked(response, model: str):
     if response.has_error():
         raise RuntimeError(f"{model}: {response.error().message()}")
     return response
+
+
+class BlsRunner:
+    """Runs a graph as another model of this server (synchronous BLS, outputs in host memory),
+    for the models that orchestrate graphs: the trackers and concept video.
+
+    Args:
+        pb_utils: ``triton_python_backend_utils``.
+        models: graph key -> the Triton model serving it.
+    """
+
+    def __init__(self, pb_utils, models: dict[str, str]) -> None:
+        self.pb_utils, self.models = pb_utils, models
+
+    def run(self, graph: str, inputs: dict, outputs) -> dict:
+        """``outputs`` (names) of ``graph`` on ``inputs`` (name -> numpy), as numpy copies."""
+        pb = self.pb_utils
+        request = pb.InferenceRequest(
+            model_name=self.models[graph],
+            inputs=[pb.Tensor(n, np.ascontiguousarray(v)) for n, v in inputs.items()],
+            requested_output_names=list(outputs),
+            **preferred_memory(pb),
+        )
+        response = checked(request.exec(), self.models[graph])
+        result = {}
+        for name in outputs:
+            tensor = pb.get_output_tensor_by_name(response, name)
+            if tensor is None:
+                raise RuntimeError(f"{self.models[graph]} returned no {name!r}")
+            result[name] = np.array(tensor.as_numpy())  # out of the shared-memory pool
+        return result
 
 
 class SessionCall:

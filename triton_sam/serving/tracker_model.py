@@ -47,35 +47,12 @@ from triton_sam_serving.metric_set import MetricSet
 from triton_sam_serving.protocol import settings
 from triton_sam_serving.protocol import tracker as protocol
 from triton_sam_serving.protocol.tenancy import request_tenant
-from triton_sam_serving.session_call import checked, preferred_memory
+from triton_sam_serving.session_call import BlsRunner
 from triton_sam_serving.tracking.config import TrackerConfig
 from triton_sam_serving.tracking.service import TrackingService
 from triton_sam_serving.tracking.sessions import SessionStore
 
 METRIC_PREFIX = "triton_sam_tracker_"
-
-
-class BlsRunner:
-    """Runs a graph as another model of this server (synchronous BLS, CPU tensors)."""
-
-    def __init__(self, models):
-        self.models = models  # graph key -> Triton model name
-
-    def run(self, graph, inputs, outputs):
-        request = pb_utils.InferenceRequest(
-            model_name=self.models[graph],
-            inputs=[pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in inputs.items()],
-            requested_output_names=list(outputs),
-            **preferred_memory(pb_utils),
-        )
-        response = checked(request.exec(), self.models[graph])
-        result = {}
-        for name in outputs:
-            tensor = pb_utils.get_output_tensor_by_name(response, name)
-            if tensor is None:
-                raise RuntimeError(f"{self.models[graph]} returned no {name!r}")
-            result[name] = np.array(tensor.as_numpy())  # out of the shared-memory pool
-        return result
 
 
 class TritonPythonModel:
@@ -86,7 +63,7 @@ class TritonPythonModel:
         served = settings.from_model_config(protocol.TrackerSettings, config)
         tracker_config = TrackerConfig.from_json(served.model_config)
         self.service = TrackingService(
-            BlsRunner(json.loads(served.graph_models)),
+            BlsRunner(pb_utils, json.loads(served.graph_models)),
             tracker_config,
             SessionStore(**served.store_bounds()),
         )
