@@ -18,7 +18,7 @@ import numpy as np
 from .detections import Detections, merge_detections
 from .hotstart import HotstartBuffer
 from .planning import FramePlan, frame_masks, plan_frame, record_tracker_scores
-from .results import FrameResult, postprocess_frame
+from .results import PackedFrameResult, postprocess_frame
 from .settings import ConceptVideoSettings
 from .state import ObjectBook
 
@@ -182,7 +182,7 @@ class FrameStep:
     frame_idx: int
     processed: int
     book: ObjectBook
-    released: list[tuple[FrameOutput, FrameResult]]
+    released: list[tuple[FrameOutput, PackedFrameResult]]
 
 
 def propagate_steps(
@@ -249,7 +249,7 @@ def propagate(
     video_hw: tuple[int, int],
     reverse: bool = False,
     upstream_rows: bool = True,
-) -> Iterator[tuple[FrameOutput, FrameResult, ObjectBook]]:
+) -> Iterator[tuple[FrameOutput, PackedFrameResult, ObjectBook]]:
     """The answers of :func:`propagate_steps` alone, as upstream's iterator yields them.
 
     Yields:

@@ -22,7 +22,7 @@ from ..tracking.frames import decode_frame, preprocess
 from ..tracking.state import Session
 from .detections import Detections, select_detections
 from .loop import FrameOutput, FrameStep, processing_order, propagate_steps
-from .results import FrameResult
+from .results import PackedFrameResult
 from .settings import ConceptVideoSettings
 from .state import ObjectBook
 from .tracker_steps import GraphTrackerSteps
@@ -171,7 +171,7 @@ class ConceptVideo:
 
     def propagate(
         self, start_frame_idx: int = 0, max_frames: int | None = None, *, reverse: bool = False
-    ) -> Iterator[tuple[FrameOutput, FrameResult]]:
+    ) -> Iterator[tuple[FrameOutput, PackedFrameResult]]:
         """Track over the video (``propagate_in_video_iterator`` + ``postprocess_outputs``);
         yields each answered frame, ``hotstart_delay`` frames late."""
         for step in self.steps(start_frame_idx, max_frames, reverse=reverse):

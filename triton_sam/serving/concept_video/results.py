@@ -10,7 +10,7 @@ tracker score this frame (the first in id order on a tie).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +47,78 @@ class FrameResult:
         return [encode_rle(mask) for mask in self.masks]
 
 
+@dataclass(frozen=True)
+class PackedFrameResult:
+    """The instances of one frame as the server computes them: :class:`FrameResult`'s fields,
+    with the masks kept packed until read.
+
+    The masks are kept packed (one bit per pixel, each object's mask before the overlap
+    resolution) and resolved when read: one frame's answer then costs K x H x W / 8 bytes
+    and a few H x W maps, where K float32 masks at the frame's size would cost 32x that
+    (64 objects on an 8192 px frame: 17 GB).
+
+    Attributes:
+        hw: (H, W) of the frame.
+        packed: uint8 [K, ceil(H * W / 8)] each mask before the overlap resolution
+            (``np.packbits`` of the row-major mask).
+        tracker_scores: float32 [K] the scores that resolve overlaps within a prompt.
+
+    Its other attributes are :class:`FrameResult`'s.
+    """
+
+    frame_idx: int
+    object_ids: np.ndarray
+    scores: np.ndarray
+    boxes: np.ndarray
+    prompt_ids: np.ndarray
+    hw: tuple[int, int]
+    packed: np.ndarray
+    tracker_scores: np.ndarray
+
+    @property
+    def masks(self) -> np.ndarray:
+        """bool [K, H, W] at the frame's size, not overlapping within a prompt (all at once:
+        for tests and in-process callers; :meth:`rle` holds one mask at a time)."""
+        out = np.zeros((len(self.object_ids), *self.hw), bool)
+        for row, mask in self.resolved():
+            out[row] = mask
+        return out
+
+    def rle(self) -> list[bytes]:
+        """Each mask as COCO compressed RLE ``counts`` (``{"size": [H, W], "counts": c}``)."""
+        counts: list[bytes] = [b""] * len(self.object_ids)
+        for row, mask in self.resolved():
+            counts[row] = encode_rle(mask)
+        return counts
+
+    def resolved(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(row, bool [H, W]) for every object, prompt by prompt: within a prompt each pixel
+        goes to the object with the highest tracker score (the first in id order on a tie),
+        and an object whose score is 0 keeps no pixel (``Sam3VideoProcessor.
+        _apply_object_wise_non_overlapping_constraints`` with ``background_value=0`` on binary
+        masks). Holds one prompt's winner map and one mask at a time."""
+        scores = np.asarray(self.tracker_scores, _F32)
+        for prompt_id in np.unique(self.prompt_ids):
+            rows = np.flatnonzero(self.prompt_ids == prompt_id)
+            if len(rows) == 1:
+                yield int(rows[0]), self._mask(rows[0]) & bool(scores[rows[0]] > 0)
+                continue
+            # strictly greater from 0: the first object in id order keeps a tie, and a pixel
+            # nobody claims with a positive score stays background
+            best = np.zeros(self.hw, _F32)
+            winner = np.full(self.hw, -1, np.int32)
+            for row in rows:
+                wins = self._mask(row) & (scores[row] > best)
+                best[wins], winner[wins] = scores[row], row
+            for row in rows:
+                yield int(row), winner == row
+
+    def _mask(self, row: int) -> np.ndarray:
+        height, width = self.hw
+        flat = np.unpackbits(self.packed[row], count=height * width)
+        return flat.reshape(height, width).astype(bool)
+
+
 def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
     """``torchvision.ops.masks_to_boxes``: float32 [K, 4] (x_min, y_min, x_max, y_max) of
     each non-empty bool [K, H, W] mask's pixels, inclusive (zeros for an empty mask)."""
@@ -60,45 +132,6 @@ def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
     return boxes
 
 
-def object_wise_non_overlap(
-    masks: np.ndarray, scores: np.ndarray, prompt_ids: np.ndarray
-) -> np.ndarray:
-    """Within each prompt, each pixel keeps only the overlapping object with the highest
-    score (``Sam3VideoProcessor._apply_object_wise_non_overlapping_constraints`` with
-    ``background_value=0`` on binary masks). An object whose score is 0 keeps no pixel.
-
-    Args:
-        masks: bool [K, H, W]; scores: float32 [K]; prompt_ids: int [K].
-
-    Returns:
-        bool [K, H, W].
-    """
-    scores = np.asarray(scores, _F32)
-    # a pixel of one object only stays its own iff its score is positive (upstream's argmax
-    # over "score where the mask is" picks it, or finds no positive value): only the pixels
-    # two objects claim need the argmax, which keeps the work near one pass over the masks
-    out = masks & (scores > 0)[:, None, None]
-    flat_out = out.reshape(len(out), -1)
-    for prompt_id in np.unique(prompt_ids):
-        rows = np.flatnonzero(prompt_ids == prompt_id)
-        if len(rows) == 1:
-            continue
-        group = masks[rows].reshape(len(rows), -1)
-        contested = group.sum(axis=0, dtype=np.int32) > 1
-        if not contested.any():
-            continue
-        # few contested pixels: gather them; many: the whole group (a gather costs more)
-        where = np.flatnonzero(contested) if contested.mean() < 0.25 else slice(None)
-        scored = np.where(group[:, where], scores[rows, None], _F32(0))
-        winner = np.argmax(scored, axis=0)  # first index on ties, as torch's argmax
-        won = (winner[None] == np.arange(len(rows))[:, None]) & (scored > 0)
-        if isinstance(where, slice):
-            flat_out[rows] = won
-        else:
-            flat_out[np.ix_(rows, where)] = won
-    return out
-
-
 def postprocess_frame(
     frame_idx: int,
     obj_id_to_mask: Mapping[int, np.ndarray],
@@ -107,7 +140,7 @@ def postprocess_frame(
     obj_id_to_prompt_id: Mapping[int, int],
     hidden_obj_ids: Collection[int],
     hw: tuple[int, int],
-) -> FrameResult:
+) -> PackedFrameResult:
     """One frame's answer (``Sam3VideoProcessor.postprocess_outputs``).
 
     Args:
@@ -121,33 +154,26 @@ def postprocess_frame(
             hot-start (as known when the frame is answered).
         hw: (H, W) of the video.
     """
-    ids = sorted(obj_id_to_mask)
     h, w = hw
-    if not ids:
-        return FrameResult(
-            frame_idx,
-            np.zeros(0, np.int64),
-            np.zeros(0, _F32),
-            np.zeros((0, 4), _F32),
-            np.zeros((0, h, w), bool),
-            np.zeros(0, np.int64),
-        )
-    low_res = np.stack([np.asarray(obj_id_to_mask[o], _F32) for o in ids])
-    masks = resample.bilinear(low_res, hw) > 0
-    keep = masks.reshape(len(ids), -1).any(axis=1)
-    keep &= ~np.isin(np.asarray(ids, np.int64), np.asarray(list(hidden_obj_ids), np.int64))
-    kept = [o for o, k in zip(ids, keep, strict=True) if k]
-    masks = masks[keep]
-    boxes = masks_to_boxes(masks)
-    prompt_ids = np.asarray([obj_id_to_prompt_id[o] for o in kept], np.int64)
-    if len(kept) > 1:
-        tracker = np.asarray([obj_id_to_tracker_score.get(o, 0.0) for o in kept], _F32)
-        masks = object_wise_non_overlap(masks, tracker, prompt_ids)
-    return FrameResult(
+    hidden = {int(o) for o in hidden_obj_ids}
+    kept, packed, boxes = [], [], []
+    for obj_id in sorted(obj_id_to_mask):
+        if obj_id in hidden:
+            continue
+        # one object at a time: the resize of a stack equals each object's resize bit for bit
+        mask = resample.bilinear(np.asarray(obj_id_to_mask[obj_id], _F32), hw) > 0
+        if not mask.any():
+            continue
+        kept.append(obj_id)
+        packed.append(np.packbits(mask, axis=None))
+        boxes.append(masks_to_boxes(mask[None])[0])
+    return PackedFrameResult(
         frame_idx=frame_idx,
         object_ids=np.asarray(kept, np.int64),
         scores=np.asarray([obj_id_to_score[o] for o in kept], _F32),
-        boxes=boxes,
-        masks=masks,
-        prompt_ids=prompt_ids,
+        boxes=np.asarray(boxes, _F32).reshape(-1, 4),
+        prompt_ids=np.asarray([obj_id_to_prompt_id[o] for o in kept], np.int64),
+        hw=(h, w),
+        packed=np.asarray(packed, np.uint8).reshape(len(kept), (h * w + 7) // 8),
+        tracker_scores=np.asarray([obj_id_to_tracker_score.get(o, 0.0) for o in kept], _F32),
     )

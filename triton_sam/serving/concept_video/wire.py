@@ -15,7 +15,7 @@ import numpy as np
 
 from ..bounds import RequestError
 from ..protocol import concept_video as protocol
-from .results import FrameResult
+from .results import FrameResult, PackedFrameResult
 from .settings import ConceptVideoSettings
 
 
@@ -66,7 +66,7 @@ def _checked(field: str, value: object, kind: type, low: float, high: float) -> 
 
 
 def frame_response(
-    result: FrameResult,
+    result: FrameResult | PackedFrameResult,
     *,
     tracker_scores: Mapping[int, float],
     removed_since_last: Collection[int],
