@@ -95,6 +95,8 @@ def test_config_applies_overrides():
         (("export", "sam2.1_hiera_tiny", "export.nope=1"), "overrides"),
         (("export", "sam2.1_hiera_tiny", "--checkpoint", "/nonexistent.pt"), "/nonexistent.pt"),
         (("check", "--url", "127.0.0.1:9"), "triton-sam serve"),
+        (("setup-video", "sam3_concept_video", "--random-init"), "--random-init"),
+        (("setup-video", "sam3_concept_video", "--checkpoint", "/nonexistent"), "/nonexistent"),
     ],
 )
 def test_user_errors_print_one_message_and_exit_1(args, needle):

@@ -80,16 +80,22 @@ def setup_video_cmd(
 
 
 def _setup_concept_video(checkpoint: Path | None, *, random_init: bool, repository: Path | None):
-    """``setup-video sam3_concept_video``: a Sam3VideoModel directory exported and written."""
+    """``setup-video sam3_concept_video``: a Sam3VideoModel directory (the given one, or the
+    facebook/sam3 snapshot the SAM3 tracker downloads: one checkpoint holds both) exported
+    and written."""
     from triton_sam.errors import InputValidationError
     from triton_sam.setup.concept_video import build_concept_video_repository, load_checkpoint
 
-    if random_init or checkpoint is None:
+    if random_init:
         raise InputValidationError(
-            "--checkpoint",
-            "sam3_concept_video needs a Hugging Face Sam3VideoModel directory (the facebook/sam3 "
-            "snapshot); no random-init variant is shipped for it",
+            "--random-init",
+            "sam3_concept_video ships no random-init variant (a random detector finds nothing "
+            "to track); give --checkpoint DIR or none to download facebook/sam3",
         )
+    if checkpoint is None:
+        plan = export_plan("sam3_tracker", None, None, random_init=False, target=None,
+                           repository=repository)  # fmt: skip
+        checkpoint = plan.build_args["checkpoint"]
     repo = repository or Path("model_repository")
     video_model, tokenizer = load_checkpoint(checkpoint)
     build = build_concept_video_repository(repo, video_model, tokenizer)
@@ -178,28 +184,66 @@ def bench_video_cmd(
 )
 def bench_concept_video_cmd(
     checkpoint: Annotated[
-        Path, typer.Option(help="Hugging Face Sam3VideoModel directory (facebook/sam3).")
-    ],
-    video: Annotated[Path, typer.Option(help="Folder of frames, mp4, TIFF stack or .npy.")],
-    phrase: Annotated[str, typer.Option(help="The concept to track.")],
+        Path | None,
+        typer.Option(
+            help="Hugging Face Sam3VideoModel directory (facebook/sam3). Default: the seeded "
+            "small model (its speed says how the paths compare, not how fast SAM3 is)."
+        ),
+    ] = None,
+    video: Annotated[
+        Path | None,
+        typer.Option(help="Folder of frames, mp4, TIFF stack or .npy. Default: a synthetic clip."),
+    ] = None,
+    phrase: Annotated[
+        str | None, typer.Option(help="The concept (the small model's: cat).")
+    ] = None,
     frames: Annotated[int, typer.Option(min=2, help="Frames propagated (the first ones).")] = 8,
+    repeats: Annotated[int, typer.Option(min=1, help="Propagations per path.")] = 1,
+    output: ReportDirOpt = Path("outputs/bench"),
     work_dir: WorkDirOpt = Path(".bench_concept_video"),
 ) -> None:
-    """One propagation of PHRASE through the video's first FRAMES frames: sam3_concept_video
-    on an embedded Triton (gRPC stream) vs transformers' Sam3VideoModel in-process, same
-    weights; frames/s, frames answered and objects of each."""
-    import json
+    """Propagations of PHRASE through the video's first FRAMES frames: sam3_concept_video on an
+    embedded Triton (gRPC stream) vs transformers' Sam3VideoModel in-process, same weights;
+    frames/s, per-frame percentiles, frames answered and tracked, objects."""
+    from dataclasses import asdict, replace
 
-    from transformers import Sam3VideoProcessor
+    from triton_sam.bench import concept_video_small as small
+    from triton_sam.bench.concept_video import bench_concept_video, write_concept_video_report
+    from triton_sam.bench.video import write_clip
+    from triton_sam.serving.concept_video.service import SERVED_SETTINGS
+    from triton_sam.serving.protocol.concept_video import MAX_OBJECTS
 
-    from triton_sam.bench.concept_video import bench_concept_video
-    from triton_sam.setup.concept_video import load_checkpoint
+    settings = None
+    if checkpoint is None:
+        from triton_sam.errors import InputValidationError
 
-    video_model, _ = load_checkpoint(checkpoint)
-    processor = Sam3VideoProcessor.from_pretrained(checkpoint)
+        if phrase not in (None, small.SMALL_PHRASE):
+            raise InputValidationError(
+                "--phrase", f"the small model's thresholds were set for {small.SMALL_PHRASE!r}"
+            )
+        video_model, processor = small.small_video_model(), small.small_processor()
+        phrase, weights = small.SMALL_PHRASE, "seeded small Sam3VideoModel"
+        # the served defaults are facebook/sam3's: send the small model's thresholds
+        served = replace(small.SMALL_SETTINGS, max_num_objects=MAX_OBJECTS)
+        settings = {k: v for k, v in asdict(served).items() if v != getattr(SERVED_SETTINGS, k)}
+    else:
+        from transformers import Sam3VideoProcessor
+
+        from triton_sam.setup.concept_video import load_checkpoint
+
+        video_model, _ = load_checkpoint(checkpoint)
+        processor = Sam3VideoProcessor.from_pretrained(checkpoint)
+        weights = f"weights of {checkpoint}"
+    if phrase is None:
+        raise typer.BadParameter("give the concept to track", param_hint="--phrase")
+    if video is None:
+        video = write_clip(Path(work_dir) / "clip", frames, (240, 320))
     source = np.load(video) if video.suffix == ".npy" else video
     clip = open_video(source)
     pixels = [clip.pixels(i) for i in range(min(frames, clip.num_frames))]
     pixels = [p if p.ndim == 3 else np.repeat(p[..., None], 3, axis=-1) for p in pixels]
-    report = bench_concept_video(video_model, processor, pixels, phrase, work_dir)
-    typer.echo(json.dumps(report, indent=1))
+    report = bench_concept_video(
+        video_model, processor, pixels, phrase, work_dir, settings=settings, repeats=repeats,
+        weights=weights, progress=typer.echo,
+    )  # fmt: skip
+    echo_report(write_concept_video_report(report, output))
