@@ -104,7 +104,9 @@ def _setup_concept_video(checkpoint: Path | None, *, random_init: bool, reposito
     typer.echo("next: `triton-sam serve`, then SAM3ConceptVideoClient over gRPC")
 
 
-@app.command("track", short_help="Segment objects through a video or 3-D stack from clicks.")
+@app.command(
+    "track", short_help="Segment objects through a video or 3-D stack from clicks or a phrase."
+)
 def track_cmd(
     video: Annotated[
         Path, typer.Argument(help="Folder of frames, mp4, multi-page TIFF stack or .npy volume.")
@@ -114,6 +116,10 @@ def track_cmd(
     ] = None,
     box: Annotated[
         list[str] | None, typer.Option("--box", help="x0,y0,x1,y1[,frame][,obj] (repeatable).")
+    ] = None,
+    phrase: Annotated[
+        list[str] | None,
+        typer.Option("--phrase", help="A concept to find and track (SAM3; repeatable)."),
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("outputs/track"),
     url: Annotated[
@@ -127,7 +133,13 @@ def track_cmd(
     repository: RepositoryOpt = None,
 ) -> None:
     """Segment objects through a video or a 3-D stack from a few clicks: label PNGs per frame,
-    or one label TIFF stack for a volume."""
+    or one label TIFF stack for a volume. With --phrase, every instance of the concept instead
+    (sam3_concept_video, gRPC): concepts.json (COCO RLE per frame) and labels.ome.zarr."""
+    if phrase:
+        if click or box:
+            raise typer.BadParameter("clicks/boxes or phrases, not both", param_hint="--phrase")
+        _track_concepts(video, phrase, out, url, repository)
+        return
     prompts = [parse_click(c) for c in click or []] + [parse_box(b) for b in box or []]
     source = np.load(video) if video.suffix == ".npy" else video
     total = open_video(source).num_frames
@@ -154,6 +166,39 @@ def track_cmd(
 
     with embedded(embedded_repository(repository or Path("model_repository"))) as server:
         run(protocol_url(server, protocol))
+
+
+def _track_concepts(
+    video: Path, phrases: list[str], out: Path, url: str | None, repository: Path | None
+) -> None:
+    """``track --phrase``: the concept video model over gRPC (it streams; HTTP refuses it)."""
+    from triton_sam.client.concept_video import SAM3ConceptVideoClient
+    from triton_sam.client.track_concepts import track_concepts
+
+    source = np.load(video) if video.suffix == ".npy" else video
+
+    def run(target: str) -> None:
+        with (
+            SAM3ConceptVideoClient(target) as client,
+            tqdm(unit="frame", desc="finding and tracking") as bar,
+        ):
+
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            result = track_concepts(client, source, phrases, out, progress=progress)
+        found = ", ".join(f"{p!r}: {len(ids)} object(s)" for p, ids in result.objects.items())
+        typer.echo(f"{result.frames} frames, {found}")
+        typer.echo("wrote " + ", ".join(str(p) for p in result.paths))
+
+    if url:
+        run(url)
+        return
+    from triton_sam.repository.writer import embedded_repository
+
+    with embedded(embedded_repository(repository or Path("model_repository"))) as server:
+        run(server.grpc_url)
 
 
 @bench_app.command("video", short_help="Frames/s of video propagation vs the upstream tracker.")

@@ -3,7 +3,7 @@ answered frame by frame over gRPC's stream (the model is decoupled; Triton's HTT
 refuses decoupled models).
 
     with SAM3ConceptVideoClient("grpc://localhost:8001") as client:
-        session = client.open(frames)             # uploads every frame
+        session = client.open(video)              # uploads every frame (see open)
         client.add_prompt(session, ["cell"])      # -> prompt ids
         for frame in client.propagate(session):   # ConceptVideoFrame per answered frame
             ...
@@ -28,6 +28,7 @@ import numpy as np
 
 from triton_sam.client.endpoint import Endpoint, resolve_endpoint
 from triton_sam.client.everything import stream_error
+from triton_sam.client.video_source import VideoSource, open_video
 from triton_sam.client.wire import build_infer_inputs
 from triton_sam.errors import (
     InferenceTimeoutError,
@@ -103,21 +104,39 @@ class SAM3ConceptVideoClient:
         self._client.close()
 
     # -- sessions ----------------------------------------------------------------------------
-    def open(self, frames: Sequence[np.ndarray]) -> str:
-        """A new session holding ``frames`` (uint8 [H, W, 3] each, one size); its id."""
-        height, width = frames[0].shape[:2]
+    def open(self, video: object, *, progress: Progress | None = None) -> str:
+        """A new session holding every frame of ``video``; its id.
+
+        Args:
+            video: a ``VideoSource``, or what :func:`~triton_sam.client.video_source.open_video`
+                takes: a folder of frames, an mp4, a TIFF stack, a numpy volume (Z, Y, X[, C])
+                or a list of uint8 images of one size. Files go up as their own bytes (the
+                server decodes them), arrays as pixels, one frame at a time (never held
+                decoded here).
+            progress: called with (frames uploaded, frames) after each one.
+        """
+        source = video if isinstance(video, VideoSource) else open_video(video)
+        height, width = source.height, source.width
         answer = self._call(
             protocol.CMD_INIT,
-            num_frames=np.array([len(frames)], np.int32),
+            num_frames=np.array([source.num_frames], np.int32),
             video_hw=np.array([height, width], np.int32),
         )
         session = _text(answer[protocol.OUT_SESSION_ID])
         self._hw[session] = (int(height), int(width))
-        for index, frame in enumerate(frames):
-            self._call(
-                protocol.CMD_ADD_FRAME, session,
-                frame_index=np.array([index], np.int32), frame=np.ascontiguousarray(frame),
-            )  # fmt: skip
+        for index in range(source.num_frames):
+            tensors = {protocol.FRAME_INDEX: np.array([index], np.int32)}
+            encoded = source.encoded(index)
+            if encoded is not None:
+                tensors[protocol.FRAME_BYTES] = np.array([encoded], dtype=object)
+            else:
+                pixels = source.pixels(index)
+                tensors[protocol.FRAME] = np.ascontiguousarray(
+                    pixels[..., None] if pixels.ndim == 2 else pixels
+                )
+            self._call(protocol.CMD_ADD_FRAME, session, **tensors)
+            if progress is not None:
+                progress(index + 1, source.num_frames)
         return session
 
     def add_prompt(self, session: str, phrases: Sequence[str]) -> list[int]:
