@@ -54,12 +54,18 @@ export class VideoConcepts {
     this.bitmaps = [];
     this.hw = null; // [H, W] of every frame
     this.session = null; // the open session's id
+    this.phrase = ""; // what the results are of: the phrase, its prompt ids, the settings sent
+    this.promptIds = [];
+    this.settingsSent = {};
     this.results = new Map(); // frame index -> the server's frame line
     this.progress = [0, 0];
     this.state = "idle"; // idle | uploading | propagating | done | cancelled | failed
     this.job = null; // the running propagation's AbortController
     this.stats = { sent: 0, lines: 0, frames: 0 };
-    ui.files.addEventListener("change", () => this.choose(ui.files.files));
+    ui.files.addEventListener("change", () => {
+      this.choose([...ui.files.files]);
+      ui.files.value = ""; // the next choice replaces these, and the same files again is a change
+    });
     ui.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.propagate();
@@ -126,12 +132,13 @@ export class VideoConcepts {
       if (!this.bitmaps.length) throw new Error("choose the frames first (image files, one size)");
       if (!phrase) throw new Error("type a phrase (what to find in every frame)");
       const settings = this.settings();
-      this.setState("uploading");
-      await this.closeSession();
+      // The previous results go before anything waits: what shows from here on is this run's.
       this.results = new Map();
       this.progress = [0, this.files.length];
       this.stats = { sent: 0, lines: 0, frames: 0 };
+      this.setState("uploading");
       this.drawProgress();
+      await this.closeSession();
       const [height, width] = this.hw;
       const opened = await this.command({ command: "init", num_frames: this.files.length, video_hw: [height, width] });
       this.session = opened.session_id;
