@@ -26,10 +26,10 @@ _SHARED_SERVERS: dict[str, object] = {}  # fixture name -> running EmbeddedTrito
 _LAST_USERS: dict[str, list[str]] = {}  # test node id -> shared-server fixtures it is last for
 
 
-def _shared_server(name: str, repository: Path):
+def _shared_server(name: str, repository: Path, **options: object):
     from triton_sam.server import EmbeddedTriton
 
-    with EmbeddedTriton(repository, http_port=0, grpc_port=0, metrics_port=0) as server:
+    with EmbeddedTriton(repository, http_port=0, grpc_port=0, metrics_port=0, **options) as server:
         _SHARED_SERVERS[name] = server
         yield server
         _SHARED_SERVERS.pop(name, None)
@@ -388,3 +388,33 @@ def concept_video_export(tmp_path_factory):
     from concept_video_e2e_support import export_graphs
 
     return export_graphs(tmp_path_factory.mktemp("concept_video"))
+
+
+@pytest.fixture(scope="session")
+def concept_video_build(tmp_path_factory):
+    """(repository, export): what ``setup-video sam3_concept_video`` writes, from the seeded
+    small model of ``tests/concept_video_e2e_support.py`` (unverified here, as
+    ``export_graphs``: the parity tests check the graphs)."""
+    from concept_video_e2e_support import random_video_model
+
+    from triton_sam.export import ExportOptions
+    from triton_sam.export.sam3_concept import toy_tokenizer
+    from triton_sam.setup.concept_video import build_concept_video_repository
+
+    tmp = tmp_path_factory.mktemp("concept_video_served")
+    repo = tmp / "model_repository"
+    build = build_concept_video_repository(
+        repo, random_video_model(), toy_tokenizer(),
+        export_options=ExportOptions(verify=False), work_dir=tmp / "export",
+    )  # fmt: skip
+    assert build.models[-1] == "sam3_concept_video"
+    return repo, build.export
+
+
+@pytest.fixture(scope="session")
+def concept_video_server(concept_video_build):
+    """``concept_video_build`` served (the model's service and the page's tests share it)."""
+    from triton_sam.repository.writer import embedded_repository
+
+    repository = embedded_repository(concept_video_build[0])
+    yield from _shared_server("concept_video_server", repository, startup_timeout_s=180.0)

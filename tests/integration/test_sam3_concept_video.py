@@ -10,7 +10,8 @@ decoupled python model), driven by ``SAM3ConceptVideoClient`` over gRPC's stream
 - a cancel stops the propagation between frames (counted by the server: ``frames_tracked``);
 - a setting out of its bounds is refused naming ``settings.<key>``.
 
-One export and one tritonserver start for the module (~2 min on 2 cores).
+One export and one tritonserver start (~2 min on 2 cores), shared with the page's test
+(tests/integration/test_sam3_concept_video_web.py) through tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ from concept_video_e2e_support import NUM_FRAMES, PHRASE, SETTINGS, clip, pipeli
 
 from triton_sam.client.concept_video import SAM3ConceptVideoClient
 from triton_sam.errors import InvalidRequestError, ServerError
-from triton_sam.repository.writer import embedded_repository
 from triton_sam.serving.concept_video.service import SERVED_SETTINGS
 from triton_sam.serving.protocol import concept_video as protocol
 from triton_sam.serving.protocol.tenancy import TENANT_HEADER
-from triton_sam.setup.concept_video import build_concept_video_repository
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
 # The served bound on objects (each holds a memory bank); the clip has two at most.
@@ -37,22 +36,9 @@ OVERRIDES = {k: v for k, v in asdict(SERVED).items() if v != getattr(SERVED_SETT
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """(repository, export): what ``setup-video sam3_concept_video`` writes, from the seeded
-    small model (unverified here, as ``export_graphs``: the parity tests check the graphs)."""
-    from concept_video_e2e_support import random_video_model
-
-    from triton_sam.export import ExportOptions
-    from triton_sam.export.sam3_concept import toy_tokenizer
-
-    tmp = tmp_path_factory.mktemp("concept_video_served")
-    repo = tmp / "model_repository"
-    build = build_concept_video_repository(
-        repo, random_video_model(), toy_tokenizer(),
-        export_options=ExportOptions(verify=False), work_dir=tmp / "export",
-    )  # fmt: skip
-    assert build.models[-1] == protocol.MODEL
-    return repo, build.export
+def built(concept_video_build):
+    """(repository, export): the session's one build (tests/conftest.py)."""
+    return concept_video_build
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +47,8 @@ def exported(built):
 
 
 @pytest.fixture(scope="module")
-def server(built, embedded_triton):
-    return embedded_triton(embedded_repository(built[0]), startup_timeout_s=180.0)
+def server(concept_video_server):
+    return concept_video_server
 
 
 def _client(server, tenant: str = "a") -> SAM3ConceptVideoClient:

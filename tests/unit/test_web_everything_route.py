@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import pytest
+from asgi_support import asgi_post
 from starlette.applications import Starlette
 
 from triton_sam.client.everything import EverythingResult
@@ -36,43 +37,7 @@ def _app() -> Starlette:
 async def _call(
     path: str, body: bytes, headers: dict[str, str] | None = None, disconnect_after: int = 0
 ) -> tuple[int, bytes]:
-    """(status, body) of one request; with ``disconnect_after``, the client goes away after
-    that many body messages."""
-    messages: list[dict[str, Any]] = []
-    sent = False
-    gone = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-        chunks = [m for m in messages if m["type"] == "http.response.body" and m.get("body")]
-        if disconnect_after and len(chunks) >= disconnect_after:
-            gone.set()
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
-        "http_version": "1.1",
-        "scheme": "http",
-        "server": ("test", 80),
-        "client": ("test", 1),
-        "root_path": "",
-    }
-    await asyncio.wait_for(_app()(scope, receive, send), 10)
-    status = next(m["status"] for m in messages if m["type"] == "http.response.start")
-    chunks = [m.get("body", b"") for m in messages if m["type"] == "http.response.body"]
-    return status, b"".join(chunks)
+    return await asgi_post(_app(), path, body, headers, disconnect_after)
 
 
 def _post(body: Any, **kw: Any) -> tuple[int, bytes]:

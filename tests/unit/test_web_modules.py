@@ -187,3 +187,22 @@ console.log(JSON.stringify({{ storm, started, delivered, sent: lane.sent, idle: 
     assert result["started"] == [1, 50, 51, 52, 53]
     assert result["delivered"] == [1, 50, 52, 53]
     assert result["sent"] == 5 and result["idle"] is True
+
+
+def test_video_concepts_take_frames_in_name_order_and_colour_by_object_id() -> None:
+    """``videoconcepts.js``: the frame files in name order with runs of digits compared as
+    numbers (a z-stack's z2 before z10, as a person reads them), and an object's colour
+    from its id alone (the same on every frame)."""
+    script = f"""
+globalThis.sessionStorage = {{ getItem: () => null }};  // kserve.js keeps its token there
+const {{ inNameOrder, colourOf }} = await import({json.dumps(module("videoconcepts.js"))});
+const names = ["z10.png", "z2.png", "z1.png", "a.png", "z02b.png"].map((name) => ({{ name }}));
+console.log(JSON.stringify({{
+  order: inNameOrder(names).map((f) => f.name),
+  same: JSON.stringify(colourOf(3)) === JSON.stringify(colourOf(13)),
+  differ: JSON.stringify(colourOf(3)) !== JSON.stringify(colourOf(4)),
+}}));
+"""
+    result = json.loads(run_node(script))
+    assert result["order"] == ["a.png", "z1.png", "z2.png", "z02b.png", "z10.png"]
+    assert result["same"] is True and result["differ"] is True

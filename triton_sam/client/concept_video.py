@@ -40,7 +40,8 @@ from triton_sam.serving.masks import decode_rle
 from triton_sam.serving.protocol import concept_video as protocol
 
 Progress = Callable[[int, int], None]
-_ANSWER_NAMES = (
+# Every output the model answers (what a relay of its responses reads, the gateway's too).
+ANSWER_NAMES = (
     protocol.OUT_SESSION_ID, protocol.OUT_STATUS, protocol.OUT_PROMPT_IDS,
     protocol.FRAME_INDEX, protocol.OBJECT_IDS, protocol.PROMPT_IDS, protocol.SCORES,
     protocol.TRACKER_SCORES, protocol.BOXES, protocol.MASKS_RLE, protocol.MASKS_LOGITS,
@@ -243,7 +244,7 @@ class SAM3ConceptVideoClient:
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 outputs = {
-                    n: result.as_numpy(n) for n in _ANSWER_NAMES if result.as_numpy(n) is not None
+                    n: result.as_numpy(n) for n in ANSWER_NAMES if result.as_numpy(n) is not None
                 }
                 if outputs:
                     yield outputs

@@ -4,10 +4,12 @@
 modules); ``GET /web/models`` lists what the page can offer, read from Triton's open
 statistics and config endpoints (its repository index is an admin API): every loaded session
 model (kind ``embedding_cache``) that takes prompts in original pixels, ready, and every
-concept model, every segment-everything model (kind ``everything``) and every large-image
-model (kind ``large``, :mod:`triton_sam.web.tiles` serves its tiles). ``/v2/...`` is
+concept model, every concept video model (kind ``concept_video``), every segment-everything
+model (kind ``everything``) and every large-image model (kind ``large``,
+:mod:`triton_sam.web.tiles` serves its tiles). ``/v2/...`` is
 :class:`~triton_sam.web.passthrough.PassThrough`; ``POST /web/everything/{model}`` is
-:mod:`triton_sam.web.everything` (given Triton's gRPC address).
+:mod:`triton_sam.web.everything` and ``POST /web/concept-video/{model}`` is
+:mod:`triton_sam.web.concept_video` (both given Triton's gRPC address).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from starlette.staticfiles import StaticFiles
 from triton_sam.gateway.errors import GatewayError
 from triton_sam.serving.protocol import (
     KIND_CONCEPT,
+    KIND_CONCEPT_VIDEO,
     KIND_EMBEDDING_CACHE,
     KIND_EVERYTHING,
     KIND_LARGE_IMAGE,
     KIND_PARAM,
 )
 from triton_sam.serving.protocol import embedding_cache as session_protocol
+from triton_sam.web.concept_video import concept_video_routes
 from triton_sam.web.everything import everything_routes
 from triton_sam.web.passthrough import PassThrough, PassThroughOptions
 from triton_sam.web.tiles import tile_routes
@@ -48,7 +52,7 @@ def web_routes(
     Args:
         options: where Triton's HTTP endpoint is.
         grpc_address: Triton's gRPC ``host:port``; with it, ``POST /web/everything/{model}``
-            (segment everything streams over gRPC only).
+            and ``POST /web/concept-video/{model}`` (decoupled models stream over gRPC only).
     """
     passthrough = PassThrough(options)
 
@@ -63,6 +67,11 @@ def web_routes(
         Route("/web/models", models, methods=["GET"]),
         *(
             everything_routes(grpc_address, lambda: served_models(passthrough))
+            if grpc_address
+            else []
+        ),
+        *(
+            concept_video_routes(grpc_address, lambda: served_models(passthrough))
             if grpc_address
             else []
         ),
@@ -92,6 +101,9 @@ async def served_models(passthrough: PassThrough) -> list[dict[str, Any]]:
             offered.append({"name": name, "kind": "session", "label": label})
         elif kind == KIND_CONCEPT:
             offered.append({"name": name, "kind": "concept", "label": f"SAM3 concepts ({name})"})
+        elif kind == KIND_CONCEPT_VIDEO:
+            label = f"SAM3 video concepts ({name})"
+            offered.append({"name": name, "kind": "concept_video", "label": label})
         elif kind == KIND_EVERYTHING:
             family = name.removesuffix("_everything")
             label = f"{FAMILY_LABELS.get(family, family)} everything ({name})"

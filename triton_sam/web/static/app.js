@@ -12,6 +12,7 @@
 import { ServerError, authHeaders, concepts, embed, everything, exemplarGone, predict, setToken } from "./kserve.js";
 import { Lane } from "./lane.js";
 import { Exemplars } from "./exemplars.js";
+import { VideoConcepts } from "./videoconcepts.js";
 import { decode } from "./rle.js";
 import { coco, grayPng, labels } from "./export.js";
 import { Viewport } from "./viewport.js";
@@ -42,6 +43,18 @@ const ui = {
 const exemplars = new Exemplars(
   { mode: $("exemplar-mode"), status: $("exemplars"), clear: $("exemplars-clear") },
   () => drawMarks(),
+);
+
+// The "Video concepts" panel (a phrase tracked through frames), shown when the server has it.
+const videoConcepts = new VideoConcepts(
+  {
+    form: $("video-concepts"), files: $("vc-files"), count: $("vc-count"), phrase: $("vc-phrase"),
+    settings: $("vc-settings"), propagate: $("vc-propagate"), cancel: $("vc-cancel"),
+    progress: $("vc-progress"), slider: $("vc-slider"), frameLabel: $("vc-frame"),
+    canvas: $("vc-canvas"), download: $("vc-download"),
+  },
+  (error, context) => showError(error, context),
+  (text) => showStats(text),
 );
 
 const state = {
@@ -881,6 +894,7 @@ async function start() {
   // Without a session model a drag has nothing else to draw: exemplars by default.
   if (!sessions.length) ui.concept.querySelector("#exemplar-mode").value = "1";
   ui.datasetForm.hidden = !state.models.some((m) => m.kind === "large");
+  videoConcepts.offer(state.models.find((m) => m.kind === "concept_video") ?? null);
   showEverything();
   if (!state.models.length) showError(new Error("the server offers no model this page can use"));
   document.body.dataset.ready = "true";
@@ -893,6 +907,7 @@ window.annotator = {
   state,
   stats,
   exemplars,
+  videoConcepts,
   hoverLane,
   viewport,
   /** Opens a dataset the server reads (what the dataset form does). */

@@ -220,16 +220,22 @@ export function exemplarGone(error) {
  * `signal` closes the response, and the gateway cancels the job on the server.
  */
 export async function everything(model, imageId, params, onProgress, signal) {
-  const headers = { "Content-Type": "application/json" };
-  if (token) headers.Authorization = `Bearer ${token}`;
+  const response = await postJson(`/web/everything/${encodeURIComponent(model)}`, { image_id: imageId, params }, signal);
+  for await (const line of ndjsonLines(response)) {
+    if (line.progress) onProgress(...line.progress);
+    else if (line.error) throw new ServerError(200, line.error.type, line.error.message);
+    else if (line.instances) return line;
+  }
+  throw new ServerError(0, "Unavailable", "the stream ended without an answer");
+}
+
+/** POST `body` as JSON to one of the gateway's own routes (/web/...); the response once it is
+ * OK, else the gateway's typed refusal ({code, field, message}) as a ServerError. */
+export async function postJson(path, body, signal) {
+  const headers = { "Content-Type": "application/json", ...authHeaders() };
   let response;
   try {
-    response = await fetch(`/web/everything/${encodeURIComponent(model)}`, {
-      method: "POST",
-      body: JSON.stringify({ image_id: imageId, params }),
-      headers,
-      signal,
-    });
+    response = await fetch(path, { method: "POST", body: JSON.stringify(body), headers, signal });
   } catch (e) {
     if (e.name === "AbortError") throw e;
     throw new ServerError(0, "Unavailable", `cannot reach the server (${e.message})`);
@@ -245,6 +251,12 @@ export async function everything(model, imageId, params, onProgress, signal) {
     // The gateway's message names the field ("params.points_per_side: ...").
     throw new ServerError(response.status, json.code || `HTTP ${response.status}`, json.message || text);
   }
+  return response;
+}
+
+/** The lines of a streamed NDJSON response, parsed, as they arrive (an aborted fetch's
+ * signal rejects the read with its AbortError). */
+export async function* ndjsonLines(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -254,10 +266,8 @@ export async function everything(model, imageId, params, onProgress, signal) {
     while ((newline = buffer.indexOf("\n")) >= 0) {
       const line = JSON.parse(buffer.slice(0, newline));
       buffer = buffer.slice(newline + 1);
-      if (line.progress) onProgress(...line.progress);
-      else if (line.error) throw new ServerError(200, line.error.type, line.error.message);
-      else if (line.instances) return line;
+      yield line;
     }
-    if (done) throw new ServerError(0, "Unavailable", "the stream ended without an answer");
+    if (done) return;
   }
 }
