@@ -121,6 +121,12 @@ def track_cmd(
         list[str] | None,
         typer.Option("--phrase", help="A concept to find and track (SAM3; repeatable)."),
     ] = None,
+    settings: Annotated[
+        str | None,
+        typer.Option(
+            help='With --phrase: settings to override as JSON, e.g. {"new_det_thresh": 0.8}.'
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("outputs/track"),
     url: Annotated[
         str | None, typer.Option(help="Triton server (default: an embedded one over --repository).")
@@ -138,7 +144,7 @@ def track_cmd(
     if phrase:
         if click or box:
             raise typer.BadParameter("clicks/boxes or phrases, not both", param_hint="--phrase")
-        _track_concepts(video, phrase, out, url, repository)
+        _track_concepts(video, phrase, out, url, repository, _settings(settings))
         return
     prompts = [parse_click(c) for c in click or []] + [parse_box(b) for b in box or []]
     source = np.load(video) if video.suffix == ".npy" else video
@@ -168,8 +174,28 @@ def track_cmd(
         run(protocol_url(server, protocol))
 
 
+def _settings(text: str | None) -> dict | None:
+    """``--settings`` as a JSON object (the server checks each field and its bounds)."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON ({e})", param_hint="--settings") from e
+    if not isinstance(value, dict):
+        raise typer.BadParameter("expected a JSON object", param_hint="--settings")
+    return value
+
+
 def _track_concepts(
-    video: Path, phrases: list[str], out: Path, url: str | None, repository: Path | None
+    video: Path,
+    phrases: list[str],
+    out: Path,
+    url: str | None,
+    repository: Path | None,
+    settings: dict | None,
 ) -> None:
     """``track --phrase``: the concept video model over gRPC (it streams; HTTP refuses it)."""
     from triton_sam.client.concept_video import SAM3ConceptVideoClient
@@ -187,7 +213,9 @@ def _track_concepts(
                 bar.total = total
                 bar.update(done - bar.n)
 
-            result = track_concepts(client, source, phrases, out, progress=progress)
+            result = track_concepts(
+                client, source, phrases, out, settings=settings, progress=progress
+            )
         found = ", ".join(f"{p!r}: {len(ids)} object(s)" for p, ids in result.objects.items())
         typer.echo(f"{result.frames} frames, {found}")
         typer.echo("wrote " + ", ".join(str(p) for p in result.paths))
