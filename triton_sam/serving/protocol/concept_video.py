@@ -119,7 +119,8 @@ SETTING_BOUNDS: dict[str, tuple[type, float, float]] = {
 class ConceptVideoServing(StoreBounds):
     """The ``sam3_concept_video`` model's config parameters (field names are the keys):
     ``detector_models`` / ``tracker_models``: JSON, graph key -> Triton model name (the
-    concept graphs ``text``, ``decoder`` and ``video_vision``; the SAM3 tracker's graphs);
+    concept graphs ``text``, ``exemplar``, ``decoder`` and ``video_vision``; the SAM3
+    tracker's graphs);
     ``model_config``: JSON, the tracker's ``TrackerConfig``; ``pad_token_id``: the
     tokenizer's padding id (``tokenizer.json`` ships beside ``model.py``, as
     ``sam3_concept``'s); ``max_propagations``: propagations streaming at once (one more is
