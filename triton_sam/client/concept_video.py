@@ -1,6 +1,6 @@
-"""Client of ``sam3_concept_video``: concepts (phrases) tracked through a video or a z-stack,
-answered frame by frame over gRPC's stream (the model is decoupled; Triton's HTTP endpoint
-refuses decoupled models).
+"""Client of ``sam3_concept_video``: concepts (phrases, exemplar boxes, or both) tracked
+through a video or a z-stack, answered frame by frame over gRPC's stream (the model is
+decoupled; Triton's HTTP endpoint refuses decoupled models).
 
     with SAM3ConceptVideoClient("grpc://localhost:8001") as client:
         session = client.open(frames)             # uploads every frame
