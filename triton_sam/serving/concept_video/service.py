@@ -78,8 +78,8 @@ class ConceptVideoService:
     """Answers ``sam3_concept_video`` commands.
 
     Args:
-        detector: runs the concept graphs ``text``, ``decoder`` and ``video_vision`` (or
-            ``vision`` without ``shared_vision``).
+        detector: runs the concept graphs ``text``, ``exemplar``, ``decoder`` and
+            ``video_vision`` (or ``vision`` without ``shared_vision``).
         tracker: runs the SAM3 tracker's graphs.
         tracker_config: the tracker's ``TrackerConfig``.
         tokenize: phrases -> (int64 [N, 32] token ids, int64 [N, 32] attention mask); may
