@@ -24,6 +24,7 @@ from concept_video_e2e_support import (
     closest_to_threshold,
     frame_errors,
     pipeline,
+    tokens,
     transformers_run,
 )
 from concept_video_exemplar_support import SETTINGS, exemplar_preparation, our_prompt
@@ -57,9 +58,16 @@ def test_exemplar_prompt_matches_sam3_video_model(concept_video_export, shared_v
         shared_vision=shared_vision,
         prompts={0: our_prompt(EXEMPLAR_ONLY_PHRASE)},
     )
-    # encoded once, when the prompt was set: frame 1's vision graph ran for it alone
-    assert list(video.exemplar_tokens) == [0]
+    assert list(video.exemplar_tokens) == [0]  # encoded when the prompt was set
+    calls = []
+    run = video.detector.run
+    video.detector.run = lambda key, *args: calls.append(key) or run(key, *args)
     ours = list(video.propagate())
+    # never encoded again: per frame one vision call and one decoder call
+    assert sorted(set(calls)) == sorted({"video_vision" if shared_vision else "vision", "decoder"})
+    assert calls.count("decoder") == 3
+    video.set_prompts({0: our_prompt(EXEMPLAR_ONLY_PHRASE), 1: tokens()})  # a phrase added
+    assert "exemplar" not in calls and len(video.prompt_groups) == 2  # 32 + 3 and 32 tokens
     rows = frame_errors(ours, reference(), EXEMPLAR_ONLY_PHRASE)
     for row in rows:
         print(row)
