@@ -13,6 +13,7 @@ noise) with the phrase "cat".
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -81,15 +82,29 @@ class ReferenceRun:
     detections: list[int] = field(default_factory=list)
 
 
-@lru_cache(maxsize=2)
-def transformers_run(seed: int = SEED) -> ReferenceRun:
-    """The clip through ``Sam3VideoModel`` with :data:`PHRASE` (cached per seed)."""
+@lru_cache(maxsize=4)
+def transformers_run(
+    seed: int = SEED,
+    phrase: str = PHRASE,
+    prepare: Callable | None = None,
+    settings: ConceptVideoSettings = SETTINGS,
+) -> ReferenceRun:
+    """The clip through ``Sam3VideoModel`` with ``phrase`` (cached per arguments).
+
+    Args:
+        seed: the model's seed; settings: its thresholds.
+        phrase: the session's one prompt (prompt id 0).
+        prepare: ``prepare(model, session)`` runs after the prompt is added and before the
+            propagation (an exemplar test fills the prompt's cached embeddings there).
+    """
     import torch
 
-    model = random_video_model(seed)
+    model = random_video_model(seed, settings)
     proc = processor()
     session = proc.init_video_session(video=clip(), inference_device="cpu", dtype=torch.float32)
-    proc.add_text_prompt(session, PHRASE)
+    proc.add_text_prompt(session, phrase)
+    if prepare is not None:
+        prepare(model, session)
     run = ReferenceRun()
 
     def record_probabilities(_module, _inputs, out) -> None:
@@ -152,9 +167,22 @@ def export_graphs(out_dir, seed: int = SEED, *, verify: bool = False):
     return export
 
 
-def pipeline(export, settings: ConceptVideoSettings = SETTINGS, *, shared_vision: bool = False):
+def tokens(phrase: str = PHRASE) -> tuple[np.ndarray, np.ndarray]:
+    """int64 [32] token ids and attention mask of ``phrase`` (the processor's tokenizer)."""
+    found = processor().tokenizer(phrase, padding="max_length", max_length=32)
+    return np.array(found["input_ids"]), np.array(found["attention_mask"])
+
+
+def pipeline(
+    export,
+    settings: ConceptVideoSettings = SETTINGS,
+    *,
+    shared_vision: bool = False,
+    prompts: Mapping | None = None,
+):
     """Our :class:`ConceptVideo` on onnxruntime over the exported graphs, on :func:`clip`
-    with :data:`PHRASE` (tokenised by the processor's tokenizer, as upstream does)."""
+    with ``prompts`` (prompt id -> ``ConceptPrompt``; default :data:`PHRASE` alone,
+    tokenised by the processor's tokenizer, as upstream does)."""
     from triton_sam.serving.concept_video.pipeline import (
         DETECTOR_KEYS,
         SHARED_VISION,
@@ -163,20 +191,19 @@ def pipeline(export, settings: ConceptVideoSettings = SETTINGS, *, shared_vision
     from triton_sam.serving.protocol import tracker as protocol
     from triton_sam.serving.tracking.runners import OnnxRuntimeRunner
 
-    tokens = processor().tokenizer(PHRASE, padding="max_length", max_length=32)
     graphs = {k: export.detector.graphs[k] for k in DETECTOR_KEYS}
     if shared_vision:
         graphs[SHARED_VISION] = Path(graphs["vision"]).parent.parent / f"{SHARED_VISION}.onnx"
     detector = OnnxRuntimeRunner(graphs, keys=tuple(graphs))
     tracker = OnnxRuntimeRunner(export.tracker.graphs, keys=protocol.SAM3_GRAPH_KEYS)
-    prompts = {0: (np.array(tokens["input_ids"]), np.array(tokens["attention_mask"]))}
+    prompts = {0: tokens()} if prompts is None else prompts
     config = export.tracker.tracker_config
     return ConceptVideo(
         detector, tracker, config, clip(), prompts, settings, shared_vision=shared_vision
     )
 
 
-def frame_errors(ours: list, reference: ReferenceRun) -> list[dict]:
+def frame_errors(ours: list, reference: ReferenceRun, phrase: str = PHRASE) -> list[dict]:
     """Per answered frame: the comparison of ours (``(FrameOutput, FrameResult)`` pairs) with
     the reference, after asserting the same frames, object ids, prompts and boxes.
 
@@ -193,8 +220,8 @@ def frame_errors(ours: list, reference: ReferenceRun) -> list[dict]:
     rows = []
     for (output, result), ref in zip(ours, reference.frames, strict=True):
         assert result.object_ids.tolist() == ref.object_ids.tolist(), ref.frame_idx
-        phrase_ids = {PHRASE: sorted(int(i) for i in result.object_ids)}
-        assert phrase_ids == (ref.prompt_to_obj_ids or {PHRASE: []}), ref.frame_idx
+        phrase_ids = {phrase: sorted(int(i) for i in result.object_ids)}
+        assert phrase_ids == (ref.prompt_to_obj_ids or {phrase: []}), ref.frame_idx
         np.testing.assert_array_equal(result.boxes, ref.boxes)
         logit_error, logit_bound, flips = 0.0, np.inf, 0
         for k, obj_id in enumerate(ref.object_ids.tolist()):
@@ -238,8 +265,8 @@ def service(export, **kwargs):
     tokenizer = processor().tokenizer
 
     def tokenize(phrases):
-        tokens = tokenizer(list(phrases), padding="max_length", max_length=32)
-        return np.array(tokens["input_ids"]), np.array(tokens["attention_mask"])
+        found = tokenizer(list(phrases), padding="max_length", max_length=32)
+        return np.array(found["input_ids"]), np.array(found["attention_mask"])
 
     return ConceptVideoService(
         detector, tracker, export.tracker.tracker_config, tokenize, settings=SETTINGS, **kwargs

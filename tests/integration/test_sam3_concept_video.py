@@ -8,7 +8,11 @@ decoupled python model), driven by ``SAM3ConceptVideoClient`` over gRPC's stream
   ``tests/parity/test_sam3_concept_video_e2e.py`` matches to ``Sam3VideoModel``;
 - another tenant holding the session id is refused as if it did not exist;
 - a cancel stops the propagation between frames (counted by the server: ``frames_tracked``);
-- a setting out of its bounds is refused naming ``settings.<key>``.
+- a setting out of its bounds is refused naming ``settings.<key>``;
+- a prompt of exemplar boxes alone, drawn on frame 1 (``tests/concept_video_exemplar_support.py``,
+  which ``tests/parity/test_sam3_concept_video_exemplars.py`` matches to ``Sam3VideoModel``):
+  the served frames equal the in-process ones, and an empty box is refused naming
+  ``exemplar_boxes[0]``.
 
 One export and one tritonserver start (~2 min on 2 cores), shared with the page's test
 (tests/integration/test_sam3_concept_video_web.py) through tests/conftest.py.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
+import concept_video_exemplar_support as exemplar
 import numpy as np
 import pytest
 from concept_video_e2e_support import NUM_FRAMES, PHRASE, SETTINGS, clip, pipeline
@@ -33,6 +38,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.triton, pytest.mark.timeout(1200)]
 SERVED = replace(SETTINGS, max_num_objects=protocol.MAX_OBJECTS)
 # What a propagation sends to run with SERVED (the served defaults differ from the clip's).
 OVERRIDES = {k: v for k, v in asdict(SERVED).items() if v != getattr(SERVED_SETTINGS, k)}
+SERVED_EXEMPLAR = replace(exemplar.SETTINGS, max_num_objects=protocol.MAX_OBJECTS)
+EXEMPLAR_OVERRIDES = {
+    k: v for k, v in asdict(SERVED_EXEMPLAR).items() if v != getattr(SERVED_SETTINGS, k)
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +76,27 @@ def test_served_frames_equal_the_pipeline(server, exported):
         client.close(session)
     # one response per processed frame (the hold-back answers frame 0 on frame 1), totals
     assert seen[0] == (1, NUM_FRAMES) and seen[-1] == (NUM_FRAMES, NUM_FRAMES)
-    video = pipeline(exported, SERVED, shared_vision=True)
+    _assert_served_equal(served, pipeline(exported, SERVED, shared_vision=True))
+
+
+def test_served_exemplar_frames_equal_the_pipeline(server, exported):
+    with _client(server) as client:
+        session = client.open(clip())
+        boxes = {"boxes": exemplar.BOXES, "frame_index": exemplar.FRAME}
+        assert client.add_prompt(session, box_labels=exemplar.LABELS, **boxes) == [0]
+        with pytest.raises(InvalidRequestError) as error:
+            client.add_prompt(session, boxes=[[10, 10, 10, 50]], frame_index=exemplar.FRAME)
+        assert "exemplar_boxes[0]" in str(error.value) and "is empty" in str(error.value)
+        served = list(client.propagate(session, settings=EXEMPLAR_OVERRIDES))
+        client.close(session)
+    prompts = {0: exemplar.our_prompt(protocol.EXEMPLAR_ONLY_PHRASE)}
+    _assert_served_equal(
+        served, pipeline(exported, SERVED_EXEMPLAR, shared_vision=True, prompts=prompts)
+    )
+
+
+def _assert_served_equal(served: list, video) -> None:
+    """The served frames equal ``video``'s own answers, exactly, and some object is found."""
     ours = [result for step in video.steps(upstream_rows=False) for _, result in step.released]
     assert [f.result.frame_idx for f in served] == [r.frame_idx for r in ours]
     for frame, result in zip(served, ours, strict=True):

@@ -12,7 +12,8 @@ import json
 
 import numpy as np
 import pytest
-from concept_video_e2e_support import NUM_FRAMES, PHRASE, clip, pipeline, service
+from concept_video_e2e_support import NUM_FRAMES, PHRASE, THRESHOLD_NAMES, clip, pipeline, service
+from concept_video_exemplar_support import BOXES, FRAME, LABELS, SETTINGS, THRESHOLD, our_prompt
 
 from triton_sam.serving.bounds import RequestError
 from triton_sam.serving.masks import decode_rle
@@ -32,8 +33,8 @@ def _command(name: str, **tensors) -> dict[str, np.ndarray]:
     return out | {k: np.asarray(v) for k, v in tensors.items()}
 
 
-def _open(svc, tenant: str = "a") -> bytes:
-    """A session of ``tenant`` with the clip uploaded and the phrase added."""
+def _upload(svc, tenant: str = "a", uploaded: int = NUM_FRAMES) -> bytes:
+    """A session of ``tenant`` with the clip's first ``uploaded`` frames uploaded."""
     frames = clip()
     answer = svc.handle(
         _command(
@@ -42,11 +43,17 @@ def _open(svc, tenant: str = "a") -> bytes:
         tenant,
     )
     sid = answer[p.OUT_SESSION_ID]
-    for i, frame in enumerate(frames):
+    for i, frame in enumerate(frames[:uploaded]):
         svc.handle(
             _command(p.CMD_ADD_FRAME, session_id=sid, frame_index=np.int32([i]), frame=frame),
             tenant,
         )
+    return sid
+
+
+def _open(svc, tenant: str = "a") -> bytes:
+    """A session of ``tenant`` with the clip uploaded and the phrase added."""
+    sid = _upload(svc, tenant)
     ids = svc.handle(
         _command(
             p.CMD_ADD_PROMPT, session_id=sid, text=np.array([PHRASE.encode()] * 2, dtype=object)
@@ -68,7 +75,11 @@ def test_streamed_frames_equal_the_pipeline(exported):
     assert responses[-1][p.FRAMES_ANSWERED].tolist() == [NUM_FRAMES]
     assert svc.frames_processed == NUM_FRAMES
 
-    video = pipeline(exported, shared_vision=True)
+    _assert_streamed_equal(frames, pipeline(exported, shared_vision=True))
+
+
+def _assert_streamed_equal(frames: list[dict], video) -> None:
+    """The streamed frame responses equal ``video``'s own answers, exactly."""
     ours = [pair for step in video.steps(upstream_rows=False) for pair in step.released]
     assert [int(r[p.FRAME_INDEX][0]) for r in frames] == [out.frame_idx for out, _ in ours]
     for response, (output, result) in zip(frames, ours, strict=True):
@@ -122,3 +133,58 @@ def test_other_tenant_cancel_and_refusals(exported):
     status = json.loads(svc.handle(_command(p.CMD_INFO, session_id=sid), "a")[p.OUT_STATUS][0])
     assert status["session"]["frames_tracked"] == 1
     assert svc.streaming == 0  # the slot is free again
+
+
+def _exemplar_command(sid, **tensors) -> dict[str, np.ndarray]:
+    given = {
+        p.EXEMPLAR_BOXES: np.float32(BOXES),
+        p.EXEMPLAR_LABELS: np.int32(LABELS),
+        p.FRAME_INDEX: np.int32([FRAME]),
+    }
+    return _command(p.CMD_ADD_PROMPT, session_id=sid, **(given | tensors))
+
+
+def test_exemplar_prompt_streams_the_pipeline_answers(exported):
+    svc = service(exported)
+    sid = _upload(svc)
+    # boxes alone: one prompt of the phrase "visual"; the same boxes again: the same prompt
+    for _ in range(2):
+        assert svc.handle(_exemplar_command(sid), "a")[p.OUT_PROMPT_IDS].tolist() == [0]
+    status = json.loads(svc.handle(_command(p.CMD_INFO, session_id=sid), "a")[p.OUT_STATUS][0])
+    assert status["session"]["prompts"] == {}
+    assert status["session"]["exemplar_prompts"] == [
+        {"prompt_id": 0, "phrase": "visual", "frame_index": FRAME, "boxes": 2}
+    ]
+    thresholds = json.dumps(dict.fromkeys(THRESHOLD_NAMES, THRESHOLD)).encode()
+    command = _command(p.CMD_PROPAGATE, session_id=sid, settings=np.array([thresholds], object))
+    frames = [r for r in svc.propagate(command, "a") if p.FRAME_INDEX in r]
+    video = pipeline(exported, SETTINGS, shared_vision=True, prompts={0: our_prompt("visual")})
+    _assert_streamed_equal(frames, video)
+
+
+def test_bad_exemplars_are_refused_naming_the_field(exported):
+    svc = service(exported)
+    sid = _upload(svc, uploaded=2)  # frame 2 not uploaded
+    nan = np.float32([[10, 10, 50, np.nan]])
+    bad = [
+        ({p.EXEMPLAR_BOXES: nan}, "exemplar_boxes[0]", "is not finite"),
+        ({p.EXEMPLAR_BOXES: np.float32([[10, 10, 321, 50]])}, "exemplar_boxes[0]", "outside"),
+        ({p.EXEMPLAR_BOXES: np.float32([[10, 10, 50, 50], [30, 40, 30, 60]])},
+         "exemplar_boxes[1]", "is empty"),
+        ({p.EXEMPLAR_BOXES: np.float32([10, 10, 50, 50])}, "exemplar_boxes", "shape [4]"),
+        ({p.EXEMPLAR_BOXES: np.float32([[10, 10, 50, 50]] * 17)}, "exemplar_boxes", "[17, 4]"),
+        ({p.EXEMPLAR_LABELS: np.int32([1, 2])}, "exemplar_labels[1]", "got 2"),
+        ({p.EXEMPLAR_LABELS: np.int32([1])}, "exemplar_labels", "1 labels for 2 boxes"),
+        ({p.FRAME_INDEX: np.int32([NUM_FRAMES])}, "frame_index", "the video has 3 frames"),
+        ({p.FRAME_INDEX: np.int32([2])}, "frame_index", "not uploaded"),
+    ]  # fmt: skip
+    for extra, field, words in bad:
+        with pytest.raises((TrackingError, RequestError)) as error:
+            svc.handle(_exemplar_command(sid, **extra), "a")
+        assert (error.value.field, words in str(error.value)) == (field, True), error.value
+    no_boxes = _command(p.CMD_ADD_PROMPT, session_id=sid, frame_index=np.int32([0]))
+    with pytest.raises(TrackingError) as error:
+        svc.handle(no_boxes, "a")
+    assert error.value.field == p.FRAME_INDEX
+    status = json.loads(svc.handle(_command(p.CMD_INFO, session_id=sid), "a")[p.OUT_STATUS][0])
+    assert (status["session"]["prompts"], status["session"]["exemplar_prompts"]) == ({}, [])

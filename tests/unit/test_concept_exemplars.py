@@ -192,15 +192,14 @@ def test_boxes_run_the_exemplar_graph_on_the_coarsest_level_and_are_kept(model):
     np.testing.assert_array_equal(only, tokens)
 
 
-def test_prompts_are_text_tokens_then_exemplar_tokens_all_valid(model):
-    module, _ = model
+def test_prompts_are_text_tokens_then_exemplar_tokens_all_valid():
     text = np.zeros((2, 32, WIDTH), np.float32)
     mask = np.zeros((2, 32), np.int64)
     mask[:, :3] = 1
-    same, same_mask = module._prompts(text, mask, None)
+    same, same_mask = concept_exemplars.with_exemplars(text, mask, None)
     assert same is text and same_mask is mask  # text-only prompts: unchanged
     exemplars = np.ones((5, WIDTH), np.float32)
-    prompts, prompt_mask = module._prompts(text, mask, exemplars)
+    prompts, prompt_mask = concept_exemplars.with_exemplars(text, mask, exemplars)
     assert prompts.shape == (2, 37, WIDTH) and prompt_mask.shape == (2, 37)
     np.testing.assert_array_equal(prompts[:, 32:], 1)
     np.testing.assert_array_equal(prompt_mask.sum(1), [3 + 5, 3 + 5])

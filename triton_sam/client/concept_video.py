@@ -1,10 +1,11 @@
-"""Client of ``sam3_concept_video``: concepts (phrases) tracked through a video or a z-stack,
-answered frame by frame over gRPC's stream (the model is decoupled; Triton's HTTP endpoint
-refuses decoupled models).
+"""Client of ``sam3_concept_video``: concepts (phrases, exemplar boxes, or both) tracked
+through a video or a z-stack, answered frame by frame over gRPC's stream (the model is
+decoupled; Triton's HTTP endpoint refuses decoupled models).
 
     with SAM3ConceptVideoClient("grpc://localhost:8001") as client:
         session = client.open(video)              # uploads every frame (see open)
         client.add_prompt(session, ["cell"])      # -> prompt ids
+        client.add_prompt(session, boxes=[[x0, y0, x1, y1]], frame_index=4)  # an exemplar
         for frame in client.propagate(session):   # ConceptVideoFrame per answered frame
             ...
         client.close(session)
@@ -140,10 +141,42 @@ class SAM3ConceptVideoClient:
                 progress(index + 1, source.num_frames)
         return session
 
-    def add_prompt(self, session: str, phrases: Sequence[str]) -> list[int]:
-        """Search every later frame for ``phrases``; each phrase's prompt id."""
-        text = np.array([p.encode() for p in phrases], dtype=np.object_)
-        answer = self._call(protocol.CMD_ADD_PROMPT, session, text=text)
+    def add_prompt(
+        self,
+        session: str,
+        phrases: Sequence[str] | None = None,
+        boxes: Any = None,
+        box_labels: Sequence[int] | None = None,
+        frame_index: int = 0,
+    ) -> list[int]:
+        """Search every later frame for ``phrases``, for exemplar ``boxes``, or for both.
+
+        Args:
+            session: the id :meth:`open` answered.
+            phrases: noun phrases; each is one prompt.
+            boxes: [G, 4] (x0, y0, x1, y1) in pixels of frame ``frame_index``, each around an
+                example of the concept (or, labelled 0, a counter-example); encoded once on
+                that frame and searched for on every frame. With phrases, every phrase's
+                prompt carries them; alone, they make one prompt (phrase ``"visual"``).
+            box_labels: [G] 1 positive, 0 negative (default: all positive).
+            frame_index: the frame the boxes are drawn on (uploaded).
+
+        Returns:
+            Each phrase's prompt id (the boxes' one prompt's without phrases).
+
+        Raises:
+            InvalidRequestError: the server refuses the request, naming the field
+                (``exemplar_boxes[i]``, ``exemplar_labels``, ``frame_index``, ``text``).
+        """
+        tensors: dict[str, np.ndarray] = {}
+        if phrases is not None:
+            tensors[protocol.TEXT] = np.array([p.encode() for p in phrases], dtype=np.object_)
+        if boxes is not None:
+            tensors[protocol.EXEMPLAR_BOXES] = np.asarray(boxes, np.float32)
+            tensors[protocol.FRAME_INDEX] = np.array([frame_index], np.int32)
+            if box_labels is not None:
+                tensors[protocol.EXEMPLAR_LABELS] = np.asarray(box_labels, np.int32)
+        answer = self._call(protocol.CMD_ADD_PROMPT, session, **tensors)
         return [int(v) for v in answer[protocol.OUT_PROMPT_IDS]]
 
     def info(self, session: str) -> dict[str, Any]:

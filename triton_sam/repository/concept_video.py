@@ -9,6 +9,9 @@ detector's ViT through ``tracker_neck``):
 - ``sam3_concept_video_vision``: one ViT run per frame, the detector's three levels and the
   tracker's three (``SharedVision``);
 - ``sam3_concept_video_text`` / ``_decoder``: the detector's text encoder and decoder;
+- ``sam3_concept_video_exemplar``: the detector's geometry encoder (exemplar boxes on one
+  frame's 72x72 level), one frame per call as ``sam3_concept_exemplar`` (upstream's
+  ``roi_align`` call unrolls the traced batch);
 - ``sam3_concept_video_tracker_<role>``: the SAM3 tracker's graphs of the video model
   (its ``video_encoder`` too, though one ViT run per frame means it never runs: the tracker
   steps refuse a session without it).
@@ -40,7 +43,7 @@ from triton_sam.serving.protocol import concept_video as protocol
 from triton_sam.serving.protocol import tracker as tracker_protocol
 
 SERVING_SOURCE = SERVING_DIR / "concept_video_model.py"
-DETECTOR_ROLES = ("text", "decoder")  # the vision graph is the shared one
+DETECTOR_ROLES = ("text", "exemplar", "decoder")  # the vision graph is the shared one
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ def build_serving_config(
         TensorSpec(protocol.FRAME, "uint8", (-1, -1, -1)),
         TensorSpec(protocol.FRAME_BYTES, "bytes", (1,)),
         TensorSpec(protocol.TEXT, "bytes", (-1,)),
+        TensorSpec(protocol.EXEMPLAR_BOXES, "float32", (-1, 4)),
+        TensorSpec(protocol.EXEMPLAR_LABELS, "int32", (-1,)),
         TensorSpec(protocol.START_FRAME, "int32", (1,)),
         TensorSpec(protocol.MAX_FRAMES, "int32", (1,)),
         TensorSpec(protocol.REVERSE, "bool", (1,)),
@@ -163,7 +168,12 @@ def concept_video_artifacts(
         "max_batch_size": serving.graph_max_batch_size,
         "max_queue_size": serving.graph_max_queue_size,
     }
-    configs = {g.role: cfg.graph_config(g, options, **bounds) for g in graphs if not g.batching}
+    one_frame = {"max_batch_size": 1, "max_queue_size": serving.graph_max_queue_size}
+    configs = {
+        g.role: cfg.graph_config(g, options, **(one_frame if g.role == "exemplar" else bounds))
+        for g in graphs
+        if not g.batching
+    }
     models = graph_artifacts(graphs, onnx, options, configs=configs)
     config = build_serving_config(
         graphs, export.tracker.tracker_config.to_json(), export.detector.pad_token_id, serving

@@ -58,13 +58,40 @@ def boxes(pb_utils, request, hw, max_boxes: int):
     """
     given = model_io.tensor(pb_utils, request, protocol.EXEMPLAR_BOXES)
     labels_given = model_io.tensor(pb_utils, request, protocol.EXEMPLAR_LABELS)
-    if given is None:
-        if labels_given is not None:
+    return checked_boxes(
+        None if given is None else model_io.single(given.as_numpy(), protocol.EXEMPLAR_BOXES),
+        None
+        if labels_given is None
+        else model_io.single(labels_given.as_numpy(), protocol.EXEMPLAR_LABELS),
+        hw,
+        max_boxes,
+    )
+
+
+def checked_boxes(found, labels, hw, max_boxes: int):
+    """Exemplar boxes and labels as numpy arrays, checked against the image they are drawn on
+    (what :func:`boxes` reads from a request, for callers that hold plain arrays: the
+    ``sam3_concept_video`` service).
+
+    Args:
+        found: the boxes, [G, 4] (x0, y0, x1, y1) in pixels, or None when none were sent.
+        labels: [G] 1 / 0, or None for all positive.
+        hw: (H, W) of the image the boxes are drawn on, in pixels.
+        max_boxes: most boxes one request may carry.
+
+    Returns:
+        As :func:`boxes`.
+
+    Raises:
+        RequestError: as :func:`boxes`.
+    """
+    if found is None:
+        if labels is not None:
             raise RequestError(
                 protocol.EXEMPLAR_LABELS, f"sent without {protocol.EXEMPLAR_BOXES}; send both"
             )
         return None
-    found = model_io.single(given.as_numpy(), protocol.EXEMPLAR_BOXES)
+    found = np.asarray(found)
     if found.ndim != 2 or found.shape[-1] != 4 or not 1 <= found.shape[0] <= max_boxes:
         raise RequestError(
             protocol.EXEMPLAR_BOXES,
@@ -84,13 +111,13 @@ def boxes(pb_utils, request, hw, max_boxes: int):
             )
         if not (x0 < x1 and y0 < y1):
             raise RequestError(field, f"{box} is empty, expected x0 < x1 and y0 < y1")
-    return found, _labels(labels_given, len(found))
+    return found, _labels(labels, len(found))
 
 
 def _labels(given, count):
     if given is None:  # Sam3Processor's default: every box a positive example
         return np.ones(count, np.int64)
-    values = model_io.single(given.as_numpy(), protocol.EXEMPLAR_LABELS).reshape(-1)
+    values = np.asarray(given).reshape(-1)
     if values.size != count:
         raise RequestError(
             protocol.EXEMPLAR_LABELS,
@@ -115,6 +142,20 @@ def normalised_cxcywh(found, hw):
     scaled = found.astype(np.float32) / np.array([width, height, width, height], np.float32)
     x0, y0, x1, y1 = scaled.T
     return np.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], axis=-1).astype(np.float32)
+
+
+def with_exemplars(text, token_mask, exemplars):
+    """Prompts with exemplar tokens appended: text [N, 32, C] and its mask [N, 32], each
+    followed by the exemplar tokens [T, C] (all valid) when there are any: [N, 32 + T, C],
+    [N, 32 + T] (what ``Sam3Model.forward`` concatenates: text tokens, then the geometry
+    encoder's). Without exemplars (None) the text and mask are returned as they are."""
+    if exemplars is None:
+        return text, token_mask
+    count = len(text)
+    tokens = np.broadcast_to(exemplars[None], (count, *exemplars.shape)).astype(text.dtype)
+    prompts = np.concatenate([text, tokens], axis=1)
+    valid = np.ones((count, len(exemplars)), token_mask.dtype)
+    return prompts, np.concatenate([token_mask, valid], axis=1)
 
 
 def exemplar_ids(pb_utils, request, max_ids: int) -> list[str]:

@@ -142,7 +142,7 @@ class TritonPythonModel:
             if phrases:
                 token_ids, token_mask = tokens
                 text = await self._text(token_ids, token_mask, tenant)
-                prompts, prompt_mask = _prompts(text, token_mask, exemplars)
+                prompts, prompt_mask = concept_exemplars.with_exemplars(text, token_mask, exemplars)
                 decoded = await self._decode(
                     features, prompts, prompt_mask, threshold, limit, wanted
                 )
@@ -334,15 +334,3 @@ class TritonPythonModel:
             model_name=model, inputs=inputs, requested_output_names=list(outputs), **memory
         )
         return checked(await request.async_exec(), model)
-
-
-def _prompts(text, token_mask, exemplars):
-    """The decoder's prompts: text [N, 32, C] and its mask [N, 32], each followed by the
-    exemplar tokens [T, C] (all valid) when there are any: [N, 32 + T, C], [N, 32 + T]."""
-    if exemplars is None:
-        return text, token_mask
-    count = len(text)
-    tokens = np.broadcast_to(exemplars[None], (count, *exemplars.shape)).astype(text.dtype)
-    prompts = np.concatenate([text, tokens], axis=1)
-    valid = np.ones((count, len(exemplars)), token_mask.dtype)
-    return prompts, np.concatenate([token_mask, valid], axis=1)

@@ -1,12 +1,12 @@
-"""Triton python-backend model ``sam3_concept_video``: concepts (phrases) tracked through a
-video, streamed frame by frame.
+"""Triton python-backend model ``sam3_concept_video``: concepts (phrases, exemplar boxes drawn
+on one frame, or both) tracked through a video, streamed frame by frame.
 
 The repository writer copies this file to ``sam3_concept_video/1/model.py`` with the
 dependency-free ``triton_sam.serving`` modules it imports beside it as ``triton_sam_serving``
 and the tokenizer's ``tokenizer.json``. Everything but the tensors' conversion is
 :class:`triton_sam_serving.concept_video.service.ConceptVideoService` (tested without
-Triton); the graphs (the concept graphs ``text``, ``decoder``, ``video_vision`` and the SAM3
-tracker's) run as their own Triton models, called over BLS.
+Triton); the graphs (the concept graphs ``text``, ``exemplar``, ``decoder``, ``video_vision``
+and the SAM3 tracker's) run as their own Triton models, called over BLS.
 
 Decoupled, gRPC streaming only (Triton's HTTP endpoint refuses decoupled models). Every
 request answers at least one response and ends with the final flag:

@@ -3,8 +3,11 @@ track (:class:`.tracker_steps.GraphTrackerSteps`), :func:`.loop.propagate` recon
 graph runners (onnxruntime sessions in-process, as
 :class:`~triton_sam.serving.tracking.runners.OnnxRuntimeRunner`).
 
-Per frame: the detector's vision graph on the frame, its decoder on every prompt at once
-(threshold ``score_threshold_detection``, every query allowed), then the tracker's calls. The
+Per frame: the detector's vision graph on the frame, its decoder on every prompt (threshold
+``score_threshold_detection``, every query allowed; one call per prompt length: prompts with
+the same exemplar token count share a call), then the tracker's calls. A prompt's exemplar
+(:mod:`.prompts`) is encoded once, by the ``exemplar`` graph on its frame's 72x72 level,
+when the prompt is set. The
 frames are preprocessed once, as transformers' SAM3 video processor does
 (:func:`~triton_sam.serving.tracking.frames.preprocess`), and both vision graphs read the same
 pixels, as upstream's one ViT run does.
@@ -16,12 +19,14 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..concept_exemplars import with_exemplars
 from ..protocol import tracker as protocol
 from ..protocol.tracker import TrackingError
 from ..tracking.frames import decode_frame, preprocess
 from ..tracking.state import Session
 from .detections import Detections, select_detections
 from .loop import FrameOutput, FrameStep, processing_order, propagate_steps
+from .prompts import ConceptPrompt, Exemplar, as_prompt
 from .results import PackedFrameResult
 from .settings import ConceptVideoSettings
 from .state import ObjectBook
@@ -32,19 +37,21 @@ TRACKER_FEATURE_NAMES = ("vision_feats", "high_res_feats_0", "high_res_feats_1")
 SHARED_VISION = "video_vision"  # one ViT run for both (export.sam3_concept_video.SharedVision)
 NUM_QUERIES = 200  # the decoder answers at most this many instances per prompt
 MASK_HW = (288, 288)
-DETECTOR_KEYS = ("vision", "text", "decoder")
+DETECTOR_KEYS = ("vision", "text", "exemplar", "decoder")
+EXEMPLAR_LEVEL = FEATURE_NAMES[-1]  # the 72x72 level the geometry encoder reads
 
 
 class ConceptVideo:
     """One video's concept tracking on graph runners.
 
     Args:
-        detector: runs the concept graphs ``vision``, ``text``, ``decoder``.
+        detector: runs the concept graphs ``vision``, ``text``, ``exemplar`` (for prompts
+            with exemplars), ``decoder``.
         tracker: runs the SAM3 tracker's graphs.
         tracker_config: the tracker's ``TrackerConfig`` (from its export).
         frames: uint8 [H, W, 3] frames of the video, in order.
-        prompts: prompt id -> (int64 [32] token ids, int64 [32] attention mask), in the order
-            the prompts were added.
+        prompts: prompt id -> :class:`.prompts.ConceptPrompt` (or a (int64 [32] token ids,
+            int64 [32] attention mask) pair for a phrase alone), in the order added.
         settings: the reconciliation's thresholds.
         shared_vision: the detector runner has the ``video_vision`` graph: run it once per
             frame for both the detector and the tracker (whose encoder then never runs),
@@ -57,7 +64,7 @@ class ConceptVideo:
         tracker,
         tracker_config,
         frames: Sequence[np.ndarray] | Session,
-        prompts: Mapping[int, tuple[np.ndarray, np.ndarray]],
+        prompts: Mapping[int, ConceptPrompt | tuple[np.ndarray, np.ndarray]],
         settings: ConceptVideoSettings,
         *,
         shared_vision: bool = False,
@@ -71,6 +78,7 @@ class ConceptVideo:
             session.frames.update(enumerate(frames))
         self.video_hw = session.video_hw
         self.tracker = GraphTrackerSteps(tracker, tracker_config, session)
+        self.exemplar_tokens: dict[int, np.ndarray] = {}  # prompt id -> [G + 1, C]
         self.set_prompts(prompts)
         self.book = ObjectBook()
 
@@ -78,10 +86,13 @@ class ConceptVideo:
     def num_frames(self) -> int:
         return self.tracker.session.num_frames
 
-    def set_prompts(self, prompts: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """The phrases every later frame is searched for (``Sam3VideoInferenceSession``'s
-        prompts): prompt id -> (int64 [32] token ids, int64 [32] attention mask), in the
-        order they were added. Objects found so far keep their prompt ids.
+    def set_prompts(
+        self, prompts: Mapping[int, ConceptPrompt | tuple[np.ndarray, np.ndarray]]
+    ) -> None:
+        """The prompts every later frame is searched for (``Sam3VideoInferenceSession``'s
+        prompts), in the order they were added. Objects found so far keep their prompt ids.
+        The text graph runs on every phrase; an exemplar not encoded yet is encoded now, on
+        its frame (the frame must be held by the session), and kept for every later call.
 
         Raises:
             TrackingError: ``NoPrompts`` for none (before any graph runs).
@@ -89,17 +100,47 @@ class ConceptVideo:
         if not prompts:
             raise TrackingError(
                 protocol.ERR_NO_PROMPTS,
-                "prompts: got none; expected at least one phrase",
+                "prompts: got none; expected at least one phrase or exemplar",
                 "prompts",
             )
-        self.prompt_ids = list(prompts)
-        ids = np.stack([np.asarray(t, np.int64) for t, _ in prompts.values()])
-        mask = np.stack([np.asarray(m, np.int64) for _, m in prompts.values()])
+        given = {prompt_id: as_prompt(value) for prompt_id, value in prompts.items()}
+        self.prompt_ids = list(given)
+        ids = np.stack([p.input_ids for p in given.values()]).astype(np.int64)
+        mask = np.stack([p.attention_mask for p in given.values()]).astype(np.int64)
         text = self.detector.run(
             "text", {"input_ids": ids, "attention_mask": mask}, ["text_features"]
-        )
-        self.prompt_features = text["text_features"][None]  # [1, N, 32, C]
-        self.prompt_mask = mask[None]
+        )["text_features"]
+        for prompt_id, prompt in given.items():
+            if prompt.exemplar is not None and prompt_id not in self.exemplar_tokens:
+                self.exemplar_tokens[prompt_id] = self._encode_exemplar(prompt.exemplar)
+        # one decoder call per prompt length (its prompt tokens are one tensor)
+        groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        for row, prompt_id in enumerate(self.prompt_ids):
+            features, valid = with_exemplars(
+                text[row : row + 1], mask[row : row + 1], self.exemplar_tokens.get(prompt_id)
+            )
+            groups.setdefault(features.shape[1], []).append((prompt_id, features, valid))
+        self.prompt_groups = [
+            (
+                [prompt_id for prompt_id, _, _ in group],
+                np.concatenate([f for _, f, _ in group])[None],  # [1, n, P, C]
+                np.concatenate([v for _, _, v in group])[None],  # [1, n, P]
+            )
+            for group in groups.values()
+        ]
+
+    def _encode_exemplar(self, exemplar: Exemplar) -> np.ndarray:
+        """float32 [G + 1, C]: the geometry encoder's tokens of ``exemplar`` on its frame."""
+        pixels = preprocess(self._frame(exemplar.frame_idx), self.tracker.size, "sam3")
+        graph = SHARED_VISION if self.shared_vision else "vision"
+        level = self.detector.run(graph, {"pixel_values": pixels}, [EXEMPLAR_LEVEL])
+        feeds = {
+            EXEMPLAR_LEVEL: level[EXEMPLAR_LEVEL],
+            "exemplar_boxes": np.asarray(exemplar.boxes, np.float32)[None],
+            "exemplar_labels": np.asarray(exemplar.labels, np.int64)[None],
+        }
+        out = self.detector.run("exemplar", feeds, ["exemplar_features"])
+        return np.array(out["exemplar_features"][0], np.float32)
 
     def _frame(self, frame_idx: int) -> np.ndarray:
         """uint8 [H, W, 3] pixels of a frame (an uploaded encoded frame is decoded)."""
@@ -120,25 +161,26 @@ class ConceptVideo:
             features = self.detector.run("vision", {"pixel_values": pixels}, list(FEATURE_NAMES))
         names = ["scores", "boxes", "masks", "num_instances"]
         threshold = np.array([[self.settings.score_threshold_detection]], np.float32)
-        out = self.detector.run(
-            "decoder",
-            features
-            | {
-                "prompt_features": self.prompt_features,
-                "prompt_mask": self.prompt_mask,
-                "threshold": threshold,
-                "max_instances": np.array([[NUM_QUERIES]], np.int64),
-            },
-            names,
-        )
         found = {}
-        for p, prompt_id in enumerate(self.prompt_ids):
-            n = int(out["num_instances"][0, p])
-            found[prompt_id] = select_detections(
-                out["scores"][0, p, :n], out["boxes"][0, p, :n], out["masks"][0, p, :n],
-                prompt_id, self.settings,
-            )  # fmt: skip
-        return found
+        for prompt_ids, prompt_features, prompt_mask in self.prompt_groups:
+            out = self.detector.run(
+                "decoder",
+                features
+                | {
+                    "prompt_features": prompt_features,
+                    "prompt_mask": prompt_mask,
+                    "threshold": threshold,
+                    "max_instances": np.array([[NUM_QUERIES]], np.int64),
+                },
+                names,
+            )
+            for p, prompt_id in enumerate(prompt_ids):
+                n = int(out["num_instances"][0, p])
+                found[prompt_id] = select_detections(
+                    out["scores"][0, p, :n], out["boxes"][0, p, :n], out["masks"][0, p, :n],
+                    prompt_id, self.settings,
+                )  # fmt: skip
+        return {prompt_id: found[prompt_id] for prompt_id in self.prompt_ids}
 
     def steps(
         self,

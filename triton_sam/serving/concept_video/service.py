@@ -5,8 +5,9 @@ Sessions are the tracker's: the same :class:`~..tracking.sessions.SessionStore` 
 ids bound to the tenant, bounds on sessions, frames and bytes, idle eviction) and the same
 session commands, answered by a :class:`~..tracking.service.TrackingService` over that store
 (``init``, ``add_frame``, ``close``, ``info``). This module adds what concepts need per
-session: the phrases (``add_prompt``) and the :class:`.pipeline.ConceptVideo` built on the
-session's frames at its first propagation (its bookkeeping and the tracker's memories then
+session: the prompts (``add_prompt``: phrases, exemplar boxes drawn on one uploaded frame, or
+both; :mod:`.prompts`) and the :class:`.pipeline.ConceptVideo` built on the session's frames
+at its first propagation (its bookkeeping and the tracker's memories then
 live as long as the session).
 
 ``propagate`` checks the whole request before anything runs (session, frames uploaded,
@@ -39,6 +40,17 @@ from ..tracking.service import TrackingService
 from ..tracking.sessions import SessionStore
 from .loop import processing_order
 from .pipeline import ConceptVideo
+from .prompts import ConceptPrompt
+from .request import (
+    PromptKey,
+    exemplar_key,
+    optional_bytes,
+    read_exemplar,
+    read_flag,
+    read_int,
+    read_phrases,
+    read_text,
+)
 from .settings import ConceptVideoSettings
 from .wire import frame_response, parse_settings, progress_response
 
@@ -56,8 +68,8 @@ SERVED_SETTINGS = ConceptVideoSettings(max_num_objects=p.MAX_OBJECTS)
 class _Concepts:
     """What a session holds beyond the tracker's state."""
 
-    prompts: dict[str, int] = field(default_factory=dict)  # phrase -> prompt id
-    tokens: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    prompts: dict[PromptKey, int] = field(default_factory=dict)  # -> prompt id
+    tokens: dict[int, ConceptPrompt] = field(default_factory=dict)
     video: ConceptVideo | None = None
     streaming: bool = False  # a propagation of this session is running
 
@@ -66,8 +78,8 @@ class ConceptVideoService:
     """Answers ``sam3_concept_video`` commands.
 
     Args:
-        detector: runs the concept graphs ``text``, ``decoder`` and ``video_vision`` (or
-            ``vision`` without ``shared_vision``).
+        detector: runs the concept graphs ``text``, ``exemplar``, ``decoder`` and
+            ``video_vision`` (or ``vision`` without ``shared_vision``).
         tracker: runs the SAM3 tracker's graphs.
         tracker_config: the tracker's ``TrackerConfig``.
         tokenize: phrases -> (int64 [N, 32] token ids, int64 [N, 32] attention mask); may
@@ -108,9 +120,10 @@ class ConceptVideoService:
 
         Raises:
             TrackingError: a bad request, a session this tenant does not hold, a bound.
-            RequestError: a phrase the tokenizer refuses (field ``text``).
+            RequestError: a phrase the tokenizer refuses (field ``text``), a bad exemplar box
+                or label (``exemplar_boxes[i]``, ``exemplar_labels``).
         """
-        command = _text(inputs, p.COMMAND)
+        command = read_text(inputs, p.COMMAND)
         with self.lock:
             if command in p.SESSION_COMMANDS:
                 out = self.sessions.handle(inputs, tenant)
@@ -134,31 +147,39 @@ class ConceptVideoService:
 
     def _add_prompt(self, tenant: str, inputs: Tensors) -> dict[str, np.ndarray]:
         key, concepts = self._session(tenant, inputs)
-        phrases = _phrases(inputs)
-        new = [t for t in dict.fromkeys(phrases) if t not in concepts.prompts]
+        exemplar = read_exemplar(self.store.get(*key), inputs)
+        if p.TEXT in inputs or exemplar is None:
+            phrases = read_phrases(inputs)
+        else:  # boxes alone: Sam3Processor's phrase for them
+            phrases = [p.EXEMPLAR_ONLY_PHRASE]
+        keys: list[PromptKey] = [
+            phrase if exemplar is None else exemplar_key(phrase, exemplar) for phrase in phrases
+        ]
+        new = [k for k in dict.fromkeys(keys) if k not in concepts.prompts]
         if len(concepts.prompts) + len(new) > p.MAX_PROMPTS:
             raise TrackingError(
                 p.ERR_LIMIT,
-                f"text: {len(concepts.prompts)} phrases held and {len(new)} new, expected at "
+                f"text: {len(concepts.prompts)} prompts held and {len(new)} new, expected at "
                 f"most {p.MAX_PROMPTS} per session",
                 p.TEXT,
             )
         if concepts.streaming:
             raise TrackingError(
                 p.ERR_INVALID_INPUT,
-                "text: this session is propagating; add phrases before or after",
+                "text: this session is propagating; add prompts before or after",
                 p.TEXT,
             )
         if new:
-            ids, mask = self.tokenize(new)  # refuses a long phrase before anything changes
-            for row, phrase in enumerate(new):
+            # refuses a long phrase before anything changes
+            ids, mask = self.tokenize([k if isinstance(k, str) else k[0] for k in new])
+            for row, prompt_key in enumerate(new):
                 prompt_id = len(concepts.prompts)  # upstream's ids: in the order added
-                concepts.prompts[phrase] = prompt_id
-                concepts.tokens[prompt_id] = (ids[row], mask[row])
+                concepts.prompts[prompt_key] = prompt_id
+                concepts.tokens[prompt_id] = ConceptPrompt(ids[row], mask[row], exemplar)
             if concepts.video is not None:
                 concepts.video.set_prompts(concepts.tokens)
         self.store.touch(*key)
-        answer = [concepts.prompts[t] for t in phrases]  # a repeated phrase: the same prompt
+        answer = [concepts.prompts[k] for k in keys]  # a repeated prompt: the same id
         return {p.OUT_PROMPT_IDS: np.array(answer, np.int32)}
 
     # -- propagation -----------------------------------------------------------------------
@@ -187,10 +208,12 @@ class ConceptVideoService:
                 )
             if not concepts.tokens:
                 raise TrackingError(
-                    p.ERR_NO_PROMPTS, "text: no phrase yet; send add_prompt first", p.TEXT
+                    p.ERR_NO_PROMPTS,
+                    "text: no prompt yet; send add_prompt (phrases, exemplar boxes or both) first",
+                    p.TEXT,
                 )
-            settings = parse_settings(_optional_bytes(inputs, p.SETTINGS), self.settings)
-            mask_format = _optional_bytes(inputs, p.MASK_FORMAT) or b"rle"
+            settings = parse_settings(optional_bytes(inputs, p.SETTINGS), self.settings)
+            mask_format = optional_bytes(inputs, p.MASK_FORMAT) or b"rle"
             mask_format = mask_format.decode("utf-8", "replace")
             if mask_format not in p.MASK_FORMATS:
                 raise TrackingError(
@@ -198,9 +221,9 @@ class ConceptVideoService:
                     f"mask_format: got {mask_format!r}, expected one of {list(p.MASK_FORMATS)}",
                     p.MASK_FORMAT,
                 )
-            start = _int(inputs, p.START_FRAME, 0)
-            limit = _int(inputs, p.MAX_FRAMES, -1)
-            reverse = _flag(inputs, p.REVERSE)
+            start = read_int(inputs, p.START_FRAME, 0)
+            limit = read_int(inputs, p.MAX_FRAMES, -1)
+            reverse = read_flag(inputs, p.REVERSE)
             if not 0 <= start < session.num_frames + int(reverse):
                 raise TrackingError(
                     p.ERR_FRAME_OUT_OF_RANGE,
@@ -294,11 +317,19 @@ class ConceptVideoService:
 
     # -- sessions --------------------------------------------------------------------------
     def _status(self, tenant: str, inputs: Tensors, status: np.ndarray) -> np.ndarray:
-        """The tracker's status of the session plus its phrases and whether a propagation
-        of it is running (a client waits on that after a cancel)."""
+        """The tracker's status of the session plus its prompts (``prompts``: phrase -> id
+        for phrases alone; ``exemplar_prompts``: one entry per prompt with boxes) and whether
+        a propagation of it is running (a client waits on that after a cancel)."""
         _, concepts = self._session(tenant, inputs)
         value = json.loads(status.reshape(-1)[0])
-        value["session"]["prompts"] = dict(concepts.prompts)
+        value["session"]["prompts"] = {
+            k: i for k, i in concepts.prompts.items() if isinstance(k, str)
+        }
+        value["session"]["exemplar_prompts"] = [
+            {"prompt_id": i, "phrase": k[0], "frame_index": k[1], "boxes": len(k[3]) // 8}
+            for k, i in concepts.prompts.items()
+            if not isinstance(k, str)
+        ]
         value["session"]["propagating"] = concepts.streaming
         return np.array([json.dumps(value, sort_keys=True).encode()], dtype=object)
 
@@ -310,7 +341,7 @@ class ConceptVideoService:
                 "session_id: required; send the id init answered",
                 p.SESSION_ID,
             )
-        session_id = _text(inputs, p.SESSION_ID)
+        session_id = read_text(inputs, p.SESSION_ID)
         self.store.get(tenant, session_id)  # another tenant's id: SessionNotFound
         key = (tenant, session_id)
         return key, self._concepts.setdefault(key, _Concepts())
@@ -326,73 +357,6 @@ class ConceptVideoService:
 def _count_frames(num_frames: int, start: int, max_frames: int | None, reverse: bool) -> int:
     frames, _ = processing_order(num_frames, start, max_frames, reverse=reverse)
     return len(frames)
-
-
-def _phrases(inputs: Tensors) -> list[str]:
-    if p.TEXT not in inputs:
-        raise TrackingError(p.ERR_INVALID_INPUT, "text: required by add_prompt", p.TEXT)
-    values = np.asarray(inputs[p.TEXT]).reshape(-1)
-    if not 1 <= values.size <= p.MAX_PROMPTS:
-        raise TrackingError(
-            p.ERR_INVALID_INPUT,
-            f"text: got {values.size} phrases, expected 1 to {p.MAX_PROMPTS}",
-            p.TEXT,
-        )
-    phrases = []
-    for i, value in enumerate(values):
-        blob = value if isinstance(value, bytes) else str(value).encode()
-        name = f"{p.TEXT}[{i}]"
-        if not 0 < len(blob) <= p.MAX_PHRASE_BYTES:
-            raise TrackingError(
-                p.ERR_INVALID_INPUT,
-                f"{name}: got {len(blob)} bytes, expected 1 to {p.MAX_PHRASE_BYTES}",
-                name,
-            )
-        try:
-            phrases.append(blob.decode("utf-8").strip())
-        except UnicodeDecodeError as e:
-            raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: not UTF-8 text", name) from e
-        if not phrases[-1]:
-            raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: blank phrase", name)
-    return phrases
-
-
-def _optional_bytes(inputs: Tensors, name: str) -> bytes | None:
-    if name not in inputs:
-        return None
-    values = np.asarray(inputs[name]).reshape(-1)
-    if values.size != 1:
-        raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: expected one item", name)
-    value = values[0]
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-def _text(inputs: Tensors, name: str) -> str:
-    value = _optional_bytes(inputs, name)
-    if value is None:
-        raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: required", name)
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: not UTF-8 text", name) from e
-
-
-def _int(inputs: Tensors, name: str, default: int) -> int:
-    if name not in inputs:
-        return default
-    values = np.asarray(inputs[name]).reshape(-1)
-    if values.size != 1 or not np.issubdtype(values.dtype, np.integer):
-        raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: expected one integer", name)
-    return int(values[0])
-
-
-def _flag(inputs: Tensors, name: str) -> bool:
-    if name not in inputs:
-        return False
-    values = np.asarray(inputs[name]).reshape(-1)
-    if values.size != 1:
-        raise TrackingError(p.ERR_INVALID_INPUT, f"{name}: expected one boolean", name)
-    return bool(values[0])
 
 
 __all__ = ["SERVED_SETTINGS", "SERVED_UPSTREAM_ROWS", "ConceptVideoService"]

@@ -25,6 +25,12 @@ from . import (  # noqa: F401 - the codes the service raises, re-exported for it
     ERR_SESSION_NOT_FOUND,
     KIND_CONCEPT_VIDEO,
 )
+from .concept import (  # noqa: F401 - exemplar boxes as the image concept model takes them
+    EXEMPLAR_BOXES,
+    EXEMPLAR_LABELS,
+    EXEMPLAR_ONLY_PHRASE,
+    MAX_BOXES,
+)
 from .tracker import (  # noqa: F401 - the session commands' names, shared with the tracker
     CMD_ADD_FRAME,
     CMD_CLOSE,
@@ -49,15 +55,21 @@ MODEL = "sam3_concept_video"
 KIND = KIND_CONCEPT_VIDEO
 
 # -- commands ---------------------------------------------------------------------------------
-CMD_ADD_PROMPT = "add_prompt"  # TEXT -> OUT_PROMPT_IDS
+# add_prompt: TEXT, or EXEMPLAR_BOXES (+ EXEMPLAR_LABELS) drawn on frame FRAME_INDEX (default
+# 0), or both -> OUT_PROMPT_IDS. Boxes are FP32 [G, 4] (x0, y0, x1, y1) in that frame's
+# pixels, 1..MAX_BOXES; labels INT32 [G], 1 positive / 0 negative (default all positive).
+# Each phrase of the request becomes one prompt carrying the boxes; boxes without a phrase
+# make one prompt of EXEMPLAR_ONLY_PHRASE. The frame must be uploaded.
+CMD_ADD_PROMPT = "add_prompt"
 CMD_PROPAGATE = "propagate"  # streams one response per processed frame, then a final one
 SESSION_COMMANDS = (CMD_INIT, CMD_ADD_FRAME, CMD_CLOSE, CMD_INFO)  # answered as the tracker's
 COMMANDS = (*SESSION_COMMANDS, CMD_ADD_PROMPT, CMD_PROPAGATE)
 TEXT = "text"  # BYTES [N]: phrases (add_prompt)
+# EXEMPLAR_BOXES / EXEMPLAR_LABELS: as sam3_concept's (add_prompt, with FRAME_INDEX)
 MASK_FORMAT = "mask_format"  # BYTES [1]: one of MASK_FORMATS (propagate; default rle)
 OUT_PROMPT_IDS = "out_prompt_ids"  # INT32 [N]: add_prompt, each phrase's prompt id
 FRAMES_ANSWERED = "frames_answered"  # INT32 [1]: only in propagate's final response
-MAX_PROMPTS = 16  # phrases per session: each is one decoder item per frame
+MAX_PROMPTS = 16  # prompts per session: each is one decoder item per frame
 MAX_PHRASE_BYTES = 1024  # one phrase (the tokenizer then refuses beyond 32 tokens)
 
 # -- one streamed response per answered frame (gRPC decoupled) ------------------------------
@@ -107,7 +119,8 @@ SETTING_BOUNDS: dict[str, tuple[type, float, float]] = {
 class ConceptVideoServing(StoreBounds):
     """The ``sam3_concept_video`` model's config parameters (field names are the keys):
     ``detector_models`` / ``tracker_models``: JSON, graph key -> Triton model name (the
-    concept graphs ``text``, ``decoder`` and ``video_vision``; the SAM3 tracker's graphs);
+    concept graphs ``text``, ``exemplar``, ``decoder`` and ``video_vision``; the SAM3
+    tracker's graphs);
     ``model_config``: JSON, the tracker's ``TrackerConfig``; ``pad_token_id``: the
     tokenizer's padding id (``tokenizer.json`` ships beside ``model.py``, as
     ``sam3_concept``'s); ``max_propagations``: propagations streaming at once (one more is
