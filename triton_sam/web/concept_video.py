@@ -38,11 +38,12 @@ from starlette.routing import Route
 from triton_sam.client.concept_video import ANSWER_NAMES
 from triton_sam.client.transport import Endpoint
 from triton_sam.client.wire import build_infer_inputs
-from triton_sam.gateway.errors import GatewayError, invalid
+from triton_sam.gateway.errors import ERR_LIMIT, GatewayError, invalid
 from triton_sam.gateway.sam_service import MAX_FIELD_BYTES, tenant_of
 from triton_sam.serving.protocol import ERROR_PREFIX, ERROR_STATUS, error_code
 from triton_sam.serving.protocol import concept_video as protocol
 from triton_sam.serving.protocol.tenancy import DEFAULT_TENANT, TENANT_HEADER
+from triton_sam.web.bodies import json_object
 
 # An encoded frame from the page: the gateway's bound on an uploaded image (an image field of
 # its SAM_service routes), below the server's own MAX_FRAME_BYTES; base64 makes it 4/3 larger.
@@ -88,7 +89,8 @@ def concept_video_routes(grpc_address: str, listed: Listed) -> list[Route]:
                 raise GatewayError(
                     404, "NotFound", "model", f"{model!r} is not a served concept video model"
                 )
-            command, inputs = command_inputs(await _json_body(request))
+            body = await json_object(request, MAX_BODY_BYTES, "{command, ...}")
+            command, inputs = command_inputs(body)
             tenant = tenant_of(request)
             headers = {TENANT_HEADER: tenant} if tenant != DEFAULT_TENANT else None
             if command == protocol.CMD_PROPAGATE:
@@ -102,21 +104,6 @@ def concept_video_routes(grpc_address: str, listed: Listed) -> list[Route]:
 
 
 # -- the request ---------------------------------------------------------------------------------
-async def _json_body(request: Request) -> dict[str, Any]:
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise GatewayError(413, "Limit", "body", f"more than {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise invalid("body", f"not JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise invalid("body", "a JSON object {command, ...} expected")
-    return data
-
-
 def command_inputs(data: dict[str, Any]) -> tuple[str, Tensors]:
     """The command and the model's input tensors of a page's JSON request.
 
@@ -178,7 +165,7 @@ def _frame_bytes(value: Any) -> bytes:
     if not isinstance(value, str):
         raise invalid("frame_bytes", "the encoded image file in base64 (a string) expected")
     if len(value) > 4 * -(-MAX_FRAME_BYTES // 3):
-        raise GatewayError(413, "Limit", "frame_bytes", f"more than {MAX_FRAME_BYTES} bytes")
+        raise GatewayError(413, ERR_LIMIT, "frame_bytes", f"more than {MAX_FRAME_BYTES} bytes")
     try:
         encoded = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as e:

@@ -29,6 +29,7 @@ from triton_sam.client.transport import Endpoint
 from triton_sam.gateway.errors import GatewayError, from_client_error, invalid
 from triton_sam.gateway.sam_service import tenant_of
 from triton_sam.serving.protocol.tenancy import DEFAULT_TENANT, TENANT_HEADER
+from triton_sam.web.bodies import json_object
 
 # A job's JSON body: an id and a few parameters; anything larger is not a job.
 MAX_BODY_BYTES = 16 * 1024
@@ -67,17 +68,7 @@ def _check_model(model: str, offered: list[dict[str, Any]]) -> str:
 
 
 async def _check_body(request: Request, family: str) -> tuple[str, str]:
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise GatewayError(413, "Limit", "body", f"more than {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise invalid("body", f"not JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise invalid("body", "a JSON object {image_id, params} expected")
+    data = await json_object(request, MAX_BODY_BYTES, "{image_id, params}")
     unknown = sorted(set(data) - {"image_id", "params"})
     if unknown:
         raise invalid(unknown[0], "unknown field (image_id and params are)")
