@@ -104,9 +104,7 @@ def _setup_concept_video(checkpoint: Path | None, *, random_init: bool, reposito
     typer.echo("next: `triton-sam serve`, then SAM3ConceptVideoClient over gRPC")
 
 
-@app.command(
-    "track", short_help="Segment objects through a video or 3-D stack from clicks or a phrase."
-)
+@app.command("track", short_help="Track clicks or a phrase through a video or 3-D stack.")
 def track_cmd(
     video: Annotated[
         Path, typer.Argument(help="Folder of frames, mp4, multi-page TIFF stack or .npy volume.")
