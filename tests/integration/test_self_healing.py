@@ -38,6 +38,13 @@ EVERYTHING = "sam2_everything"  # segment everything: decoupled, gRPC only
 HEALTH_CHECK = Path(__file__).resolve().parents[2] / "scripts" / "health_check.sh"
 IMAGE = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
 RECOVERY_BOUND_S = 60.0  # watchdog period + reload (0.5 s measured) + the re-embed, shared CPU
+# Triton 2.51 never finishes unloading a model instance whose dead stub was sent a request
+# (every test here sends one: that is how a death is seen), not even once the watchdog loaded a
+# new instance beside it. A stopping server then waits out its whole exit timeout, logging
+# "Found 1 live models" every second (measured: 10 s, the default, for each of this module's
+# five servers; a server whose stub was killed but never asked stops in 3 s). Nothing is in
+# flight when these servers stop, so one second of drain is room enough.
+EXIT_TIMEOUT_S = 1
 
 
 def stub_pid(server, model: str | bytes) -> int:
@@ -79,7 +86,9 @@ def click(server) -> np.ndarray:
 def test_a_killed_stub_is_detected_and_the_model_recovers(
     mode, embedded_triton, sam2_tiny_repository
 ):
-    server = embedded_triton(sam2_tiny_repository, model_control=mode)
+    server = embedded_triton(
+        sam2_tiny_repository, model_control=mode, exit_timeout_s=EXIT_TIMEOUT_S
+    )
     before = click(server)
     assert health_check(server).returncode == 0
     raw = httpclient.InferenceServerClient(server.http_address)
@@ -154,7 +163,9 @@ def test_the_watchdog_also_heals_the_lambda_json_model(embedded_triton, sam2_tin
     repository by its kind, probed with an empty ``image_b64`` (our typed refusal = alive)."""
     watched = watched_models(sam2_tiny_repository)
     assert watched.get(LAMBDA) == KIND_LAMBDA_JSON and SESSION in watched
-    server = embedded_triton(sam2_tiny_repository, model_control="poll")
+    server = embedded_triton(
+        sam2_tiny_repository, model_control="poll", exit_timeout_s=EXIT_TIMEOUT_S
+    )
     before = lambda_request(server)["mask"]["data"]
     raw = httpclient.InferenceServerClient(server.http_address)
     try:
@@ -199,7 +210,9 @@ def test_the_watchdog_heals_the_everything_job_model(embedded_triton, sam2_tiny_
     if EVERYTHING not in watched:
         pytest.skip(f"{sam2_tiny_repository} has no {EVERYTHING} model")
     assert watched[EVERYTHING] == KIND_EVERYTHING
-    server = embedded_triton(sam2_tiny_repository, model_control="poll")
+    server = embedded_triton(
+        sam2_tiny_repository, model_control="poll", exit_timeout_s=EXIT_TIMEOUT_S
+    )
     before = everything_job(server)
     raw = grpcclient.InferenceServerClient(server.grpc_address)
     try:
@@ -237,7 +250,9 @@ def loads(log: Path) -> dict[str, int]:
 
 
 def test_health_check_heals_a_dead_stub_itself(embedded_triton, sam2_tiny_repository, tmp_path):
-    server = embedded_triton(sam2_tiny_repository, model_control="explicit")
+    server = embedded_triton(
+        sam2_tiny_repository, model_control="explicit", exit_timeout_s=EXIT_TIMEOUT_S
+    )
     click(server)
     os.kill(stub_pid(server, SESSION), signal.SIGKILL)
     time.sleep(1.0)

@@ -5,7 +5,10 @@ What Triton 2.51 does when a python-backend stub dies (killed by the OOM killer,
 server stay READY (``/v2/health/ready`` and ``/v2/models/<m>/ready`` answer 200), no new stub
 is started, and every request to the model answers ``Stub process '<m>_0_0' is not healthy``
 for as long as the server runs (watched for 105 s). Readiness therefore cannot tell, and an
-orchestrator that only polls it never restarts anything.
+orchestrator that only polls it never restarts anything. Nor does Triton ever finish unloading
+a model instance whose dead stub was sent a request (the probe that found it dead is one), not
+even once a reload started a new instance beside it: a server that lost a stub waits out its
+whole exit timeout when it stops (10 s by default, measured on 2.51), then exits.
 
 So liveness is asked of the model itself: a probe request for an image id nobody embeds
 (:data:`LIVENESS_ID`) costs a dictionary lookup in a healthy stub, which answers our
