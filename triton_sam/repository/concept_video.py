@@ -36,6 +36,7 @@ from triton_sam.models.spec import GraphSpec, TensorSpec
 from triton_sam.repository import config as cfg
 from triton_sam.repository.checks import check_int
 from triton_sam.repository.shipping import shipped_files
+from triton_sam.repository.video_config import check_store_bounds
 from triton_sam.repository.writer import SERVING_DIR, ModelFiles, graph_artifacts, write_models
 from triton_sam.serving.concept_video.pipeline import MASK_HW, SHARED_VISION
 from triton_sam.serving.protocol import concept as concept_protocol
@@ -59,9 +60,7 @@ class ConceptVideoOptions(tracker_protocol.StoreBounds):
     graph_max_queue_size: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
+        check_store_bounds(self)
         check_int("max_propagations", self.max_propagations, minimum=1)
         check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
         check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)

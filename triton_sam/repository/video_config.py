@@ -46,6 +46,25 @@ TRACKER_SOURCE = SERVING_DIR / "tracker_model.py"
 PACKAGE_DIR = SHIPPED_PACKAGE  # what tracker_model.py imports
 
 
+def check_store_bounds(options: protocol.StoreBounds) -> None:
+    """The session store's bounds of a model's options (the trackers' and concept video's).
+
+    Raises:
+        InputValidationError: a bound out of range, naming it.
+    """
+    for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
+        check_int(name, getattr(options, name), minimum=1)
+    check_int("feature_cache_frames", options.feature_cache_frames, minimum=1)
+    for name in ("max_tenant_sessions", "max_tenant_bytes", "evict_idle_s"):
+        check_int(name, getattr(options, name), minimum=0)
+    if options.max_tenant_sessions > options.max_sessions:
+        raise InputValidationError(
+            "max_tenant_sessions",
+            f"got {options.max_tenant_sessions}, expected at most max_sessions "
+            f"({options.max_sessions}); 0 means max_sessions",
+        )
+
+
 @dataclass(frozen=True)
 class TrackerOptions(protocol.StoreBounds):
     """Bounds of the tracker's sessions and batching of the video graphs.
@@ -75,17 +94,7 @@ class TrackerOptions(protocol.StoreBounds):
     graph_max_queue_size: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_frames", "max_session_bytes", "max_total_bytes"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int("feature_cache_frames", self.feature_cache_frames, minimum=1)
-        for name in ("max_tenant_sessions", "max_tenant_bytes", "evict_idle_s"):
-            check_int(name, getattr(self, name), minimum=0)
-        if self.max_tenant_sessions > self.max_sessions:
-            raise InputValidationError(
-                "max_tenant_sessions",
-                f"got {self.max_tenant_sessions}, expected at most max_sessions "
-                f"({self.max_sessions}); 0 means max_sessions",
-            )
+        check_store_bounds(self)
         check_int("graph_max_batch_size", self.graph_max_batch_size, minimum=1)
         check_int("graph_max_queue_size", self.graph_max_queue_size, minimum=0)
 
